@@ -1,0 +1,14 @@
+"""Shared pytest set-up: make the collection importable by its FQCN."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+COLLECTIONS = REPO / ".collections"
+_link = COLLECTIONS / "ansible_collections" / "warmstart" / "snapshot"
+if not _link.exists():
+    _link.parent.mkdir(parents=True, exist_ok=True)
+    _link.symlink_to(Path("../../.."))
+if str(COLLECTIONS) not in sys.path:
+    sys.path.insert(0, str(COLLECTIONS))
