@@ -12,3 +12,8 @@ if not _link.exists():
     _link.symlink_to(Path("../../.."))
 if str(COLLECTIONS) not in sys.path:
     sys.path.insert(0, str(COLLECTIONS))
+
+
+def pytest_configure(config) -> None:  # noqa: ANN001 - pytest hook signature
+    config.addinivalue_line("markers", "integration: runs real CRIU / Ansible / podman on this machine")
+    config.addinivalue_line("markers", "gpu: needs an NVIDIA GPU and driver (run on the device machine)")
