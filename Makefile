@@ -1,0 +1,84 @@
+# warmstart.snapshot - developer and CI entry points.
+#   make demo   prepare this machine and run the main job on localhost
+#   make test   everything CI runs: unit, sanity, lint, integration, molecule
+SHELL := /bin/bash
+.DEFAULT_GOAL := help
+
+PYTHON ?= python3
+VENV := .venv
+SANITY_VENV := .venv-sanity
+BIN := $(VENV)/bin
+export PATH := $(CURDIR)/$(BIN):$(PATH)
+export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
+export ANSIBLE_FORCE_COLOR ?= 0
+LINK := .collections/ansible_collections/warmstart/snapshot
+# Outside this git checkout: inside it, ansible-test would list files with git
+# and see none (build/ is ignored).
+SANITY_BASE := $(or $(TMPDIR),/tmp)/warmstart-sanity
+SANITY_ROOT := $(SANITY_BASE)/ansible_collections/warmstart/snapshot
+VERSION := $(shell awk '/^version:/ {print $$2}' galaxy.yml)
+
+.PHONY: help deps venv link demo test unit sanity lint integration molecule build install clean
+
+help:
+	@echo "make demo        prepare localhost (CRIU bundle, pycriu, seccomp, snapshot root) and run the demo"
+	@echo "make test        unit + sanity + ansible-lint + integration + molecule (needs root)"
+	@echo "make unit | sanity | lint | integration | molecule   one part of it"
+	@echo "make build       build the collection tarball; make install installs it for this user"
+
+deps:
+	@bash tests/support/install-system-deps.sh
+
+$(BIN)/.stamp: requirements.txt
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --disable-pip-version-check -q -r requirements.txt
+	touch $@
+
+venv: $(BIN)/.stamp
+
+link:
+	@mkdir -p $(dir $(LINK)) && ln -sfn ../../.. $(LINK)
+
+demo: deps venv link
+	ansible-playbook warmstart.snapshot.demo
+
+test: deps venv link unit sanity lint integration molecule
+	@echo "make test: all suites passed"
+
+unit: venv link
+	$(BIN)/python -m pytest -q tests/unit
+
+# ansible-test needs the collection under ansible_collections/<ns>/<name>:
+# copy the tracked (and new, not ignored) files there and run it in its own venvs.
+sanity: venv $(SANITY_VENV)/.stamp
+	@pipver=$$(sed -n "s/^ *pip='\([0-9.]*\)',/\1/p" $(SANITY_VENV)/lib/python3*/site-packages/ansible_test/_internal/python_requirements.py | head -n1); \
+	  cache=$$HOME/.ansible/test/cache/get_pip_$${pipver//./_}.py; \
+	  mkdir -p $$(dirname $$cache); cmp -s tests/support/get_pip_offline.py $$cache || cp tests/support/get_pip_offline.py $$cache
+	rm -rf $(SANITY_BASE) && mkdir -p $(SANITY_ROOT)
+	git ls-files -co --exclude-standard -z | xargs -0 cp --parents -t $(SANITY_ROOT)
+	cd $(SANITY_ROOT) && $(CURDIR)/$(SANITY_VENV)/bin/ansible-test sanity --local --python 3.11 --color no
+
+# ansible-test from the same ansible-core, in a venv of its own (it installs
+# its pinned linters into per-test venvs; the main venv stays untouched).
+$(SANITY_VENV)/.stamp: requirements.txt
+	$(PYTHON) -m venv $(SANITY_VENV)
+	$(SANITY_VENV)/bin/pip install --disable-pip-version-check -q "$$(grep '^ansible-core==' requirements.txt)"
+	touch $@
+
+lint: venv link
+	ansible-lint --profile production --strict
+
+integration: venv link
+	$(BIN)/python -m pytest -q tests/integration
+
+molecule: venv link
+	bash tests/support/run-molecule.sh
+
+build: venv
+	ansible-galaxy collection build --force --output-path build/
+
+install: build
+	ansible-galaxy collection install --force build/warmstart-snapshot-$(VERSION).tar.gz
+
+clean:
+	rm -rf build .collections tests/output

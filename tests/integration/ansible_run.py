@@ -1,0 +1,57 @@
+"""Run real ansible-playbook / ansible commands against this machine."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+VENV_BIN = REPO / ".venv" / "bin"
+
+
+@dataclass
+class Run:
+    rc: int
+    stdout: str
+    stderr: str
+
+    @property
+    def result(self) -> dict:
+        """The json callback's document (plays, stats)."""
+        return json.loads(self.stdout)
+
+    def stats(self, host: str = "localhost") -> dict:
+        return self.result["stats"][host]
+
+    def messages(self) -> str:
+        """Every failure message, joined: what a user would read."""
+        out = []
+        for play in self.result.get("plays", []):
+            for task in play.get("tasks", []):
+                for res in task.get("hosts", {}).values():
+                    if res.get("failed") or res.get("unreachable"):
+                        out.append(str(res.get("msg", "")))
+        return "\n".join(out)
+
+
+def ansible_env() -> dict[str, str]:
+    env = dict(os.environ)
+    env.update(
+        PATH=f"{VENV_BIN}:{env.get('PATH', '')}",
+        ANSIBLE_CONFIG=str(REPO / "ansible.cfg"),
+        ANSIBLE_STDOUT_CALLBACK="ansible.builtin.json",
+        ANSIBLE_LOAD_CALLBACK_PLUGINS="1",
+        ANSIBLE_NOCOLOR="1",
+    )
+    return env
+
+
+def playbook(name: str, *args: str, extra: dict | None = None, timeout: int = 1200) -> Run:
+    cmd = [str(VENV_BIN / "ansible-playbook"), name, "-i", "localhost,", "-c", "local", *args]
+    if extra:
+        cmd += ["-e", json.dumps(extra)]
+    proc = subprocess.run(cmd, cwd=REPO, env=ansible_env(), capture_output=True, text=True,
+                          timeout=timeout, check=False)
+    return Run(proc.returncode, proc.stdout, proc.stderr)

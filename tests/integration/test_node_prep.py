@@ -1,0 +1,165 @@
+"""The node_prep role on this machine, through the prepare_nodes playbook.
+
+Real runs: the CRIU bundle is built from Debian's source tarball (cached in
+the role's build cache between runs), installed, and checked with CRIU.
+Needs root, like the role itself.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import stat
+import subprocess
+import tarfile
+from pathlib import Path
+
+import pytest
+
+from .ansible_run import playbook
+
+PLAYBOOK = "warmstart.snapshot.prepare_nodes"
+SYSTEM_PYTHON = "/usr/bin/python3"
+
+
+@pytest.fixture(scope="module")
+def prepared() -> dict:
+    """Prepare localhost exactly as a user would; return the run's stats."""
+    run = playbook(PLAYBOOK)
+    assert run.rc == 0, run.messages() or run.stderr[-3000:]
+    return run.stats()
+
+
+def test_prepare_installs_working_criu(prepared: dict) -> None:
+    out = subprocess.run(["criu", "--version"], capture_output=True, text=True, check=True).stdout
+    version = out.split("Version:")[1].split()[0]
+    assert tuple(int(p) for p in version.split(".")[:2]) >= (4, 2), out
+    check = subprocess.run(["criu", "check"], capture_output=True, text=True, check=False)
+    assert check.returncode == 0 and "Looks good" in check.stdout + check.stderr
+    assert os.path.realpath("/usr/local/bin/criu").startswith("/opt/warmstart/criu/")
+
+
+def test_bundle_is_self_contained(prepared: dict) -> None:
+    bundle = Path("/opt/warmstart/criu/current")
+    meta = json.loads((bundle / "BUNDLE.json").read_text())
+    assert meta["criu_version"].startswith("4.2") and len(meta["source_sha256"]) == 64
+    ldd = subprocess.run(["ldd", str(bundle / "libexec" / "criu")], capture_output=True,
+                         text=True, check=True).stdout
+    for line in ldd.splitlines():
+        if "=>" in line and "/" in line.split("=>")[1]:
+            lib = line.split("=>")[1].split()[0]
+            name = Path(lib).name
+            if not name.startswith(("libc.so", "libm.so", "ld-linux")):
+                assert os.path.realpath(lib).startswith(str(bundle.resolve() / "lib")), f"{name} comes from {lib}"
+    assert (bundle / "lib" / "criu" / "cuda_plugin.so").is_file()
+
+
+def test_pycriu_talks_to_criu_over_rpc(prepared: dict) -> None:
+    code = ("import pycriu; c = pycriu.criu(); c.use_binary('/usr/local/bin/criu'); "
+            "c.check(); print(pycriu.__file__)")
+    out = subprocess.run([SYSTEM_PYTHON, "-c", code], capture_output=True, text=True, check=False)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith("/opt/warmstart/criu/")
+
+
+def test_files_and_modes(prepared: dict) -> None:
+    root = os.stat("/var/lib/warmstart")
+    assert stat.S_ISDIR(root.st_mode) and stat.S_IMODE(root.st_mode) == 0o700
+    profile = json.loads(Path("/var/lib/kubelet/seccomp/profiles/block-iouring.json").read_text())
+    assert profile["defaultAction"] == "SCMP_ACT_ALLOW"
+    blocked = {n for rule in profile["syscalls"] if rule["action"] == "SCMP_ACT_ERRNO" for n in rule["names"]}
+    assert blocked == {"io_uring_setup", "io_uring_enter", "io_uring_register"}
+
+
+def test_second_run_changes_nothing(prepared: dict) -> None:
+    again = playbook(PLAYBOOK)
+    assert again.rc == 0, again.messages()
+    assert again.stats()["changed"] == 0
+
+
+def test_check_mode_changes_nothing(prepared: dict) -> None:
+    check = playbook(PLAYBOOK, "--check")
+    assert check.rc == 0, check.messages()
+    assert check.stats()["changed"] == 0
+
+
+# --- bad input: each fails the host with a message saying what and where ---
+
+def test_refuses_old_kernel() -> None:
+    run = playbook(PLAYBOOK, extra={"node_prep_kernel_min_version": "99.1"})
+    assert run.rc != 0
+    msg = run.messages()
+    assert "localhost: kernel " + os.uname().release in msg and "older than 99.1" in msg
+
+
+def test_refuses_node_without_python() -> None:
+    run = playbook(PLAYBOOK, extra={"ansible_python_interpreter": "/nonexistent/python3"})
+    assert run.rc != 0
+    assert "localhost: no usable Python 3" in run.messages()
+
+
+def test_refuses_non_root() -> None:
+    run = playbook(PLAYBOOK, extra={"ansible_become_user": "nobody", "ansible_become_method": "su",
+                                    "ansible_become_flags": "-s /bin/sh"})
+    assert run.rc != 0
+    assert "needs root" in run.messages() and "uid 65534" in run.messages()
+
+
+def test_refuses_unknown_install_mode() -> None:
+    run = playbook(PLAYBOOK, extra={"node_prep_criu_install": "magic"})
+    assert run.rc != 0
+    assert "node_prep_criu_install" in run.messages() + run.stdout
+
+
+def _isolated(tmp_path: Path, **extra: object) -> dict:
+    """Vars that send the build and the install to tmp_path only."""
+    return {
+        "node_prep_criu_install": "bundle",
+        "node_prep_criu_build_cache": str(tmp_path / "cache"),
+        "node_prep_criu_bundle_root": str(tmp_path / "opt"),
+        "node_prep_criu_link": "",
+        "node_prep_pycriu": False,
+        "node_prep_verify": False,
+        **extra,
+    }
+
+
+def test_checksum_mismatch_stops_before_build(tmp_path: Path) -> None:
+    run = playbook(PLAYBOOK, extra=_isolated(tmp_path, node_prep_criu_source_sha256="0" * 64))
+    assert run.rc != 0
+    msg = run.messages()
+    assert "checksum" in msg.lower() and "0" * 64 in msg
+    assert not list((tmp_path / "cache").glob("*.tar.gz"))
+    assert not (tmp_path / "opt" / "4.2.1").exists()
+
+
+def test_build_failure_reports_and_leaves_nothing(tmp_path: Path) -> None:
+    src = tmp_path / "criu-9.9.tar.gz"
+    tree = tmp_path / "criu-9.9"
+    tree.mkdir()
+    (tree / "Makefile").write_text("criu lib cuda_plugin:\n\t@echo 'compel: deliberately broken source' >&2; exit 1\n")
+    with tarfile.open(src, "w:gz") as tar:
+        tar.add(tree, arcname="criu-9.9")
+    sha = hashlib.sha256(src.read_bytes()).hexdigest()
+    run = playbook(PLAYBOOK, extra=_isolated(tmp_path, node_prep_criu_version="9.9",
+                                             node_prep_criu_source_url=src.as_uri(),
+                                             node_prep_criu_source_sha256=sha))
+    assert run.rc != 0
+    msg = run.messages()
+    assert "Building CRIU 9.9 on localhost failed" in msg and "deliberately broken" in msg
+    assert not list((tmp_path / "cache").glob("*.tar.gz"))
+    assert not (tmp_path / "opt" / "9.9").exists()
+
+
+def test_unwritable_snapshot_root(tmp_path: Path) -> None:
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=1m", "tmpfs", str(ro)], check=True)
+    try:
+        run = playbook(PLAYBOOK, extra={"node_prep_snapshot_root": str(ro / "snapshots"),
+                                        "node_prep_verify": False})
+    finally:
+        subprocess.run(["umount", str(ro)], check=True)
+    assert run.rc != 0
+    msg = run.messages()
+    assert f"snapshot root {ro / 'snapshots'} is not usable" in msg and "Read-only" in msg

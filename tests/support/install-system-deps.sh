@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Install the system packages that the tests and the demo need on a Debian
+# (12 or 13) machine. Idempotent: does nothing when everything is present.
+# CRIU itself is NOT installed here: the node_prep role builds and installs it.
+set -euo pipefail
+
+packages=(
+    podman runc uidmap slirp4netns fuse-overlayfs iptables   # test "nodes" and container workloads
+    debootstrap                                              # the local node image
+    python3 python3-venv                                     # the interpreter modules run with
+    git make curl xz-utils ca-certificates
+)
+
+missing=()
+for pkg in "${packages[@]}"; do
+    dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q 'install ok installed' || missing+=("$pkg")
+done
+if [ ${#missing[@]} -eq 0 ]; then
+    exit 0
+fi
+if [ "$(id -u)" -ne 0 ]; then
+    echo "install-system-deps: missing packages (${missing[*]}); run as root or install them" >&2
+    exit 1
+fi
+echo "install-system-deps: installing ${missing[*]}"
+export DEBIAN_FRONTEND=noninteractive
+apt-get update -q
+apt-get install -y -q --no-install-recommends "${missing[@]}"
