@@ -1,4 +1,4 @@
-#!/usr/bin/env python3
+#!/usr/bin/env python
 # GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
 """Find the URL and SHA256 of CRIU's upstream source tarball in Debian's archive.
 
@@ -9,7 +9,7 @@ is touched. Prints one JSON object:
 
     {"url": ..., "sha256": ..., "size": ..., "filename": ..., "version": ...}
 
-Exit codes: 0 found, 1 not found / apt failed (the reason goes to stderr).
+Run it with python3 (the role does). Exit codes: 0 found, 1 not found / apt failed (the reason goes to stderr).
 """
 from __future__ import annotations
 
