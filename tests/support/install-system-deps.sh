@@ -8,6 +8,7 @@ packages=(
     podman runc uidmap slirp4netns fuse-overlayfs iptables   # test "nodes" and container workloads
     debootstrap                                              # the local node image
     python3 python3-venv                                     # the interpreter modules run with
+    shellcheck                                               # ansible-test sanity runs it on our scripts
     git make curl xz-utils ca-certificates
 )
 

@@ -44,6 +44,7 @@ stage=$work/bundle
 mkdir -p "$stage/bin" "$stage/libexec" "$stage/lib/criu" "$stage/python"
 install -m 0755 "$tree/criu/criu" "$stage/libexec/criu"
 # DT_RPATH (not RUNPATH) so that it also covers the libraries' own dependencies.
+# shellcheck disable=SC2016 # $ORIGIN is for the dynamic loader, not the shell
 patchelf --force-rpath --set-rpath '$ORIGIN/../lib' "$stage/libexec/criu"
 install -m 0755 "$tree/plugins/cuda/cuda_plugin.so" "$stage/lib/criu/"
 
@@ -74,7 +75,7 @@ version=$(env -i "$stage/bin/criu" --version | awk '/^Version:/ {print $2}')
 [ -n "$version" ] || die "the bundled criu does not run: $(env -i "$stage/bin/criu" --version 2>&1 | tail -n 3)"
 
 glibc=$(getconf GNU_LIBC_VERSION | awk '{print $2}')
-libs=$(cd "$stage/lib" && ls -1 ./*.so* | sed 's|^\./||' | paste -sd, -)
+libs=$(find "$stage/lib" -maxdepth 1 -name '*.so*' -printf '%f\n' | sort | paste -sd, -)
 cat >"$stage/BUNDLE.json" <<JSON
 {
   "format": 1,
