@@ -1,0 +1,361 @@
+# -*- coding: utf-8 -*-
+# Copyright (c) warmstart developers
+# GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+"""Checkpoint and restore of processes: the engine behind the modules.
+
+Guarantees:
+- a failed or interrupted checkpoint leaves the source running and no
+  published snapshot (staging is removed, or left for ``cleanup`` when the
+  checkpointing process itself is killed);
+- a restore touches no process before checksums and compatibility pass.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any, Dict, List, Optional
+
+from ansible_collections.warmstart.snapshot.plugins.module_utils import _control as ctl
+from ansible_collections.warmstart.snapshot.plugins.module_utils import _manifest as mf
+from ansible_collections.warmstart.snapshot.plugins.module_utils import _proc as proc
+from ansible_collections.warmstart.snapshot.plugins.module_utils import _store as st
+from ansible_collections.warmstart.snapshot.plugins.module_utils import _workload as wl
+from ansible_collections.warmstart.snapshot.plugins.module_utils._compat import describe_node, incompatibilities
+from ansible_collections.warmstart.snapshot.plugins.module_utils._criu import CriuError, find_criu
+from ansible_collections.warmstart.snapshot.plugins.module_utils._criu_rpc import CriuOptions, dump, read_stats
+from ansible_collections.warmstart.snapshot.plugins.module_utils._criu_rpc import restore as criu_restore
+
+DEFAULT_RESTORE_ROOT = "/var/lib/warmstart/restore"
+
+
+class SnapshotError(RuntimeError):
+    """A checkpoint or restore that cannot go ahead; ``reasons`` lists every cause."""
+
+    def __init__(self, message: str, reasons: Optional[List[str]] = None, log_tail: Optional[str] = None) -> None:
+        super().__init__(message)
+        self.reasons = reasons or []
+        self.log_tail = log_tail
+
+
+@dataclass
+class Target:
+    pid: int
+    name: str
+    workload: Optional[str] = None
+    workloads_root: str = wl.DEFAULT_ROOT
+    control_dir: Optional[str] = None
+
+
+def resolve_target(pid: Optional[int], pidfile: Optional[str], workload: Optional[str],
+                   workloads_root: str = wl.DEFAULT_ROOT) -> Target:
+    if workload:
+        found = wl.running_pid(workloads_root, workload)
+        if found is None:
+            raise proc.TargetError(f"workload {workload} is not running (no live pid in {wl.paths(workloads_root, workload)['pidfile']})")
+        return Target(found, workload, workload, workloads_root, wl.paths(workloads_root, workload)["control"])
+    if pidfile:
+        found = proc.read_pidfile(pidfile)
+        if found is None:
+            raise proc.TargetError(f"pidfile {pidfile} does not exist")
+        pid = found
+    if pid is None:
+        raise proc.TargetError("no target: give pid, pidfile or workload")
+    proc.check_target(pid)
+    return Target(pid, "process", None, workloads_root, ctl.process_control_dir(pid))
+
+
+# --- the guardian: resumes a stopped source if we die mid-checkpoint ------
+
+def _start_guardian(pid: int) -> int:
+    """Fork a detached watcher; returns the write end of its pipe.
+
+    When the pipe closes (normally, or because this process was killed), the
+    watcher waits until CRIU has let go of the tree (no task in tracing stop)
+    and sends SIGCONT to every stopped task, so the source is never left frozen.
+    """
+    rfd, wfd = os.pipe()
+    child = os.fork()
+    if child == 0:  # pragma: no cover - runs in the forked watcher
+        try:
+            os.setsid()
+            if os.fork() != 0:
+                os._exit(0)
+            os.closerange(0, rfd)
+            os.closerange(rfd + 1, 65536)
+            while os.read(rfd, 4096):
+                pass
+            end = time.monotonic() + 3600
+            while time.monotonic() < end and any(_state(p) == "t" for p in proc.descendants(pid)):
+                time.sleep(0.1)
+            for p in proc.descendants(pid):
+                if _state(p) == "T":
+                    try:
+                        os.kill(p, signal.SIGCONT)
+                    except OSError:
+                        pass
+        finally:
+            os._exit(0)
+    os.close(rfd)
+    os.waitpid(child, 0)
+    return wfd
+
+
+def _state(pid: int) -> str:
+    try:
+        return proc.stat_fields(pid)[0]
+    except (OSError, IndexError):
+        return "X"
+
+
+def _copy_workload_files(target: Target, dest: str) -> List[Dict[str, Any]]:
+    """Copy the workload's own files (logs, control dir) as they are at dump time."""
+    p = wl.paths(target.workloads_root, target.workload or "")
+    out = []
+    for rel in st.walk_files(p["dir"]):
+        if rel in ("pid", "pid.tmp") or rel.endswith(".tmp") or ".tmp-" in rel:
+            continue
+        src = os.path.join(p["dir"], rel)
+        dst = os.path.join(dest, rel)
+        os.makedirs(os.path.dirname(dst), mode=0o700, exist_ok=True)
+        shutil.copyfile(src, dst)
+        out.append({"path": rel, "mode": os.stat(src).st_mode & 0o7777})
+    return out
+
+
+def checkpoint(store: st.FsStore, target: Target, name: str, labels: Dict[str, str], options: CriuOptions,
+               leave_running: bool = True, wait_ready: bool = False, ready_timeout: float = 300.0,
+               criu_path: Optional[str] = None) -> Dict[str, Any]:
+    timings: Dict[str, float] = {}
+    t_start = time.monotonic()
+    mf.check_name(name)
+    labels = mf.check_labels(labels)
+    criu = find_criu(criu_path)
+    if not criu:
+        raise CriuError("no CRIU found on this node; prepare it with warmstart.snapshot.node_prep")
+    if wait_ready:
+        if not target.control_dir:
+            raise SnapshotError(f"wait_ready: pid {target.pid} has no SNAPSHOT_CONTROL_DIR to signal readiness in")
+        try:
+            timings["wait_ready"] = ctl.wait_for(target.control_dir, ctl.READY, ready_timeout, alive=target.pid)
+        except (TimeoutError, ProcessLookupError) as exc:
+            raise SnapshotError(f"wait_ready: {exc}") from None
+    proc.check_target(target.pid)
+    source = describe_node(criu)
+    snapshot_id = mf.new_id()
+    manifest = mf.new_manifest(snapshot_id, name, labels, source)
+    staging = store.stage(snapshot_id)
+    tdir = os.path.join(staging.path, "containers", target.name)
+    images = os.path.join(tdir, "criu")
+    os.makedirs(images, mode=0o700)
+    cmd = proc.cmdline(target.pid)
+    ns_chain = proc.ns_pids(target.pid)
+    guardian = _start_guardian(target.pid)
+    resumed = False
+    try:
+        t0 = time.monotonic()
+        dump(criu, target.pid, images, options, leave_stopped=True)
+        timings["dump"] = time.monotonic() - t0
+        files: List[Dict[str, Any]] = []
+        if target.workload:
+            files = _copy_workload_files(target, os.path.join(tdir, "files"))
+        if leave_running:
+            proc.signal_tree(target.pid, signal.SIGCONT)
+            resumed = True
+        t0 = time.monotonic()
+        manifest["files"] = st.record_files(staging.path)
+        timings["checksum"] = time.monotonic() - t0
+        manifest["size"] = sum(f["size"] for f in manifest["files"])
+        manifest["targets"].append({
+            "name": target.name,
+            "kind": "process",
+            "pid": target.pid,
+            "ns_pid": ns_chain[-1],
+            "pid_namespace": len(ns_chain) > 1 and ns_chain[-1] == 1,
+            "cmdline": cmd,
+            "workload": target.workload,
+            "workloads_root": target.workloads_root if target.workload else None,
+            "workload_files": files,
+            "control_dir": target.control_dir,
+            "criu": {"version": source.get("criu_version"), "options": options.as_dict()},
+            "stats": read_stats(os.path.join(images, "stats-dump")),
+            "path": f"containers/{target.name}",
+        })
+        timings["total"] = time.monotonic() - t_start
+        manifest["timings"] = {k: round(v, 3) for k, v in timings.items()}
+        t0 = time.monotonic()
+        staging.publish(manifest)
+        timings["publish"] = time.monotonic() - t0
+    except BaseException:
+        staging.abort()
+        if not resumed:
+            proc.signal_tree(target.pid, signal.SIGCONT)
+        os.close(guardian)
+        raise
+    if not leave_running:
+        os.kill(target.pid, signal.SIGKILL)
+        proc.wait_gone(target.pid, 10)
+        if target.workload:
+            try:
+                os.unlink(wl.paths(target.workloads_root, target.workload)["pidfile"])
+            except FileNotFoundError:
+                pass
+    os.close(guardian)
+    timings["total"] = time.monotonic() - t_start
+    return {
+        "id": snapshot_id,
+        "name": name,
+        "labels": labels,
+        "size": manifest["size"],
+        "path": store.snapshot_dir(snapshot_id),
+        "pid": target.pid,
+        "source_running": leave_running,
+        "timings": {k: round(v, 3) for k, v in timings.items()},
+        "criu_stats": manifest["targets"][0]["stats"],
+    }
+
+
+# --- restore ------------------------------------------------------------------
+
+def select(store: st.FsStore, snapshot_id: Optional[str], name: Optional[str], labels: Optional[Dict[str, str]],
+           node: Dict[str, Any], skip_compat: bool) -> Dict[str, Any]:
+    """The manifest to restore: by id, or the newest compatible one matching name/labels."""
+    if snapshot_id:
+        return store.load(mf.check_id(snapshot_id))
+    if name:
+        mf.check_name(name)
+    candidates = [d for d in store.list() if "error" not in d and mf.matches(d, name, labels)]
+    if not candidates:
+        raise SnapshotError(f"no published snapshot in {store.root} matches name={name!r} labels={labels or {}}")
+    rejected = []
+    for doc in sorted(candidates, key=lambda d: d["created_at"], reverse=True):
+        reasons = incompatibilities(doc["source"], node)
+        if skip_compat or not reasons:
+            return doc
+        rejected.append(f"{doc['id']}: " + "; ".join(reasons))
+    raise SnapshotError(f"no snapshot matching name={name!r} labels={labels or {}} is compatible with this node",
+                        reasons=rejected)
+
+
+def preflight(store: st.FsStore, doc: Dict[str, Any], node: Dict[str, Any], verify: bool,
+              skip_compat: bool) -> List[str]:
+    """Everything that stops this restore, before any process is touched."""
+    problems = []
+    if not skip_compat:
+        problems += incompatibilities(doc["source"], node)
+    if verify:
+        problems += [f"checksum: {p}" for p in st.verify_files(store.local_dir(doc["id"]), doc)]
+    targets = doc.get("targets") or []
+    if len(targets) != 1 or targets[0].get("kind") != "process":
+        problems.append("snapshot: not a single-process snapshot (restore it with the matching target kind)")
+    else:
+        t = targets[0]
+        if t.get("workload"):
+            running = wl.running_pid(t["workloads_root"], t["workload"])
+            if running is not None:
+                problems.append(
+                    f"workload {t['workload']} is running on this node (pid {running}); a restored copy would "
+                    "share its files and ports - stop it first")
+    return problems
+
+
+def _stage_images(src: str, dst: str) -> None:
+    """A local images dir of symlinks: CRIU's restore log and stats stay off the store."""
+    os.makedirs(dst, mode=0o700)
+    for fname in os.listdir(src):
+        if fname in ("dump.log",):
+            continue
+        os.symlink(os.path.join(src, fname), os.path.join(dst, fname))
+
+
+def _put_back_files(target: Dict[str, Any], snap_dir: str) -> None:
+    base = wl.paths(target["workloads_root"], target["workload"])["dir"]
+    stamp = time.strftime("%Y%m%dT%H%M%S")
+    os.makedirs(base, mode=0o700, exist_ok=True)
+    for entry in target.get("workload_files", []):
+        src = os.path.join(snap_dir, target["path"], "files", entry["path"])
+        dst = os.path.join(base, entry["path"])
+        os.makedirs(os.path.dirname(dst), mode=0o700, exist_ok=True)
+        if os.path.exists(dst) and entry["path"].endswith(".log"):
+            os.rename(dst, f"{dst}.pre-restore-{stamp}")
+        tmp = f"{dst}.restore-tmp"
+        shutil.copyfile(src, tmp)
+        os.chmod(tmp, entry.get("mode", 0o600))
+        os.rename(tmp, dst)
+
+
+def restore(store: st.FsStore, snapshot_id: Optional[str] = None, name: Optional[str] = None,
+            labels: Optional[Dict[str, str]] = None, verify: bool = True, skip_compat: bool = False,
+            options: Optional[CriuOptions] = None, criu_path: Optional[str] = None,
+            restore_root: str = DEFAULT_RESTORE_ROOT) -> Dict[str, Any]:
+    timings: Dict[str, float] = {}
+    t_start = time.monotonic()
+    criu = find_criu(criu_path)
+    if not criu:
+        raise CriuError("no CRIU found on this node; prepare it with warmstart.snapshot.node_prep")
+    node = describe_node(criu)
+    doc = select(store, snapshot_id, name, labels, node, skip_compat)
+    t0 = time.monotonic()
+    problems = preflight(store, doc, node, verify, skip_compat)
+    timings["preflight"] = time.monotonic() - t0
+    if problems:
+        raise SnapshotError(f"refusing to restore snapshot {doc['id']} ({doc['name']}) on this node", reasons=problems)
+    target = doc["targets"][0]
+    snap_dir = store.local_dir(doc["id"])
+    work = os.path.join(restore_root, f"{doc['id']}-{uuid.uuid4().hex[:8]}")
+    os.makedirs(restore_root, mode=0o700, exist_ok=True)
+    os.makedirs(work, mode=0o700)
+    _stage_images(os.path.join(snap_dir, target["path"], "criu"), os.path.join(work, "images"))
+    control = target.get("control_dir")
+    if target.get("workload"):
+        _put_back_files(target, snap_dir)
+    if control and os.path.isdir(control):
+        ctl.clear(control, ctl.RESTORE_COMPLETE, ctl.RESTORE_FAILED)
+    opts = options or CriuOptions(**{k: v for k, v in target["criu"]["options"].items()
+                                     if k in CriuOptions.__dataclass_fields__})
+    t0 = time.monotonic()
+    try:
+        pid = criu_restore(criu, os.path.join(work, "images"), work, opts)
+    except CriuError as exc:
+        if control and os.path.isdir(control):
+            ctl.write(control, ctl.RESTORE_FAILED, f"{exc}\n")
+        raise
+    timings["restore"] = time.monotonic() - t0
+    ns_pid = proc.ns_pids(pid)[-1] if proc.alive(pid) else None
+    if control and os.path.isdir(control):
+        ctl.write(control, ctl.RESTORE_COMPLETE, f"pid={ns_pid}\nhost_pid={pid}\nsnapshot={doc['id']}\n")
+    if target.get("workload"):
+        proc.write_pidfile(wl.paths(target["workloads_root"], target["workload"])["pidfile"], pid)
+    stats = read_stats(os.path.join(work, "stats-restore"))
+    shutil.rmtree(os.path.join(work, "images"), ignore_errors=True)  # symlinks only; keep restore.log
+    timings["total"] = time.monotonic() - t_start
+    return {
+        "id": doc["id"],
+        "name": doc["name"],
+        "pid": pid,
+        "pids": proc.descendants(pid),
+        "ns_pid": ns_pid,
+        "workload": target.get("workload"),
+        "work_dir": work,
+        "timings": {k: round(v, 3) for k, v in timings.items()},
+        "criu_stats": stats,
+    }
+
+
+def plan_restore(store: st.FsStore, snapshot_id: Optional[str] = None, name: Optional[str] = None,
+                 labels: Optional[Dict[str, str]] = None, verify: bool = True, skip_compat: bool = False,
+                 criu_path: Optional[str] = None) -> Dict[str, Any]:
+    """Check mode: select and preflight, touch nothing."""
+    criu = find_criu(criu_path)
+    if not criu:
+        raise CriuError("no CRIU found on this node; prepare it with warmstart.snapshot.node_prep")
+    node = describe_node(criu)
+    doc = select(store, snapshot_id, name, labels, node, skip_compat)
+    problems = preflight(store, doc, node, verify, skip_compat)
+    if problems:
+        raise SnapshotError(f"refusing to restore snapshot {doc['id']} ({doc['name']}) on this node", reasons=problems)
+    return {"id": doc["id"], "name": doc["name"], "verified": verify, "compat_checked": not skip_compat}

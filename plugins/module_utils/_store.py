@@ -1,0 +1,269 @@
+# -*- coding: utf-8 -*-
+# Copyright (c) warmstart developers
+# GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+"""Artifact store: staging, atomic publish, listing, checksums, deletion.
+
+Layout (filesystem store; a local dir or a shared mount such as NFS)::
+
+    <root>/snapshots/<id>/manifest.json   written last; published = present
+    <root>/snapshots/<id>/containers/<target>/criu/...
+    <root>/tmp/<uuid>/                    staging, renamed into snapshots/ on success
+
+Snapshots hold process memory: directories are 0700, files 0600. An object
+store backend implements the same ``Store`` interface and hands restores a
+local directory (its node cache).
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any, Callable, Dict, Iterator, List, Optional
+
+from ansible_collections.warmstart.snapshot.plugins.module_utils import _manifest as mf
+
+CHUNK = 4 << 20
+
+
+class StoreError(RuntimeError):
+    """The store cannot do what was asked; the message names path and cause."""
+
+
+def sha256_file(path: str, progress: Optional[Callable[[int], None]] = None) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb", buffering=0) as handle:
+        buf = bytearray(CHUNK)
+        view = memoryview(buf)
+        while True:
+            n = handle.readinto(buf)
+            if not n:
+                break
+            digest.update(view[:n])
+            if progress:
+                progress(n)
+    return digest.hexdigest()
+
+
+def walk_files(top: str) -> Iterator[str]:
+    """Relative paths of the regular files under ``top``, sorted."""
+    out = []
+    for dirpath, _dirs, files in os.walk(top):
+        for fname in files:
+            full = os.path.join(dirpath, fname)
+            if os.path.isfile(full) and not os.path.islink(full):
+                out.append(os.path.relpath(full, top))
+    return iter(sorted(out))
+
+
+def lock_down(top: str) -> None:
+    """0700 directories and 0600 files under ``top`` (and ``top`` itself)."""
+    os.chmod(top, 0o700)
+    for dirpath, dirs, files in os.walk(top):
+        for d in dirs:
+            os.chmod(os.path.join(dirpath, d), 0o700)
+        for f in files:
+            full = os.path.join(dirpath, f)
+            if not os.path.islink(full):
+                os.chmod(full, 0o600)
+
+
+@dataclass
+class Staging:
+    """A snapshot being written. ``publish`` makes it visible, ``abort`` removes it."""
+
+    store: "FsStore"
+    path: str
+    snapshot_id: str
+    done: bool = False
+
+    def publish(self, manifest: Dict[str, Any]) -> str:
+        mf.dump(manifest, os.path.join(self.path, mf.MANIFEST))
+        lock_down(self.path)
+        final = self.store.snapshot_dir(self.snapshot_id)
+        try:
+            os.rename(self.path, final)
+        except OSError as exc:
+            raise StoreError(f"cannot publish snapshot {self.snapshot_id} into {final}: {exc.strerror}") from None
+        _fsync_dir(os.path.dirname(final))
+        self.done = True
+        return final
+
+    def abort(self) -> None:
+        if not self.done:
+            shutil.rmtree(self.path, ignore_errors=True)
+            self.done = True
+
+
+def _fsync_dir(path: str) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class FsStore:
+    """Filesystem store rooted at ``root``."""
+
+    kind = "fs"
+
+    def __init__(self, root: str) -> None:
+        if not root or not os.path.isabs(root):
+            raise StoreError(f"store path {root!r} must be an absolute path")
+        self.root = root
+
+    # -- layout ---------------------------------------------------------
+    @property
+    def snapshots(self) -> str:
+        return os.path.join(self.root, "snapshots")
+
+    @property
+    def tmp(self) -> str:
+        return os.path.join(self.root, "tmp")
+
+    def snapshot_dir(self, snapshot_id: str) -> str:
+        return os.path.join(self.snapshots, mf.check_id(snapshot_id))
+
+    def ensure(self) -> None:
+        """Create the store layout (0700) or explain why it cannot be used."""
+        for path in (self.root, self.snapshots, self.tmp):
+            try:
+                os.makedirs(path, mode=0o700, exist_ok=True)
+            except OSError as exc:
+                raise StoreError(f"store {self.root}: cannot create {path}: {exc.strerror}") from None
+        if not os.access(self.tmp, os.W_OK):
+            raise StoreError(f"store {self.root}: {self.tmp} is not writable (read-only filesystem or permissions)")
+        os.chmod(self.root, 0o700)
+
+    # -- writing --------------------------------------------------------
+    def stage(self, snapshot_id: str) -> Staging:
+        self.ensure()
+        path = os.path.join(self.tmp, uuid.uuid4().hex)
+        os.mkdir(path, 0o700)
+        return Staging(self, path, mf.check_id(snapshot_id))
+
+    # -- reading --------------------------------------------------------
+    def exists(self, snapshot_id: str) -> bool:
+        return os.path.isfile(os.path.join(self.snapshot_dir(snapshot_id), mf.MANIFEST))
+
+    def load(self, snapshot_id: str) -> Dict[str, Any]:
+        path = os.path.join(self.snapshot_dir(snapshot_id), mf.MANIFEST)
+        if not os.path.isdir(self.snapshot_dir(snapshot_id)):
+            raise StoreError(f"snapshot {snapshot_id} not found in store {self.root}")
+        doc = mf.load(path)
+        if doc["id"] != snapshot_id:
+            raise StoreError(f"{path}: manifest id {doc['id']} does not match its directory {snapshot_id}")
+        return doc
+
+    def list(self) -> List[Dict[str, Any]]:
+        """Published snapshots, oldest first. Unreadable ones are returned with ``error``."""
+        out: List[Dict[str, Any]] = []
+        if not os.path.isdir(self.snapshots):
+            return out
+        for entry in sorted(os.listdir(self.snapshots)):
+            try:
+                mf.check_id(entry)
+            except mf.ManifestError:
+                continue
+            try:
+                out.append(self.load(entry))
+            except (mf.ManifestError, StoreError) as exc:
+                out.append({"id": entry, "error": str(exc)})
+        return out
+
+    def local_dir(self, snapshot_id: str) -> str:
+        """A local directory holding the snapshot's files (here: the store itself)."""
+        return self.snapshot_dir(snapshot_id)
+
+    def staging_entries(self) -> List[Dict[str, Any]]:
+        out: List[Dict[str, Any]] = []
+        if not os.path.isdir(self.tmp):
+            return out
+        for entry in sorted(os.listdir(self.tmp)):
+            full = os.path.join(self.tmp, entry)
+            try:
+                st = os.lstat(full)
+            except FileNotFoundError:
+                continue
+            out.append({"path": full, "mtime": st.st_mtime, "size": tree_size(full)})
+        return out
+
+    def delete(self, snapshot_id: str) -> int:
+        """Remove a published snapshot: unpublish first (manifest), then the files."""
+        path = self.snapshot_dir(snapshot_id)
+        size = tree_size(path)
+        doomed = os.path.join(self.tmp, f"deleting-{snapshot_id}-{uuid.uuid4().hex[:8]}")
+        os.makedirs(self.tmp, mode=0o700, exist_ok=True)
+        os.rename(path, doomed)
+        shutil.rmtree(doomed, ignore_errors=True)
+        return size
+
+    def delete_staging(self, path: str) -> int:
+        size = tree_size(path)
+        shutil.rmtree(path, ignore_errors=True)
+        return size
+
+
+def tree_size(top: str) -> int:
+    total = 0
+    if os.path.isfile(top):
+        return os.path.getsize(top)
+    for dirpath, _dirs, files in os.walk(top):
+        for fname in files:
+            try:
+                total += os.lstat(os.path.join(dirpath, fname)).st_size
+            except OSError:
+                pass
+    return total
+
+
+def record_files(top: str, progress: Optional[Callable[[int], None]] = None) -> List[Dict[str, Any]]:
+    """Size and SHA256 of every file under ``top`` (manifest excluded)."""
+    entries = []
+    for rel in walk_files(top):
+        if rel in (mf.MANIFEST, mf.MANIFEST + ".tmp"):
+            continue
+        full = os.path.join(top, rel)
+        entries.append({"path": rel, "size": os.path.getsize(full), "sha256": sha256_file(full, progress)})
+    return entries
+
+
+def verify_files(top: str, doc: Dict[str, Any]) -> List[str]:
+    """Every problem with the files of a snapshot, as readable sentences (empty = intact)."""
+    problems = []
+    for entry in doc.get("files", []):
+        full = os.path.join(top, entry["path"])
+        try:
+            size = os.path.getsize(full)
+        except OSError:
+            problems.append(f"{entry['path']}: missing")
+            continue
+        if size != entry["size"]:
+            problems.append(f"{entry['path']}: size {size} bytes, manifest says {entry['size']} (truncated or replaced)")
+            continue
+        if sha256_file(full) != entry["sha256"]:
+            problems.append(f"{entry['path']}: SHA256 mismatch (corrupted)")
+    return problems
+
+
+def open_store(spec: Any) -> FsStore:
+    """A store from a module's ``store`` option: a path, or {'type': 'fs', 'path': ...}."""
+    if isinstance(spec, str):
+        return FsStore(spec)
+    if isinstance(spec, dict):
+        kind = spec.get("type", "fs")
+        if kind == "fs":
+            return FsStore(spec.get("path", ""))
+        raise StoreError(f"store type {kind!r} is not supported here (supported: fs)")
+    raise StoreError(f"store {spec!r} is neither a path nor a mapping")
+
+
+def age_seconds(mtime: float) -> float:
+    return time.time() - mtime

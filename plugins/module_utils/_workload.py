@@ -1,0 +1,184 @@
+# -*- coding: utf-8 -*-
+# Copyright (c) warmstart developers
+# GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+"""Restorable workloads: processes started so that CRIU can move them.
+
+A workload runs as the init of its own PID namespace (restored PIDs cannot
+collide with the node's), leads its own session, reads /dev/null and writes
+stdout/stderr to files that only it holds. Its state lives in
+``<root>/<name>/``: ``pid``, ``spec.json``, ``stdout.log``, ``stderr.log`` and
+``control/`` (exported as SNAPSHOT_CONTROL_DIR).
+"""
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import signal
+from typing import Any, Dict, List, Optional
+
+from ansible_collections.warmstart.snapshot.plugins.module_utils import _control as ctl
+from ansible_collections.warmstart.snapshot.plugins.module_utils import _proc as proc
+from ansible_collections.warmstart.snapshot.plugins.module_utils._manifest import check_name
+
+DEFAULT_ROOT = "/var/lib/warmstart/workloads"
+CLONE_NEWPID = 0x20000000
+
+
+class WorkloadError(RuntimeError):
+    pass
+
+
+def paths(root: str, name: str) -> Dict[str, str]:
+    base = os.path.join(root, check_name(name, "workload name"))
+    return {
+        "dir": base,
+        "pidfile": os.path.join(base, "pid"),
+        "spec": os.path.join(base, "spec.json"),
+        "stdout": os.path.join(base, "stdout.log"),
+        "stderr": os.path.join(base, "stderr.log"),
+        "control": os.path.join(base, "control"),
+    }
+
+
+def running_pid(root: str, name: str) -> Optional[int]:
+    """Host PID of the running workload ``name``, or None (stale pidfiles ignored)."""
+    pid = proc.read_pidfile(paths(root, name)["pidfile"])
+    if pid is None or not proc.alive(pid):
+        return None
+    try:
+        if not proc.is_ns_init(pid):
+            return None
+    except OSError:
+        return None
+    return pid
+
+
+def info(root: str, name: str) -> Dict[str, Any]:
+    p = paths(root, name)
+    pid = running_pid(root, name)
+    out: Dict[str, Any] = {"name": name, "running": pid is not None, "pid": pid, **p}
+    if os.path.exists(p["spec"]):
+        with open(p["spec"], "r", encoding="utf-8") as handle:
+            out["spec"] = json.load(handle)
+    return out
+
+
+def _unshare_pid() -> None:
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.unshare(CLONE_NEWPID) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, os.strerror(err))
+
+
+def start(root: str, name: str, command: List[str], env: Optional[Dict[str, str]] = None,
+          chdir: Optional[str] = None, inherit_env: bool = True) -> Dict[str, Any]:
+    """Start ``command`` as a restorable workload; returns its info."""
+    if not command:
+        raise WorkloadError("command is empty")
+    if chdir and not os.path.isdir(chdir):
+        raise WorkloadError(f"chdir {chdir} is not a directory")
+    p = paths(root, name)
+    os.makedirs(root, mode=0o700, exist_ok=True)
+    os.makedirs(p["dir"], mode=0o700, exist_ok=True)
+    os.makedirs(p["control"], mode=0o755, exist_ok=True)
+    ctl.clear(p["control"], ctl.READY, ctl.RESTORE_COMPLETE, ctl.RESTORE_FAILED)
+    full_env = dict(os.environ) if inherit_env else {"PATH": os.environ.get("PATH", "/usr/bin:/bin")}
+    for key in [k for k in full_env if k.startswith("ANSIBLE_") or k.startswith("_ANSIBLE")]:
+        del full_env[key]
+    full_env.update(env or {})
+    full_env[ctl.ENV_VAR] = p["control"]
+    with open(p["spec"] + ".tmp", "w", encoding="utf-8") as handle:
+        json.dump({"command": command, "env": env or {}, "chdir": chdir}, handle, indent=2)
+    os.rename(p["spec"] + ".tmp", p["spec"])
+
+    rfd, wfd = os.pipe()
+    first = os.fork()
+    if first == 0:  # pragma: no cover - runs in the forked child
+        try:
+            os.close(rfd)
+            _unshare_pid()
+            second = os.fork()
+            if second == 0:
+                _exec_workload(command, full_env, chdir, p, wfd)
+            os.write(wfd, f"pid {second}\n".encode())
+        except BaseException as exc:  # report anything to the parent, never return into Ansible
+            os.write(wfd, f"error {exc}\n".encode())
+        finally:
+            os._exit(0)
+    os.close(wfd)
+    os.waitpid(first, 0)
+    with os.fdopen(rfd, "r") as reader:
+        lines = reader.read().splitlines()
+    pid = None
+    for line in lines:
+        if line.startswith("error "):
+            raise WorkloadError(f"cannot start workload {name}: {line[6:]}")
+        if line.startswith("pid "):
+            pid = int(line[4:])
+    if pid is None:
+        raise WorkloadError(f"cannot start workload {name}: the launcher reported nothing")
+    proc.write_pidfile(p["pidfile"], pid)
+    return info(root, name)
+
+
+def _exec_workload(command: List[str], env: Dict[str, str], chdir: Optional[str],
+                   p: Dict[str, str], report_fd: int) -> None:  # pragma: no cover - child
+    try:
+        os.setsid()
+        null = os.open("/dev/null", os.O_RDONLY)
+        out = os.open(p["stdout"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        err = os.open(p["stderr"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        os.dup2(null, 0)
+        os.dup2(out, 1)
+        os.dup2(err, 2)
+        if chdir:
+            os.chdir(chdir)
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGPIPE):
+            signal.signal(sig, signal.SIG_DFL)
+        os.closerange(3, report_fd)
+        os.set_inheritable(report_fd, False)
+        os.closerange(report_fd + 1, 65536)
+        os.execvpe(command[0], command, env)
+    except BaseException as exc:
+        os.write(report_fd, f"error {command[0]}: {exc}\n".encode())
+        os._exit(127)
+
+
+def stop(root: str, name: str, timeout: float = 10.0) -> Dict[str, Any]:
+    """Stop the workload (SIGTERM, then SIGKILL); returns {'stopped': how, 'pid': pid}."""
+    pid = running_pid(root, name)
+    if pid is None:
+        return {"stopped": "not running", "pid": None}
+    how = proc.terminate(pid, timeout)
+    try:
+        os.unlink(paths(root, name)["pidfile"])
+    except FileNotFoundError:
+        pass
+    return {"stopped": how, "pid": pid}
+
+
+def ensure(root: str, name: str, state: str, command: List[str], env: Optional[Dict[str, str]] = None,
+           chdir: Optional[str] = None, wait_ready: bool = False, ready_timeout: float = 300,
+           stop_timeout: float = 10, check_mode: bool = False) -> "tuple[bool, Dict[str, Any]]":
+    """Bring workload ``name`` to ``state``; returns (changed, info)."""
+    pid = running_pid(root, name)
+    if state == "stopped":
+        if pid is None:
+            return False, info(root, name)
+        if check_mode:
+            return True, info(root, name)
+        how = stop(root, name, stop_timeout)
+        return True, {**info(root, name), "stopped": how["stopped"]}
+    if pid is not None:
+        return False, info(root, name)
+    if check_mode:
+        return True, info(root, name)
+    result = start(root, name, command, env=env, chdir=chdir)
+    if wait_ready:
+        try:
+            result["ready_after"] = round(ctl.wait_for(result["control"], ctl.READY, ready_timeout, alive=result["pid"]), 3)
+        except (TimeoutError, ProcessLookupError) as exc:
+            raise WorkloadError(f"{exc}; see {result['stderr']}") from None
+    return True, result

@@ -1,0 +1,171 @@
+#!/usr/bin/python
+# -*- coding: utf-8 -*-
+# Copyright (c) warmstart developers
+# GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+module: checkpoint
+short_description: Snapshot a running process tree into a snapshot store with CRIU
+version_added: 0.1.0
+description:
+  - Dumps the process tree rooted at a target (O(pid), O(pidfile) or a O(workload) started by
+    M(warmstart.snapshot.workload)) with CRIU through pycriu's RPC, into a staging directory of the store.
+  - The tree stays stopped while the snapshot is finished - the workload's own files copied, every file's size
+    and SHA256 recorded in C(manifest.json) with the source node's fingerprint - and is published by an atomic
+    rename. Only then is the source ended (O(leave_running=false)); with O(leave_running=true) it resumes right
+    after the dump.
+  - Any failure resumes the source and removes the staging directory; if this module itself is killed, a
+    detached guard resumes the source and the staging directory is left for M(warmstart.snapshot.cleanup).
+author:
+  - warmstart developers (!UNKNOWN)
+extends_documentation_fragment:
+  - warmstart.snapshot.store
+attributes:
+  check_mode:
+    support: full
+    description: Checks the target and the store, takes no snapshot and reports RV(changed=true).
+  diff_mode:
+    support: none
+    description: No diff is produced.
+  platform:
+    support: full
+    platforms: linux
+    description: Linux with CRIU >= 4.2 (see P(warmstart.snapshot.node_prep#role)).
+options:
+  pid:
+    description: Host PID of the root of the tree to snapshot.
+    type: int
+  pidfile:
+    description: File holding that PID.
+    type: path
+  workload:
+    description: Name of a workload started with M(warmstart.snapshot.workload).
+    type: str
+  workloads_root:
+    description: State directory root of workloads (as in M(warmstart.snapshot.workload)).
+    type: path
+    default: /var/lib/warmstart/workloads
+  name:
+    description: The snapshot's name, the user's handle for it. Defaults to the workload name, else C(process).
+    type: str
+  labels:
+    description: Labels (string keys and values) to select the snapshot by later.
+    type: dict
+    default: {}
+  leave_running:
+    description: Keep the source running after the snapshot. With V(false) it is ended once the snapshot is published.
+    type: bool
+    default: true
+  tcp:
+    description: Established TCP connections - V(established) dumps them, V(close) restores them closed, V(none) refuses them.
+    type: str
+    choices: [established, close, none]
+    default: established
+  ext_unix_sk:
+    description: Allow unix sockets connected to processes outside the tree.
+    type: bool
+    default: true
+  file_locks:
+    description: Dump file locks.
+    type: bool
+    default: true
+  link_remap:
+    description: Allow CRIU to link-remap open files that were deleted or replaced.
+    type: bool
+    default: true
+  ghost_limit:
+    description: Largest deleted-but-open file CRIU copies into the snapshot, in bytes.
+    type: int
+    default: 536870912
+  timeout:
+    description: CRIU's timeout for collecting and freezing the tree, in seconds (V(0) is CRIU's default).
+    type: int
+    default: 0
+  wait_ready:
+    description: Wait for C(ready-for-snapshot) in the target's control directory (E(SNAPSHOT_CONTROL_DIR)) first.
+    type: bool
+    default: false
+  ready_timeout:
+    description: Seconds to wait for readiness (O(wait_ready)).
+    type: int
+    default: 300
+notes:
+  - Needs root. The target should be the init of its own PID namespace (as M(warmstart.snapshot.workload) starts
+    it), so that its PIDs cannot collide with other processes on the restoring node.
+"""
+
+EXAMPLES = r"""
+- name: Snapshot a warm workload and stop it
+  warmstart.snapshot.checkpoint:
+    workload: embed
+    store: /mnt/snapshots
+    labels:
+      model: all-minilm-l6-v2
+    wait_ready: true
+    leave_running: false
+  register: snap
+
+- name: Snapshot a process by pid, keep it running
+  warmstart.snapshot.checkpoint:
+    pid: 4242
+    name: my-server
+"""
+
+RETURN = r"""
+snapshot:
+  description: The published snapshot.
+  returned: success, not in check mode
+  type: dict
+  contains:
+    id: {description: Generated snapshot id (sortable by time)., type: str, returned: always, sample: 20261202T124302Z-f6ccdab5}
+    name: {description: Snapshot name., type: str, returned: always, sample: embed}
+    labels: {description: Labels., type: dict, returned: always, sample: {model: all-minilm-l6-v2}}
+    size: {description: Bytes in the snapshot., type: int, returned: always, sample: 3987719}
+    path: {description: Directory of the published snapshot., type: str, returned: always, sample: /var/lib/warmstart/store/snapshots/20261202T124302Z-f6ccdab5}
+    pid: {description: Host PID of the source., type: int, returned: always, sample: 4242}
+    source_running: {description: Whether the source still runs., type: bool, returned: always, sample: false}
+    timings: {description: Seconds per phase (wait_ready, dump, checksum, publish, total)., type: dict, returned: always, sample: {dump: 0.38, total: 0.53}}
+    criu_stats: {description: CRIU's dump statistics (times in microseconds, page counts)., type: dict, returned: always, sample: {frozen_time: 45313, pages_written: 954}}
+target:
+  description: The resolved target.
+  returned: always
+  type: dict
+  sample: {pid: 4242, name: embed, workload: embed, control_dir: /var/lib/warmstart/workloads/embed/control}
+"""
+
+from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.warmstart.snapshot.plugins.module_utils._module import run_checkpoint
+
+
+def main() -> None:
+    module = AnsibleModule(
+        argument_spec=dict(
+            pid=dict(type="int"),
+            pidfile=dict(type="path"),
+            workload=dict(type="str"),
+            workloads_root=dict(type="path", default="/var/lib/warmstart/workloads"),
+            store=dict(type="path", default="/var/lib/warmstart/store"),
+            criu_path=dict(type="path"),
+            name=dict(type="str"),
+            labels=dict(type="dict", default={}),
+            leave_running=dict(type="bool", default=True),
+            tcp=dict(type="str", choices=["established", "close", "none"], default="established"),
+            ext_unix_sk=dict(type="bool", default=True),
+            file_locks=dict(type="bool", default=True),
+            link_remap=dict(type="bool", default=True),
+            ghost_limit=dict(type="int", default=512 << 20),
+            timeout=dict(type="int", default=0),
+            wait_ready=dict(type="bool", default=False),
+            ready_timeout=dict(type="int", default=300),
+        ),
+        mutually_exclusive=[("pid", "pidfile", "workload")],
+        required_one_of=[("pid", "pidfile", "workload")],
+        supports_check_mode=True,
+    )
+    run_checkpoint(module)
+
+
+if __name__ == "__main__":
+    main()

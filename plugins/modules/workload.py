@@ -1,0 +1,140 @@
+#!/usr/bin/python
+# -*- coding: utf-8 -*-
+# Copyright (c) warmstart developers
+# GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+module: workload
+short_description: Start or stop a process so that it can be checkpointed and restored
+version_added: 0.1.0
+description:
+  - Starts a command as a restorable workload - the init of its own PID namespace (restored PIDs cannot
+    collide with the node's), leader of its own session, stdin from C(/dev/null), stdout and stderr
+    appended to files that only it holds (CRIU checks the size of open files at restore).
+  - Its state lives in C(<root>/<name>/) - C(pid), C(spec.json), C(stdout.log), C(stderr.log) and
+    C(control/), exported to the command as E(SNAPSHOT_CONTROL_DIR).
+  - Idempotent - an already running workload of that name is left alone (RV(changed=false)).
+author:
+  - warmstart developers (!UNKNOWN)
+attributes:
+  check_mode:
+    support: full
+    description: Reports whether it would start or stop the workload, and does nothing.
+  diff_mode:
+    support: none
+    description: No diff is produced.
+  platform:
+    support: full
+    platforms: linux
+    description: Linux only (PID namespaces).
+options:
+  name:
+    description: Name of the workload; letters, digits, C(.), C(_) and C(-).
+    type: str
+    required: true
+  command:
+    description: Command and arguments (a list; a string is split like a shell would, without a shell).
+    type: raw
+  state:
+    description: V(started) starts the workload unless it runs; V(stopped) stops it (SIGTERM, then SIGKILL).
+    type: str
+    choices: [started, stopped]
+    default: started
+  env:
+    description: Extra environment variables for the command (the module's environment is inherited).
+    type: dict
+    default: {}
+  chdir:
+    description: Working directory of the command.
+    type: path
+  root:
+    description: Directory that holds the workloads' state directories.
+    type: path
+    default: /var/lib/warmstart/workloads
+  wait_ready:
+    description: After starting, wait until the workload writes C(ready-for-snapshot) into its control directory.
+    type: bool
+    default: false
+  ready_timeout:
+    description: Seconds to wait for readiness (O(wait_ready)).
+    type: int
+    default: 300
+  stop_timeout:
+    description: Seconds between SIGTERM and SIGKILL when stopping.
+    type: int
+    default: 10
+"""
+
+EXAMPLES = r"""
+- name: Start an inference server that can be snapshotted
+  warmstart.snapshot.workload:
+    name: embed
+    command: [/opt/venv/bin/python, /opt/app/server.py, --port, "8765"]
+    env:
+      HF_HUB_OFFLINE: "1"
+    wait_ready: true
+
+- name: Stop it
+  warmstart.snapshot.workload:
+    name: embed
+    state: stopped
+"""
+
+RETURN = r"""
+workload:
+  description: The workload after the change.
+  returned: always
+  type: dict
+  contains:
+    name: {description: Workload name., type: str, returned: always, sample: embed}
+    running: {description: Whether it runs., type: bool, returned: always, sample: true}
+    pid: {description: Host PID of the workload (the init of its PID namespace)., type: int, returned: always, sample: 4242}
+    dir: {description: State directory., type: str, returned: always, sample: /var/lib/warmstart/workloads/embed}
+    pidfile: {description: Pidfile., type: str, returned: always, sample: /var/lib/warmstart/workloads/embed/pid}
+    control: {description: Control directory (SNAPSHOT_CONTROL_DIR)., type: str, returned: always, sample: /var/lib/warmstart/workloads/embed/control}
+    stdout: {description: File receiving stdout., type: str, returned: always, sample: /var/lib/warmstart/workloads/embed/stdout.log}
+    stderr: {description: File receiving stderr., type: str, returned: always, sample: /var/lib/warmstart/workloads/embed/stderr.log}
+    ready_after: {description: Seconds until C(ready-for-snapshot) appeared (O(wait_ready))., type: float, returned: when waited, sample: 12.5}
+    stopped: {description: How it was stopped (terminated, killed, not running)., type: str, returned: when stopped, sample: terminated}
+"""
+
+import shlex
+
+from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.warmstart.snapshot.plugins.module_utils._workload import WorkloadError, ensure
+
+
+def main() -> None:
+    module = AnsibleModule(
+        argument_spec=dict(
+            name=dict(type="str", required=True),
+            command=dict(type="raw"),
+            state=dict(type="str", choices=["started", "stopped"], default="started"),
+            env=dict(type="dict", default={}),
+            chdir=dict(type="path"),
+            root=dict(type="path", default="/var/lib/warmstart/workloads"),
+            wait_ready=dict(type="bool", default=False),
+            ready_timeout=dict(type="int", default=300),
+            stop_timeout=dict(type="int", default=10),
+        ),
+        required_if=[("state", "started", ("command",))],
+        supports_check_mode=True,
+    )
+    p = module.params
+    command = p["command"]
+    if isinstance(command, str):
+        command = shlex.split(command)
+    try:
+        changed, result = ensure(
+            p["root"], p["name"], p["state"], [str(c) for c in command or []],
+            env={k: str(v) for k, v in p["env"].items()}, chdir=p["chdir"], wait_ready=p["wait_ready"],
+            ready_timeout=p["ready_timeout"], stop_timeout=p["stop_timeout"], check_mode=module.check_mode)
+    except (WorkloadError, ValueError, OSError) as exc:
+        module.fail_json(msg=f"workload {p['name']}: {exc}")
+    module.exit_json(changed=changed, workload=result)
+
+
+if __name__ == "__main__":
+    main()
