@@ -6,7 +6,7 @@ from __future__ import annotations
 
 
 class ModuleDocFragment:
-    """Options shared by the modules that use a snapshot store and CRIU."""
+    """Options shared by the modules that use a snapshot store (and CRIU: the CRIU fragment)."""
 
     DOCUMENTATION = r"""
 options:
@@ -16,6 +16,10 @@ options:
       - Laid out as C(snapshots/<id>/) (published, with C(manifest.json) written last) and C(tmp/) (staging).
     type: path
     default: /var/lib/warmstart/store
+"""
+
+    CRIU = r"""
+options:
   criu_path:
     description:
       - CRIU binary to use. By default the bundle installed by the P(warmstart.snapshot.node_prep#role) role,

@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import struct
 from dataclasses import dataclass, field
-from typing import Any, Dict, Optional
+from typing import Any, Dict
 
 from ansible_collections.warmstart.snapshot.plugins.module_utils._criu import CriuError
 
@@ -64,14 +64,22 @@ def log_tail(path: str, lines: int = LOG_TAIL_LINES) -> str:
     return "\n".join(data.splitlines()[-lines:])
 
 
+# Errors CRIU logs on runs that then succeed (not a cause of anything).
+BENIGN_ERRORS = ("rlimit: Can't setup RLIMIT_NOFILE",)
+
+
 def _error_lines(path: str) -> str:
-    """CRIU's 'Error' lines: usually the one-line cause."""
+    """CRIU's first real 'Error' line (the cause) and its last one (what failed), joined by ' | '.
+
+    The first is the cause (e.g. ``File x has bad size``, ``Can't dump file 3 of that type``); the lines
+    after it are the unwinding (``Unable to open fd``, ``Dumping FAILED.``). Known benign errors are skipped.
+    """
     try:
         with open(path, "r", encoding="utf-8", errors="replace") as handle:
-            errs = [ln.strip() for ln in handle if "Error" in ln or "error" in ln.split(":", 1)[0]]
+            errs = [ln.strip() for ln in handle if "Error (" in ln and not any(b in ln for b in BENIGN_ERRORS)]
     except OSError:
         return ""
-    return errs[0] if errs else ""
+    return " | ".join(errs[:1] + errs[-1:]) if len(errs) > 1 else "".join(errs)
 
 
 def _apply(opts: Any, o: CriuOptions) -> None:
@@ -97,10 +105,11 @@ def _client(criu_path: str) -> Any:
     return client
 
 
-def _fail(what: str, exc: Exception, log: str) -> CriuError:
+def _fail(what: str, exc: Exception, log: str, log_kept: bool = True) -> CriuError:
     first = _error_lines(log)
     detail = f": {first}" if first else ""
-    return CriuError(f"CRIU {what} failed ({exc}){detail}; log {log}", log_tail=log_tail(log))
+    where = f"; log {log}" if log_kept else ""
+    return CriuError(f"CRIU {what} failed ({exc}){detail}{where}", log_tail=log_tail(log))
 
 
 def dump(criu_path: str, pid: int, images_dir: str, options: CriuOptions, leave_stopped: bool = True) -> None:
@@ -124,7 +133,8 @@ def dump(criu_path: str, pid: int, images_dir: str, options: CriuOptions, leave_
         try:
             client.dump()
         except Exception as exc:  # pycriu raises CRIUExceptionExternal / OSError
-            raise _fail(f"dump of pid {pid}", exc, os.path.join(images_dir, "dump.log")) from None
+            # images_dir is a staging dir that the caller removes on failure: cite no path that will be gone
+            raise _fail(f"dump of pid {pid}", exc, os.path.join(images_dir, "dump.log"), log_kept=False) from None
     finally:
         os.close(fd)
 

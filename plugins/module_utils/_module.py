@@ -10,9 +10,17 @@ failed, the tail of its log.
 """
 from __future__ import annotations
 
-from typing import Any, Dict
+import json
+import os
+import shutil
+import sys
+import time
+from typing import Any, Dict, List, Optional
 
+from ansible_collections.warmstart.snapshot.plugins.module_utils import _manifest as mf
+from ansible_collections.warmstart.snapshot.plugins.module_utils import _retention as ret
 from ansible_collections.warmstart.snapshot.plugins.module_utils import _snapshot as snap
+from ansible_collections.warmstart.snapshot.plugins.module_utils import _store as st
 from ansible_collections.warmstart.snapshot.plugins.module_utils._criu import CriuError
 from ansible_collections.warmstart.snapshot.plugins.module_utils._criu_rpc import CriuOptions
 from ansible_collections.warmstart.snapshot.plugins.module_utils._manifest import ManifestError
@@ -76,3 +84,222 @@ def run_restore(module: Any) -> None:
     except ENGINE_ERRORS as exc:
         fail(module, exc)
     module.exit_json(changed=True, restore=result)
+
+
+# --- snapshot_info and cleanup ------------------------------------------------
+
+class QueryError(RuntimeError):
+    """A JMESPath query that cannot run here (library missing, or bad syntax)."""
+
+
+def _jmespath_search(query: str, data: Any) -> Any:
+    try:
+        import jmespath  # pylint: disable=import-outside-toplevel
+    except ImportError:
+        raise QueryError(
+            f"query needs the Python library jmespath on the managed node, and {sys.executable} cannot import it: "
+            "install it for that interpreter (Debian/Ubuntu: apt-get install python3-jmespath; "
+            "otherwise: python3 -m pip install jmespath), or drop the query and use "
+            "the community.general.json_query filter on the controller") from None
+    try:
+        return jmespath.search(query, data)
+    except jmespath.exceptions.JMESPathError as exc:
+        raise QueryError(f"query {query!r} is not valid JMESPath: {exc}") from None
+
+
+def _newest_mtime(top: str) -> float:
+    """Latest modification time of ``top`` or anything under it (symlinks not followed)."""
+    try:
+        newest = os.lstat(top).st_mtime
+    except OSError:
+        return 0.0
+    if not os.path.isdir(top) or os.path.islink(top):
+        return newest
+    for dirpath, dirs, files in os.walk(top):
+        for entry in dirs + files:
+            try:
+                newest = max(newest, os.lstat(os.path.join(dirpath, entry)).st_mtime)
+            except OSError:
+                pass
+    return newest
+
+
+def _staging(store: st.FsStore, now: float) -> List[Dict[str, Any]]:
+    out = []
+    for entry in store.staging_entries():
+        newest = _newest_mtime(entry["path"])
+        out.append(dict(entry, newest_mtime=newest, age=round(now - max(entry["mtime"], newest), 1)))
+    return out
+
+
+def _restore_dirs(root: Optional[str], now: float) -> List[Dict[str, Any]]:
+    """Restore work dirs (``<snapshot id>-<8 hex>``) directly under ``root``; nothing else is looked at."""
+    out: List[Dict[str, Any]] = []
+    if not root or not os.path.isdir(root):
+        return out
+    for entry in sorted(os.listdir(root)):
+        full = os.path.join(root, entry)
+        if not ret.RESTORE_DIR_RE.match(entry) or os.path.islink(full) or not os.path.isdir(full):
+            continue
+        try:
+            mtime = os.lstat(full).st_mtime
+        except FileNotFoundError:
+            continue
+        newest = _newest_mtime(full)
+        out.append({"path": full, "mtime": mtime, "newest_mtime": newest, "size": st.tree_size(full),
+                    "age": round(now - max(mtime, newest), 1)})
+    return out
+
+
+def _mark_newer_schema(store: st.FsStore, entry: Dict[str, Any]) -> Dict[str, Any]:
+    """Tag an unreadable snapshot whose manifest a newer warmstart wrote (it is not broken)."""
+    newer = ret.is_newer_schema(entry)
+    if not newer:
+        try:
+            with open(os.path.join(store.snapshot_dir(entry["id"]), mf.MANIFEST), "r", encoding="utf-8") as handle:
+                schema = json.load(handle).get("schema")
+            newer = isinstance(schema, int) and schema > mf.SCHEMA_VERSION
+        except (OSError, ValueError, AttributeError):
+            newer = False
+    return dict(entry, newer_schema=newer, path=store.snapshot_dir(entry["id"]))
+
+
+def _verify(store: st.FsStore, doc: Dict[str, Any]) -> List[str]:
+    try:
+        return st.verify_files(store.local_dir(doc["id"]), doc)
+    except OSError as exc:
+        return [f"{exc.filename or doc['id']}: cannot be read ({exc.strerror or exc})"]
+
+
+def run_snapshot_info(module: Any) -> None:
+    p = module.params
+    now = time.time()
+    try:
+        store = open_store(p["store"])
+        if p["name"]:
+            mf.check_name(p["name"])
+        labels = mf.check_labels(p["labels"])
+        listed = store.list()
+        staging = _staging(store, now)
+    except ENGINE_ERRORS as exc:
+        fail(module, exc)
+    broken = [_mark_newer_schema(store, d) for d in listed if "error" in d]
+    docs = ret.newest_first([d for d in listed if "error" not in d and mf.matches(d, p["name"], labels)])
+    snapshots = []
+    for doc in docs:
+        item = dict(doc) if p["details"] else mf.summary(doc)
+        item["path"] = store.snapshot_dir(doc["id"])
+        if p["verify"]:
+            problems = _verify(store, doc)
+            item["intact"] = not problems
+            item["problems"] = problems
+        snapshots.append(item)
+    result: Dict[str, Any] = dict(
+        changed=False, store={"path": store.root, "exists": os.path.isdir(store.snapshots)},
+        snapshots=snapshots, count=len(snapshots), broken=broken, staging=staging)
+    if p["query"]:
+        try:
+            result["query_result"] = _jmespath_search(p["query"], snapshots)
+        except QueryError as exc:
+            module.fail_json(msg=str(exc), **result)
+    module.exit_json(**result)
+
+
+def _human(size: int) -> str:
+    value = float(size)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if value < 1024 or unit == "TiB":
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    return f"{size} B"  # pragma: no cover
+
+
+def _remove_path(path: str, store: Optional[st.FsStore] = None) -> int:
+    """Remove a staging entry or restore work dir; raises OSError when something stays behind."""
+    if os.path.islink(path) or not os.path.isdir(path):
+        size = os.lstat(path).st_size
+        os.unlink(path)
+        return size
+    if store is not None:
+        size = store.delete_staging(path)
+    else:
+        size = st.tree_size(path)
+        shutil.rmtree(path, ignore_errors=True)
+    if os.path.lexists(path):
+        raise OSError(f"{path} could not be removed completely (permissions, or files still in use)")
+    return size
+
+
+def run_cleanup(module: Any) -> None:
+    p = module.params
+    now = time.time()
+    try:
+        pol = ret.policy(keep_last=p["keep_last"], max_age=p["max_age"],
+                         incomplete_older_than=p["incomplete_older_than"], group_by=p["group_by"],
+                         name=p["name"], labels=p["labels"], remove_broken=p["remove_broken"])
+    except ret.RetentionError as exc:
+        module.fail_json(msg=str(exc))
+    try:
+        store = open_store(p["store"])
+        listed = store.list()
+        staging = _staging(store, now)
+        restore_dirs = _restore_dirs(p["restore_root"], now)
+    except ENGINE_ERRORS as exc:
+        fail(module, exc)
+    listed = [_mark_newer_schema(store, d) if "error" in d else d for d in listed]
+    decision = ret.plan(listed, staging, pol, now=now, restore_dirs=restore_dirs)
+
+    doomed = [dict(entry) for entry in decision.remove]
+    doomed += [{"id": b["id"], "name": None, "labels": {}, "created_at": None, "group": None,
+                "reason": f"{b['reason']}: {b['error']}"} for b in decision.broken if b["remove"]]
+    removed_snapshots: List[Dict[str, Any]] = []
+    removed_staging: List[Dict[str, Any]] = []
+    removed_restore: List[Dict[str, Any]] = []
+    errors: List[str] = []
+    for entry in doomed:
+        try:
+            if module.check_mode:
+                entry["size"] = st.tree_size(store.snapshot_dir(entry["id"]))
+            else:
+                entry["size"] = store.delete(entry["id"])
+        except FileNotFoundError:
+            module.warn(f"snapshot {entry['id']} was gone before cleanup removed it (another cleanup?)")
+            continue
+        except OSError as exc:
+            errors.append(f"snapshot {entry['id']}: {exc.strerror or exc}")
+            continue
+        removed_snapshots.append(entry)
+    for plan_list, out in ((decision.remove_staging, removed_staging),
+                           (decision.remove_restore_dirs, removed_restore)):
+        for entry in plan_list:
+            item = dict(entry)
+            try:
+                if module.check_mode:
+                    item["size"] = item.get("size") if item.get("size") is not None else st.tree_size(item["path"])
+                else:
+                    item["size"] = _remove_path(item["path"], store if out is removed_staging else None)
+            except FileNotFoundError:
+                continue
+            except OSError as exc:
+                errors.append(f"{item['path']}: {exc.strerror or exc}")
+                continue
+            out.append(item)
+
+    freed = sum(int(e.get("size") or 0) for e in removed_snapshots + removed_staging + removed_restore)
+    verb = "would remove" if module.check_mode else "removed"
+    result: Dict[str, Any] = dict(
+        changed=bool(removed_snapshots or removed_staging or removed_restore),
+        removed=[e["id"] for e in removed_snapshots],
+        removed_snapshots=removed_snapshots,
+        removed_staging=removed_staging,
+        removed_restore_dirs=removed_restore,
+        bytes_freed=freed,
+        kept=decision.kept,
+        broken=[{k: b[k] for k in ("id", "error", "remove", "reason")} for b in decision.broken],
+        msg=(f"{verb} {len(removed_snapshots)} snapshot(s), {len(removed_staging)} staging dir(s) and "
+             f"{len(removed_restore)} restore work dir(s), {_human(freed)}; kept {len(decision.kept)} snapshot(s)"),
+    )
+    if errors:
+        module.fail_json(**dict(result, msg="cleanup could not remove everything: " + "; ".join(errors),
+                                errors=errors))
+    module.exit_json(**result)

@@ -7,8 +7,9 @@ from __future__ import annotations
 
 import os
 import signal
+import stat
 import time
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Tuple
 
 PF_KTHREAD = 0x00200000
 
@@ -45,7 +46,7 @@ def status(pid: int) -> Dict[str, str]:
     out = {}
     with open(f"/proc/{pid}/status", "r", encoding="utf-8", errors="replace") as handle:
         for line in handle:
-            key, _, value = line.partition(":")
+            key, _sep, value = line.partition(":")
             out[key] = value.strip()
     return out
 
@@ -134,13 +135,93 @@ def write_pidfile(path: str, pid: int) -> None:
     os.rename(tmp, path)
 
 
+def catches(pid: int, sig: int) -> bool:
+    """Whether ``pid`` has a handler installed for ``sig`` (SigCgt)."""
+    try:
+        return bool(int(status(pid).get("SigCgt", "0"), 16) & (1 << (sig - 1)))
+    except (OSError, ValueError):
+        return False
+
+
 def terminate(pid: int, timeout: float) -> str:
-    """SIGTERM, then SIGKILL after ``timeout``; returns how it ended."""
+    """SIGTERM, then SIGKILL after ``timeout``; returns how it ended.
+
+    The kernel drops signals sent to a PID namespace's init that it has no
+    handler for (only SIGKILL and SIGSTOP are forced from outside), so such an
+    init that does not catch SIGTERM is killed at once instead of after
+    ``timeout`` seconds of waiting for nothing.
+    """
     if not alive(pid):
         return "gone"
-    os.kill(pid, signal.SIGTERM)
-    if wait_gone(pid, timeout):
-        return "terminated"
+    try:
+        deaf = is_ns_init(pid) and not catches(pid, signal.SIGTERM)
+    except OSError:
+        deaf = False
+    if not deaf:
+        os.kill(pid, signal.SIGTERM)
+        if wait_gone(pid, timeout):
+            return "terminated"
     os.kill(pid, signal.SIGKILL)
     wait_gone(pid, 10)
     return "killed"
+
+
+def files_in_use(pid: int, exclude: Tuple[str, ...] = ()) -> Dict[str, int]:
+    """Regular files the tree maps or holds open, with their sizes.
+
+    CRIU refuses to restore when such a file has another size on the
+    restoring node; the restore preflight compares them before it starts.
+    Files under ``exclude`` prefixes (restored from the snapshot itself),
+    deleted files (CRIU carries those) and pseudo files are left out.
+    """
+    paths = set()
+    for p in descendants(pid):
+        try:
+            with open(f"/proc/{p}/maps", "r", encoding="utf-8", errors="replace") as handle:
+                for line in handle:
+                    parts = line.split(None, 5)
+                    if len(parts) == 6 and parts[5].startswith("/") and not parts[5].rstrip().endswith("(deleted)"):
+                        paths.add(parts[5].rstrip("\n"))
+        except OSError:
+            continue
+        try:
+            fds = os.listdir(f"/proc/{p}/fd")
+        except OSError:
+            continue
+        for fd in fds:
+            try:
+                target = os.readlink(f"/proc/{p}/fd/{fd}")
+            except OSError:
+                continue
+            if target.startswith("/") and not target.endswith("(deleted)"):
+                paths.add(target)
+    out = {}
+    for path in sorted(paths):
+        if path.startswith(("/dev/", "/proc/", "/sys/", "/memfd:")) or any(path.startswith(e) for e in exclude):
+            continue
+        try:
+            st = os.stat(path)
+        except OSError:
+            continue
+        if stat.S_ISREG(st.st_mode):
+            out[path] = st.st_size
+    return out
+
+
+def file_mismatches(expected: Dict[str, int], limit: int = 8) -> List[str]:
+    """Reasons, one per file, why this node's files differ from ``expected`` sizes."""
+    reasons = []
+    for path, size in sorted(expected.items()):
+        try:
+            have = os.stat(path).st_size
+        except FileNotFoundError:
+            reasons.append(f"file {path}: missing on this node")
+            continue
+        except OSError as exc:
+            reasons.append(f"file {path}: {exc.strerror}")
+            continue
+        if have != size:
+            reasons.append(f"file {path}: {have} bytes on this node, {size} at checkpoint (different software)")
+    if len(reasons) > limit:
+        reasons = reasons[:limit] + [f"... and {len(reasons) - limit} more files differ"]
+    return reasons

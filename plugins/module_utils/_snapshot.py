@@ -71,12 +71,20 @@ def resolve_target(pid: Optional[int], pidfile: Optional[str], workload: Optiona
 
 # --- the guardian: resumes a stopped source if we die mid-checkpoint ------
 
+GUARDIAN_DONE = b"done"
+GUARDIAN_GRACE = 5.0  # seconds the tree must stay untraced before the guardian leaves
+
+
 def _start_guardian(pid: int) -> int:
     """Fork a detached watcher; returns the write end of its pipe.
 
-    When the pipe closes (normally, or because this process was killed), the
-    watcher waits until CRIU has let go of the tree (no task in tracing stop)
-    and sends SIGCONT to every stopped task, so the source is never left frozen.
+    ``_release_guardian`` (the source is resumed or ended) lets it go at once.
+    When the pipe closes without that (this process was killed or failed), the
+    watcher waits until CRIU has let go of the tree (no task has a tracer: while
+    CRIU's parasite runs, traced tasks show as S/R, not only 't'), sends SIGCONT
+    to every stopped task, and keeps doing so until the tree has stayed
+    untraced for GUARDIAN_GRACE s, so the source is never left frozen - not even
+    by a CRIU that finishes its dump after we died.
     """
     rfd, wfd = os.pipe()
     child = os.fork()
@@ -87,22 +95,54 @@ def _start_guardian(pid: int) -> int:
                 os._exit(0)
             os.closerange(0, rfd)
             os.closerange(rfd + 1, 65536)
-            while os.read(rfd, 4096):
-                pass
-            end = time.monotonic() + 3600
-            while time.monotonic() < end and any(_state(p) == "t" for p in proc.descendants(pid)):
-                time.sleep(0.1)
-            for p in proc.descendants(pid):
-                if _state(p) == "T":
-                    try:
-                        os.kill(p, signal.SIGCONT)
-                    except OSError:
-                        pass
+            said = b""
+            while True:
+                data = os.read(rfd, 4096)
+                if not data:
+                    break
+                said += data
+            if GUARDIAN_DONE not in said:
+                _guard(pid)
         finally:
             os._exit(0)
     os.close(rfd)
     os.waitpid(child, 0)
     return wfd
+
+
+def _release_guardian(wfd: int) -> None:
+    """The source is resumed or ended: the guardian has nothing left to do."""
+    try:
+        os.write(wfd, GUARDIAN_DONE)
+    finally:
+        os.close(wfd)
+
+
+def _guard(pid: int) -> None:  # pragma: no cover - runs in the forked watcher
+    end = time.monotonic() + 3600
+    quiet_since: Optional[float] = None
+    while time.monotonic() < end:
+        tree = proc.descendants(pid)
+        if any(_traced(p) for p in tree):
+            quiet_since = None
+        else:
+            for p in tree:
+                if _state(p) == "T":
+                    try:
+                        os.kill(p, signal.SIGCONT)
+                    except OSError:
+                        pass
+            quiet_since = quiet_since or time.monotonic()
+            if time.monotonic() - quiet_since >= GUARDIAN_GRACE:
+                return
+        time.sleep(0.1)
+
+
+def _traced(pid: int) -> bool:
+    try:
+        return proc.status(pid).get("TracerPid", "0") not in ("0", "")
+    except OSError:
+        return False
 
 
 def _state(pid: int) -> str:
@@ -154,6 +194,7 @@ def checkpoint(store: st.FsStore, target: Target, name: str, labels: Dict[str, s
     os.makedirs(images, mode=0o700)
     cmd = proc.cmdline(target.pid)
     ns_chain = proc.ns_pids(target.pid)
+    own_dir = wl.paths(target.workloads_root, target.workload)["dir"] + "/" if target.workload else None
     guardian = _start_guardian(target.pid)
     resumed = False
     try:
@@ -163,6 +204,9 @@ def checkpoint(store: st.FsStore, target: Target, name: str, labels: Dict[str, s
         files: List[Dict[str, Any]] = []
         if target.workload:
             files = _copy_workload_files(target, os.path.join(tdir, "files"))
+        # Sizes as CRIU saw them: taken while the tree is still stopped (a running
+        # source may append to a file between any earlier look and the freeze).
+        in_use = proc.files_in_use(target.pid, exclude=(own_dir,) if own_dir else ())
         if leave_running:
             proc.signal_tree(target.pid, signal.SIGCONT)
             resumed = True
@@ -181,6 +225,7 @@ def checkpoint(store: st.FsStore, target: Target, name: str, labels: Dict[str, s
             "workloads_root": target.workloads_root if target.workload else None,
             "workload_files": files,
             "control_dir": target.control_dir,
+            "files_in_use": in_use,
             "criu": {"version": source.get("criu_version"), "options": options.as_dict()},
             "stats": read_stats(os.path.join(images, "stats-dump")),
             "path": f"containers/{target.name}",
@@ -204,7 +249,7 @@ def checkpoint(store: st.FsStore, target: Target, name: str, labels: Dict[str, s
                 os.unlink(wl.paths(target.workloads_root, target.workload)["pidfile"])
             except FileNotFoundError:
                 pass
-    os.close(guardian)
+    _release_guardian(guardian)
     timings["total"] = time.monotonic() - t_start
     return {
         "id": snapshot_id,
@@ -249,6 +294,9 @@ def preflight(store: st.FsStore, doc: Dict[str, Any], node: Dict[str, Any], veri
         problems += incompatibilities(doc["source"], node)
     if verify:
         problems += [f"checksum: {p}" for p in st.verify_files(store.local_dir(doc["id"]), doc)]
+    if not skip_compat:
+        for t in doc.get("targets") or []:
+            problems += proc.file_mismatches(t.get("files_in_use") or {})
     targets = doc.get("targets") or []
     if len(targets) != 1 or targets[0].get("kind") != "process":
         problems.append("snapshot: not a single-process snapshot (restore it with the matching target kind)")

@@ -133,8 +133,9 @@ def _exec_workload(command: List[str], env: Dict[str, str], chdir: Optional[str]
         os.dup2(null, 0)
         os.dup2(out, 1)
         os.dup2(err, 2)
-        if chdir:
-            os.chdir(chdir)
+        # A daemon's cwd must outlive the module (whose cwd is a temp dir)
+        # and exist on the node it is restored on.
+        os.chdir(chdir or "/")
         for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGPIPE):
             signal.signal(sig, signal.SIG_DFL)
         os.closerange(3, report_fd)

@@ -22,10 +22,11 @@ author:
   - warmstart developers (!UNKNOWN)
 extends_documentation_fragment:
   - warmstart.snapshot.store
+  - warmstart.snapshot.store.criu
 attributes:
   check_mode:
     support: full
-    description: Checks the target and the store, takes no snapshot and reports RV(changed=true).
+    description: Checks the target and the store, takes no snapshot and reports C(changed=true).
   diff_mode:
     support: none
     description: No diff is produced.
@@ -119,15 +120,51 @@ snapshot:
   returned: success, not in check mode
   type: dict
   contains:
-    id: {description: Generated snapshot id (sortable by time)., type: str, returned: always, sample: 20261202T124302Z-f6ccdab5}
-    name: {description: Snapshot name., type: str, returned: always, sample: embed}
-    labels: {description: Labels., type: dict, returned: always, sample: {model: all-minilm-l6-v2}}
-    size: {description: Bytes in the snapshot., type: int, returned: always, sample: 3987719}
-    path: {description: Directory of the published snapshot., type: str, returned: always, sample: /var/lib/warmstart/store/snapshots/20261202T124302Z-f6ccdab5}
-    pid: {description: Host PID of the source., type: int, returned: always, sample: 4242}
-    source_running: {description: Whether the source still runs., type: bool, returned: always, sample: false}
-    timings: {description: Seconds per phase (wait_ready, dump, checksum, publish, total)., type: dict, returned: always, sample: {dump: 0.38, total: 0.53}}
-    criu_stats: {description: CRIU's dump statistics (times in microseconds, page counts)., type: dict, returned: always, sample: {frozen_time: 45313, pages_written: 954}}
+    id:
+      description: Generated snapshot id (sortable by time).
+      type: str
+      returned: always
+      sample: 20261202T124302Z-f6ccdab5
+    name:
+      description: Snapshot name.
+      type: str
+      returned: always
+      sample: embed
+    labels:
+      description: Labels.
+      type: dict
+      returned: always
+      sample: {model: all-minilm-l6-v2}
+    size:
+      description: Bytes in the snapshot.
+      type: int
+      returned: always
+      sample: 3987719
+    path:
+      description: Directory of the published snapshot.
+      type: str
+      returned: always
+      sample: /var/lib/warmstart/store/snapshots/20261202T124302Z-f6ccdab5
+    pid:
+      description: Host PID of the source.
+      type: int
+      returned: always
+      sample: 4242
+    source_running:
+      description: Whether the source still runs.
+      type: bool
+      returned: always
+      sample: false
+    timings:
+      description: Seconds per phase (wait_ready, dump, checksum, publish, total).
+      type: dict
+      returned: always
+      sample: {dump: 0.38, total: 0.53}
+    criu_stats:
+      description: CRIU's dump statistics (times in microseconds, page counts).
+      type: dict
+      returned: always
+      sample: {frozen_time: 45313, pages_written: 954}
 target:
   description: The resolved target.
   returned: always

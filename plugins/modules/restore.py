@@ -23,6 +23,7 @@ author:
   - warmstart developers (!UNKNOWN)
 extends_documentation_fragment:
   - warmstart.snapshot.store
+  - warmstart.snapshot.store.criu
 attributes:
   check_mode:
     support: full
@@ -76,15 +77,52 @@ restore:
   returned: success
   type: dict
   contains:
-    id: {description: Snapshot id., type: str, returned: always, sample: 20261202T124302Z-f6ccdab5}
-    name: {description: Snapshot name., type: str, returned: always, sample: embed}
-    pid: {description: Host PID of the restored root., type: int, returned: not in check mode, sample: 22862}
-    pids: {description: Host PIDs of the restored tree., type: list, elements: int, returned: not in check mode, sample: [22862]}
-    ns_pid: {description: PID of the root inside its PID namespace., type: int, returned: not in check mode, sample: 1}
-    workload: {description: Workload name, if the snapshot is of one., type: str, returned: not in check mode, sample: embed}
-    work_dir: {description: Directory with CRIU's restore log., type: str, returned: not in check mode, sample: /var/lib/warmstart/restore/x}
-    timings: {description: Seconds per phase (preflight, restore, total)., type: dict, returned: not in check mode, sample: {restore: 0.14}}
-    criu_stats: {description: CRIU's restore statistics (microseconds, pages)., type: dict, returned: not in check mode, sample: {restore_time: 120000}}
+    id:
+      description: Snapshot id.
+      type: str
+      returned: always
+      sample: 20261202T124302Z-f6ccdab5
+    name:
+      description: Snapshot name.
+      type: str
+      returned: always
+      sample: embed
+    pid:
+      description: Host PID of the restored root.
+      type: int
+      returned: not in check mode
+      sample: 22862
+    pids:
+      description: Host PIDs of the restored tree.
+      type: list
+      elements: int
+      returned: not in check mode
+      sample: [22862]
+    ns_pid:
+      description: PID of the root inside its PID namespace.
+      type: int
+      returned: not in check mode
+      sample: 1
+    workload:
+      description: Workload name, if the snapshot is of one.
+      type: str
+      returned: not in check mode
+      sample: embed
+    work_dir:
+      description: Directory with CRIU's restore log.
+      type: str
+      returned: not in check mode
+      sample: /var/lib/warmstart/restore/x
+    timings:
+      description: Seconds per phase (preflight, restore, total).
+      type: dict
+      returned: not in check mode
+      sample: {restore: 0.14}
+    criu_stats:
+      description: CRIU's restore statistics (microseconds, pages).
+      type: dict
+      returned: not in check mode
+      sample: {restore_time: 120000}
 reasons:
   description: Every reason the restore was refused.
   returned: failure

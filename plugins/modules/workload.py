@@ -15,7 +15,7 @@ description:
     appended to files that only it holds (CRIU checks the size of open files at restore).
   - Its state lives in C(<root>/<name>/) - C(pid), C(spec.json), C(stdout.log), C(stderr.log) and
     C(control/), exported to the command as E(SNAPSHOT_CONTROL_DIR).
-  - Idempotent - an already running workload of that name is left alone (RV(changed=false)).
+  - Idempotent - an already running workload of that name is left alone (C(changed=false)).
 author:
   - warmstart developers (!UNKNOWN)
 attributes:
@@ -47,7 +47,7 @@ options:
     type: dict
     default: {}
   chdir:
-    description: Working directory of the command.
+    description: Working directory of the command (default C(/)); it must exist on the nodes it is restored on.
     type: path
   root:
     description: Directory that holds the workloads' state directories.
@@ -88,16 +88,56 @@ workload:
   returned: always
   type: dict
   contains:
-    name: {description: Workload name., type: str, returned: always, sample: embed}
-    running: {description: Whether it runs., type: bool, returned: always, sample: true}
-    pid: {description: Host PID of the workload (the init of its PID namespace)., type: int, returned: always, sample: 4242}
-    dir: {description: State directory., type: str, returned: always, sample: /var/lib/warmstart/workloads/embed}
-    pidfile: {description: Pidfile., type: str, returned: always, sample: /var/lib/warmstart/workloads/embed/pid}
-    control: {description: Control directory (SNAPSHOT_CONTROL_DIR)., type: str, returned: always, sample: /var/lib/warmstart/workloads/embed/control}
-    stdout: {description: File receiving stdout., type: str, returned: always, sample: /var/lib/warmstart/workloads/embed/stdout.log}
-    stderr: {description: File receiving stderr., type: str, returned: always, sample: /var/lib/warmstart/workloads/embed/stderr.log}
-    ready_after: {description: Seconds until C(ready-for-snapshot) appeared (O(wait_ready))., type: float, returned: when waited, sample: 12.5}
-    stopped: {description: How it was stopped (terminated, killed, not running)., type: str, returned: when stopped, sample: terminated}
+    name:
+      description: Workload name.
+      type: str
+      returned: always
+      sample: embed
+    running:
+      description: Whether it runs.
+      type: bool
+      returned: always
+      sample: true
+    pid:
+      description: Host PID of the workload (the init of its PID namespace).
+      type: int
+      returned: always
+      sample: 4242
+    dir:
+      description: State directory.
+      type: str
+      returned: always
+      sample: /var/lib/warmstart/workloads/embed
+    pidfile:
+      description: Pidfile.
+      type: str
+      returned: always
+      sample: /var/lib/warmstart/workloads/embed/pid
+    control:
+      description: Control directory (SNAPSHOT_CONTROL_DIR).
+      type: str
+      returned: always
+      sample: /var/lib/warmstart/workloads/embed/control
+    stdout:
+      description: File receiving stdout.
+      type: str
+      returned: always
+      sample: /var/lib/warmstart/workloads/embed/stdout.log
+    stderr:
+      description: File receiving stderr.
+      type: str
+      returned: always
+      sample: /var/lib/warmstart/workloads/embed/stderr.log
+    ready_after:
+      description: Seconds until C(ready-for-snapshot) appeared (O(wait_ready)).
+      type: float
+      returned: when waited
+      sample: 12.5
+    stopped:
+      description: How it was stopped (terminated, killed, not running).
+      type: str
+      returned: when stopped
+      sample: terminated
 """
 
 import shlex
