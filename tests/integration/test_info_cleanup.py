@@ -21,12 +21,12 @@ HOUR = 3600
 
 def _needs_root_and_criu() -> None:
     if os.geteuid() != 0:
-        pytest.skip("checkpoints need root")
+        pytest.fail("checkpoints need root")
     if not any(os.access(p, os.X_OK) for p in ("/usr/local/bin/criu", "/opt/warmstart/criu/bin/criu")):
-        pytest.skip("no CRIU on this node")
+        pytest.fail("no CRIU on this node although prepare_nodes ran")
     probe = subprocess.run(["/usr/bin/python3", "-c", "import pycriu"], capture_output=True, check=False)
     if probe.returncode != 0:
-        pytest.skip("/usr/bin/python3 cannot import pycriu")
+        pytest.fail("/usr/bin/python3 cannot import pycriu although prepare_nodes ran")
 
 
 class Env:

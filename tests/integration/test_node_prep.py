@@ -23,11 +23,9 @@ SYSTEM_PYTHON = "/usr/bin/python3"
 
 
 @pytest.fixture(scope="module")
-def prepared() -> dict:
-    """Prepare localhost exactly as a user would; return the run's stats."""
-    run = playbook(PLAYBOOK)
-    assert run.rc == 0, run.messages() or run.stderr[-3000:]
-    return run.stats()
+def prepared(prepared_node: dict) -> dict:
+    """Stats of the session's first run of the playbook on localhost (conftest.py)."""
+    return prepared_node
 
 
 def test_prepare_installs_working_criu(prepared: dict) -> None:
