@@ -199,7 +199,12 @@ def checkpoint(store: st.FsStore, target: Target, name: str, labels: Dict[str, s
     resumed = False
     try:
         t0 = time.monotonic()
-        dump(criu, target.pid, images, options, leave_stopped=True)
+        hasher = st.StreamingHasher(images, os.path.relpath(images, staging.path))
+        hasher.start()
+        try:
+            dump(criu, target.pid, images, options, leave_stopped=True)
+        finally:
+            hashed = hasher.finish()
         timings["dump"] = time.monotonic() - t0
         files: List[Dict[str, Any]] = []
         if target.workload:
@@ -211,7 +216,7 @@ def checkpoint(store: st.FsStore, target: Target, name: str, labels: Dict[str, s
             proc.signal_tree(target.pid, signal.SIGCONT)
             resumed = True
         t0 = time.monotonic()
-        manifest["files"] = st.record_files(staging.path)
+        manifest["files"] = st.record_files(staging.path, known=hashed)
         timings["checksum"] = time.monotonic() - t0
         manifest["size"] = sum(f["size"] for f in manifest["files"])
         manifest["targets"].append({

@@ -19,6 +19,7 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
+import threading
 import time
 import uuid
 from dataclasses import dataclass
@@ -224,15 +225,83 @@ def tree_size(top: str) -> int:
     return total
 
 
-def record_files(top: str, progress: Optional[Callable[[int], None]] = None) -> List[Dict[str, Any]]:
-    """Size and SHA256 of every file under ``top`` (manifest excluded)."""
+def record_files(top: str, progress: Optional[Callable[[int], None]] = None,
+                 known: Optional[Dict[str, Any]] = None) -> List[Dict[str, Any]]:
+    """Size and SHA256 of every file under ``top`` (manifest excluded).
+
+    ``known`` maps relative paths to (size, sha256) already computed (by a
+    StreamingHasher); they are used when the size still matches.
+    """
     entries = []
     for rel in walk_files(top):
         if rel in (mf.MANIFEST, mf.MANIFEST + ".tmp"):
             continue
         full = os.path.join(top, rel)
-        entries.append({"path": rel, "size": os.path.getsize(full), "sha256": sha256_file(full, progress)})
+        size = os.path.getsize(full)
+        pre = (known or {}).get(rel)
+        digest = pre[1] if pre and pre[0] == size else sha256_file(full, progress)
+        entries.append({"path": rel, "size": size, "sha256": digest})
     return entries
+
+
+class StreamingHasher(threading.Thread):
+    """Hash CRIU's page images while CRIU writes them, on another core.
+
+    CRIU writes ``pages-*.img`` sequentially, append only; this thread follows
+    each file as it grows, so the checksum pass after the dump has almost
+    nothing left to do. ``finish()`` (after CRIU is done) drains to the end
+    and returns {relative path: (size, sha256)}. Any file it did not follow to
+    the end is simply hashed again by record_files.
+    """
+
+    def __init__(self, top: str, rel_prefix: str, prefix: str = "pages-") -> None:
+        super().__init__(daemon=True)
+        self.top = top
+        self.rel_prefix = rel_prefix
+        self.prefix = prefix
+        self._done = threading.Event()
+        self._state: Dict[str, Any] = {}
+        self.error: Optional[BaseException] = None
+
+    def _pass(self) -> bool:
+        moved = False
+        try:
+            names = [n for n in os.listdir(self.top) if n.startswith(self.prefix)]
+        except OSError:
+            return False
+        for name in names:
+            state = self._state.get(name)
+            if state is None:
+                state = self._state[name] = [open(os.path.join(self.top, name), "rb", buffering=0),
+                                             hashlib.sha256(), 0]
+            while True:
+                chunk = state[0].read(CHUNK)
+                if not chunk:
+                    break
+                state[1].update(chunk)
+                state[2] += len(chunk)
+                moved = True
+        return moved
+
+    def run(self) -> None:
+        try:
+            while not self._done.is_set():
+                if not self._pass():
+                    time.sleep(0.02)
+            while self._pass():
+                pass
+        except BaseException as exc:  # reported through finish(); the caller falls back to hashing
+            self.error = exc
+
+    def finish(self) -> Dict[str, Any]:
+        self._done.set()
+        self.join()
+        out = {}
+        for name, (handle, digest, size) in self._state.items():
+            handle.close()
+            if self.error is None:
+                out[f"{self.rel_prefix}/{name}"] = (size, digest.hexdigest())
+        return out
 
 
 def verify_files(top: str, doc: Dict[str, Any]) -> List[str]:
