@@ -274,3 +274,39 @@ def test_dump_is_0600_and_atomic(tmp_path: Path) -> None:
     assert not (tmp_path / (mf.MANIFEST + ".tmp")).exists()
     loaded = mf.load(str(path))
     assert loaded["id"] == "20261202T120000Z-1a2b3c4d" and loaded["schema"] == mf.SCHEMA_VERSION
+
+
+def test_streaming_hasher_follows_growing_page_files(tmp_path: Path) -> None:
+    """Hashes written while the file grows equal a full hash afterwards; other files are left alone."""
+    import hashlib
+    import threading
+    import time as _time
+
+    from ansible_collections.warmstart.snapshot.plugins.module_utils._store import StreamingHasher, record_files
+
+    images = tmp_path / "containers" / "t" / "criu"
+    images.mkdir(parents=True)
+    hasher = StreamingHasher(str(images), "containers/t/criu")
+    hasher.start()
+    data = os.urandom(3 << 20)
+
+    def writer() -> None:
+        with open(images / "pages-1.img", "wb") as handle:
+            for i in range(0, len(data), 64 << 10):
+                handle.write(data[i:i + (64 << 10)])
+                handle.flush()
+                _time.sleep(0.001)
+        (images / "core-1.img").write_bytes(b"core")
+
+    thread = threading.Thread(target=writer)
+    thread.start()
+    thread.join()
+    known = hasher.finish()
+    assert known == {"containers/t/criu/pages-1.img": (len(data), hashlib.sha256(data).hexdigest())}
+    entries = {e["path"]: e for e in record_files(str(tmp_path), known=known)}
+    assert entries["containers/t/criu/pages-1.img"]["sha256"] == hashlib.sha256(data).hexdigest()
+    assert entries["containers/t/criu/core-1.img"]["sha256"] == hashlib.sha256(b"core").hexdigest()
+    # a stale pre-computed digest (size changed since) is not trusted
+    stale = {"containers/t/criu/core-1.img": (3, "0" * 64)}
+    again = {e["path"]: e for e in record_files(str(tmp_path), known=stale)}
+    assert again["containers/t/criu/core-1.img"]["sha256"] == hashlib.sha256(b"core").hexdigest()
