@@ -938,7 +938,6 @@ def markdown(results: Dict[str, Any], summary: Dict[str, Any]) -> str:
     if syn:
         big = max(syn, key=lambda x: x["mib"])
         ph = big["phases"]
-        dump_m, hash_m = ph["checkpoint.dump"]["median"], ph["checkpoint.checksum"]["median"]
         rest_m, ver_m = ph["restore_verify_off.restore"]["median"], big["verify_cost"]["median"]
         out += [
             f"Rough effect for the {big['mib']} MiB case (an estimate from the medians above, not measured):"
