@@ -245,7 +245,7 @@ def test_killed_checkpoint_resumes_source_and_publishes_nothing(lab: Lab) -> Non
             assert time.monotonic() - killed_at < 20, f"source is {proc_state(pid)}, tracer {tracer_pid(pid)}"
             time.sleep(0.05)
         states = set()
-        for _ in range(20):  # and it stays running
+        for _tick in range(20):  # and it stays running
             states.add(proc_state(pid))
             time.sleep(0.05)
         assert "T" not in states and "t" not in states, states

@@ -19,7 +19,6 @@ from ansible_collections.warmstart.snapshot.plugins.module_utils._criu import (
 )
 
 
-
 def make_fake_criu(
     directory: Path,
     version_out: str = "Version: 4.2.1\n",
