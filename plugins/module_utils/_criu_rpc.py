@@ -106,10 +106,10 @@ def _client(criu_path: str) -> Any:
 
 
 def _fail(what: str, exc: Exception, log: str, log_kept: bool = True) -> CriuError:
-    first = _error_lines(log)
-    detail = f": {first}" if first else ""
+    """CriuError naming CRIU's own cause; pycriu's generic text only when the log has none."""
+    cause = _error_lines(log) or str(exc)
     where = f"; log {log}" if log_kept else ""
-    return CriuError(f"CRIU {what} failed ({exc}){detail}{where}", log_tail=log_tail(log))
+    return CriuError(f"CRIU {what} failed: {cause}{where}", log_tail=log_tail(log))
 
 
 def dump(criu_path: str, pid: int, images_dir: str, options: CriuOptions, leave_stopped: bool = True) -> None:

@@ -8,10 +8,13 @@ what that first run did.
 from __future__ import annotations
 
 import os
+from pathlib import Path
+from typing import Iterator
 
 import pytest
 
 from .ansible_run import playbook
+from .test_process_snapshot import Lab, needs_root_and_criu
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -21,3 +24,14 @@ def prepared_node() -> dict:
     run = playbook("warmstart.snapshot.prepare_nodes")
     assert run.rc == 0, run.messages() or run.stderr[-3000:]
     return run.stats()
+
+
+@pytest.fixture
+def lab(tmp_path: Path) -> Iterator[Lab]:
+    """A per-test store, workloads root and restore root; stops everything it started."""
+    needs_root_and_criu()
+    world = Lab(tmp_path)
+    try:
+        yield world
+    finally:
+        world.cleanup()

@@ -38,16 +38,6 @@ def module_lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab]:
         world.cleanup()
 
 
-@pytest.fixture
-def lab(tmp_path: Path) -> Iterator[Lab]:
-    needs_root_and_criu()
-    world = Lab(tmp_path)
-    try:
-        yield world
-    finally:
-        world.cleanup()
-
-
 def unused_pid() -> int:
     with open("/proc/sys/kernel/pid_max", encoding="ascii") as handle:
         pid_max = int(handle.read())

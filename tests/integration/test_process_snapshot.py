@@ -22,7 +22,7 @@ import socket
 import subprocess
 import time
 from pathlib import Path
-from typing import Any, Dict, Iterator, List, Optional
+from typing import Any, Dict, List, Optional
 
 import pytest
 
@@ -313,16 +313,6 @@ class Lab:
             time.sleep(0.05)
         for path in reversed(self.mounts):
             subprocess.run(["umount", "-l", str(path)], capture_output=True, check=False)
-
-
-@pytest.fixture
-def lab(tmp_path: Path) -> Iterator[Lab]:
-    needs_root_and_criu()
-    world = Lab(tmp_path)
-    try:
-        yield world
-    finally:
-        world.cleanup()
 
 
 def assert_locked_down(snap_dir: Path) -> None:
