@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import struct
 from dataclasses import dataclass, field
-from typing import Any, Dict
+from typing import Any, Callable, Dict, Optional
 
 from ansible_collections.warmstart.snapshot.plugins.module_utils._criu import CriuError
 
@@ -65,7 +65,7 @@ def log_tail(path: str, lines: int = LOG_TAIL_LINES) -> str:
 
 
 # Errors CRIU logs on runs that then succeed (not a cause of anything).
-BENIGN_ERRORS = ("rlimit: Can't setup RLIMIT_NOFILE",)
+BENIGN_ERRORS = ("rlimit: Can't setup RLIMIT_NOFILE", "cgroupd: recv req error")
 
 
 def _error_lines(path: str) -> str:
@@ -112,12 +112,18 @@ def _fail(what: str, exc: Exception, log: str, log_kept: bool = True) -> CriuErr
     return CriuError(f"CRIU {what} failed: {cause}{where}", log_tail=log_tail(log))
 
 
-def dump(criu_path: str, pid: int, images_dir: str, options: CriuOptions, leave_stopped: bool = True) -> None:
+Setup = Optional[Callable[[Any], None]]
+
+
+def dump(criu_path: str, pid: int, images_dir: str, options: CriuOptions, leave_stopped: bool = True,
+         setup: Setup = None) -> None:
     """Dump the tree rooted at ``pid`` into ``images_dir``.
 
     With ``leave_stopped`` the tree stays SIGSTOPped after a successful dump,
     so the caller can finish and publish the snapshot before it decides to
     resume (SIGCONT) or end (SIGKILL) the source. On failure CRIU resumes it.
+    ``setup`` gets the RPC options last, for what a target kind adds (root,
+    external namespaces and mounts).
     """
     client = _client(criu_path)
     fd = os.open(images_dir, os.O_DIRECTORY)
@@ -130,6 +136,8 @@ def dump(criu_path: str, pid: int, images_dir: str, options: CriuOptions, leave_
         else:
             client.opts.leave_running = True
         _apply(client.opts, options)
+        if setup is not None:
+            setup(client.opts)
         try:
             client.dump()
         except Exception as exc:  # pycriu raises CRIUExceptionExternal / OSError
@@ -139,8 +147,12 @@ def dump(criu_path: str, pid: int, images_dir: str, options: CriuOptions, leave_
         os.close(fd)
 
 
-def restore(criu_path: str, images_dir: str, work_dir: str, options: CriuOptions) -> int:
-    """Restore the tree in ``images_dir`` detached (as our sibling); return its host PID."""
+def restore(criu_path: str, images_dir: str, work_dir: str, options: CriuOptions, setup: Setup = None) -> int:
+    """Restore the tree in ``images_dir`` detached (as our sibling); return its host PID.
+
+    ``setup`` gets the RPC options last (see ``dump``); file descriptors it
+    hands CRIU (inherit_fd) must be inheritable.
+    """
     client = _client(criu_path)
     img = os.open(images_dir, os.O_DIRECTORY)
     work = os.open(work_dir, os.O_DIRECTORY)
@@ -150,6 +162,8 @@ def restore(criu_path: str, images_dir: str, work_dir: str, options: CriuOptions
         client.opts.log_file = "restore.log"
         client.opts.rst_sibling = True
         _apply(client.opts, options)
+        if setup is not None:
+            setup(client.opts)
         try:
             resp = client.restore()
         except Exception as exc:

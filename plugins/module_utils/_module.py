@@ -17,6 +17,7 @@ import sys
 import time
 from typing import Any, Dict, List, Optional
 
+from ansible_collections.warmstart.snapshot.plugins.module_utils import _container as ctr
 from ansible_collections.warmstart.snapshot.plugins.module_utils import _manifest as mf
 from ansible_collections.warmstart.snapshot.plugins.module_utils import _retention as ret
 from ansible_collections.warmstart.snapshot.plugins.module_utils import _snapshot as snap
@@ -25,9 +26,10 @@ from ansible_collections.warmstart.snapshot.plugins.module_utils._criu import Cr
 from ansible_collections.warmstart.snapshot.plugins.module_utils._criu_rpc import CriuOptions
 from ansible_collections.warmstart.snapshot.plugins.module_utils._manifest import ManifestError
 from ansible_collections.warmstart.snapshot.plugins.module_utils._proc import TargetError
+from ansible_collections.warmstart.snapshot.plugins.module_utils._rootfs import RootfsError
 from ansible_collections.warmstart.snapshot.plugins.module_utils._store import StoreError, open_store
 
-ENGINE_ERRORS = (CriuError, ManifestError, TargetError, StoreError, snap.SnapshotError, OSError)
+ENGINE_ERRORS = (CriuError, ManifestError, TargetError, StoreError, snap.SnapshotError, RootfsError, OSError)
 
 
 def fail(module: Any, exc: BaseException, **extra: Any) -> None:
@@ -55,13 +57,17 @@ def run_checkpoint(module: Any) -> None:
     target_info: Dict[str, Any] = {}
     try:
         store = open_store(p["store"])
-        target = snap.resolve_target(p["pid"], p["pidfile"], p["workload"], p["workloads_root"])
+        if p.get("container"):
+            target = ctr.resolve(p["runtime"], p["container"])
+        else:
+            target = snap.resolve_target(p["pid"], p["pidfile"], p["workload"], p["workloads_root"])
         target_info = {"pid": target.pid, "name": target.name, "workload": target.workload,
-                       "control_dir": target.control_dir}
-        name = p["name"] or target.workload or "process"
+                       "container": target.name if target.capture else None, "control_dir": target.control_dir}
+        name = p["name"] or target.workload or (target.name if target.capture else "process")
         if module.check_mode:
             store.ensure()
-            module.exit_json(changed=True, target=target_info, msg=f"would snapshot pid {target.pid} as {name}")
+            what = f"container {target.name} (workload pid {target.pid})" if target.capture else f"pid {target.pid}"
+            module.exit_json(changed=True, target=target_info, msg=f"would snapshot {what} as {name}")
         result = snap.checkpoint(store, target, name, p["labels"], criu_options(p), leave_running=p["leave_running"],
                                  wait_ready=p["wait_ready"], ready_timeout=p["ready_timeout"],
                                  criu_path=p["criu_path"])
@@ -70,8 +76,37 @@ def run_checkpoint(module: Any) -> None:
     module.exit_json(changed=True, snapshot=result, target=target_info)
 
 
+def _restore_into(module: Any) -> None:
+    p = module.params
+    into = p["into"]
+    spec = into.get("container_map") or into.get("container")
+    try:
+        store = open_store(p["store"])
+        result = ctr.restore_into(
+            store, spec, snapshot_id=p["snapshot"], name=p["name"], labels=p["labels"], verify=p["verify"],
+            skip_compat=p["skip_compat_check"], skip_image_check=into["skip_image_check"],
+            kill_on_failure=into["kill_placeholder_on_failure"], runtime_name=into["runtime"],
+            criu_path=p["criu_path"], restore_root=p["restore_root"], check_only=module.check_mode)
+    except ENGINE_ERRORS as exc:
+        fail(module, exc)
+    done = [d for d in result["destinations"] if d["result"] in ("succeeded", "would restore")]
+    if result["outcome"] != "succeeded":
+        errors = [d["error"] for d in result["destinations"] if d.get("error")]
+        tails = [line for d in result["destinations"] for line in d.get("criu_log_tail", [])]
+        extra: Dict[str, Any] = {"criu_log_tail": tails} if tails else {}
+        module.fail_json(msg=f"restore of snapshot {result['id']} {result['outcome'].replace('_', ' ')}: "
+                         f"{len(done)} of {len(result['destinations'])} container(s) restored; " + "; ".join(errors),
+                         restore=result, **extra)
+    verb = "would restore" if module.check_mode else "restored"
+    module.exit_json(changed=True, restore=result,
+                     msg=f"{verb} snapshot {result['id']} into {', '.join(d['container'] for d in done)}")
+
+
 def run_restore(module: Any) -> None:
     p = module.params
+    if p.get("into"):
+        _restore_into(module)
+        return
     try:
         store = open_store(p["store"])
         if module.check_mode:

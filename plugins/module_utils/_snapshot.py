@@ -18,7 +18,7 @@ import signal
 import time
 import uuid
 from dataclasses import dataclass
-from typing import Any, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional, Protocol
 
 from ansible_collections.warmstart.snapshot.plugins.module_utils import _control as ctl
 from ansible_collections.warmstart.snapshot.plugins.module_utils import _manifest as mf
@@ -42,6 +42,22 @@ class SnapshotError(RuntimeError):
         self.log_tail = log_tail
 
 
+class Capture(Protocol):
+    """What a target kind other than a plain process adds to a checkpoint (see _container)."""
+
+    def criu_setup(self, opts: Any) -> None:
+        """Add kind-specific CRIU RPC options (root, external namespaces and mounts)."""
+
+    def while_stopped(self, target_dir: str) -> Dict[str, Any]:
+        """Capture what must match the memory image (runs while the tree is stopped); entry fields."""
+
+    def entry(self) -> Dict[str, Any]:
+        """Manifest fields of this target."""
+
+    def before_resume(self) -> None:
+        """Undo what the dump left for a stopped tree that is now resumed (network lock)."""
+
+
 @dataclass
 class Target:
     pid: int
@@ -49,6 +65,7 @@ class Target:
     workload: Optional[str] = None
     workloads_root: str = wl.DEFAULT_ROOT
     control_dir: Optional[str] = None
+    capture: Optional[Capture] = None
 
 
 def resolve_target(pid: Optional[int], pidfile: Optional[str], workload: Optional[str],
@@ -201,25 +218,35 @@ def checkpoint(store: st.FsStore, target: Target, name: str, labels: Dict[str, s
         t0 = time.monotonic()
         hasher = st.StreamingHasher(images, os.path.relpath(images, staging.path))
         hasher.start()
+        setup: Optional[Callable[[Any], None]] = target.capture.criu_setup if target.capture else None
         try:
-            dump(criu, target.pid, images, options, leave_stopped=True)
+            dump(criu, target.pid, images, options, leave_stopped=True, setup=setup)
         finally:
             hashed = hasher.finish()
         timings["dump"] = time.monotonic() - t0
         files: List[Dict[str, Any]] = []
-        if target.workload:
-            files = _copy_workload_files(target, os.path.join(tdir, "files"))
-        # Sizes as CRIU saw them: taken while the tree is still stopped (a running
-        # source may append to a file between any earlier look and the freeze).
-        in_use = proc.files_in_use(target.pid, exclude=(own_dir,) if own_dir else ())
+        extra: Dict[str, Any] = {}
+        in_use: Dict[str, int] = {}
+        if target.capture:
+            t0 = time.monotonic()
+            extra = target.capture.while_stopped(tdir)
+            timings["rootfs"] = time.monotonic() - t0
+        else:
+            if target.workload:
+                files = _copy_workload_files(target, os.path.join(tdir, "files"))
+            # Sizes as CRIU saw them: taken while the tree is still stopped (a running
+            # source may append to a file between any earlier look and the freeze).
+            in_use = proc.files_in_use(target.pid, exclude=(own_dir,) if own_dir else ())
         if leave_running:
+            if target.capture:
+                target.capture.before_resume()
             proc.signal_tree(target.pid, signal.SIGCONT)
             resumed = True
         t0 = time.monotonic()
         manifest["files"] = st.record_files(staging.path, known=hashed)
         timings["checksum"] = time.monotonic() - t0
         manifest["size"] = sum(f["size"] for f in manifest["files"])
-        manifest["targets"].append({
+        entry = {
             "name": target.name,
             "kind": "process",
             "pid": target.pid,
@@ -234,7 +261,11 @@ def checkpoint(store: st.FsStore, target: Target, name: str, labels: Dict[str, s
             "criu": {"version": source.get("criu_version"), "options": options.as_dict()},
             "stats": read_stats(os.path.join(images, "stats-dump")),
             "path": f"containers/{target.name}",
-        })
+        }
+        if target.capture:
+            entry.update(target.capture.entry())
+            entry.update(extra)
+        manifest["targets"].append(entry)
         timings["total"] = time.monotonic() - t_start
         manifest["timings"] = {k: round(v, 3) for k, v in timings.items()}
         t0 = time.monotonic()
@@ -303,7 +334,10 @@ def preflight(store: st.FsStore, doc: Dict[str, Any], node: Dict[str, Any], veri
         for t in doc.get("targets") or []:
             problems += proc.file_mismatches(t.get("files_in_use") or {})
     targets = doc.get("targets") or []
-    if len(targets) != 1 or targets[0].get("kind") != "process":
+    if targets and targets[0].get("kind") == "container":
+        problems.append(f"snapshot: it holds container {targets[0]['name']}; restore it into a placeholder "
+                        "container (option into)")
+    elif len(targets) != 1 or targets[0].get("kind") != "process":
         problems.append("snapshot: not a single-process snapshot (restore it with the matching target kind)")
     else:
         t = targets[0]
@@ -316,7 +350,7 @@ def preflight(store: st.FsStore, doc: Dict[str, Any], node: Dict[str, Any], veri
     return problems
 
 
-def _stage_images(src: str, dst: str) -> None:
+def stage_images(src: str, dst: str) -> None:
     """A local images dir of symlinks: CRIU's restore log and stats stay off the store."""
     os.makedirs(dst, mode=0o700)
     for fname in os.listdir(src):
@@ -362,7 +396,7 @@ def restore(store: st.FsStore, snapshot_id: Optional[str] = None, name: Optional
     work = os.path.join(restore_root, f"{doc['id']}-{uuid.uuid4().hex[:8]}")
     os.makedirs(restore_root, mode=0o700, exist_ok=True)
     os.makedirs(work, mode=0o700)
-    _stage_images(os.path.join(snap_dir, target["path"], "criu"), os.path.join(work, "images"))
+    stage_images(os.path.join(snap_dir, target["path"], "criu"), os.path.join(work, "images"))
     control = target.get("control_dir")
     if target.get("workload"):
         _put_back_files(target, snap_dir)

@@ -7,11 +7,16 @@ from __future__ import annotations
 
 DOCUMENTATION = r"""
 module: checkpoint
-short_description: Snapshot a running process tree into a snapshot store with CRIU
+short_description: Snapshot a running process tree or container into a snapshot store with CRIU
 version_added: 0.1.0
 description:
   - Dumps the process tree rooted at a target (O(pid), O(pidfile) or a O(workload) started by
     M(warmstart.snapshot.workload)) with CRIU through pycriu's RPC, into a staging directory of the store.
+  - With O(container), dumps a container's workload - the process tree under the container's PID 1, which
+    must be an init (C(podman run --init)) - with the container's network and PID namespaces and its bind and
+    cgroup mounts declared external, plus its root file system changes (overlay upper dir) as
+    C(rootfs-diff.tar) and C(deleted-files.json), and its image in the manifest. Restore it into a placeholder
+    container with M(warmstart.snapshot.restore) O(warmstart.snapshot.restore#module:into).
   - The tree stays stopped while the snapshot is finished - the workload's own files copied, every file's size
     and SHA256 recorded in C(manifest.json) with the source node's fingerprint - and is published by an atomic
     rename. Only then is the source ended (O(leave_running=false)); with O(leave_running=true) it resumes right
@@ -44,12 +49,22 @@ options:
   workload:
     description: Name of a workload started with M(warmstart.snapshot.workload).
     type: str
+  container:
+    description:
+      - Name or id of a running container whose workload to snapshot (see O(runtime)).
+      - The snapshot holds it under C(containers/<container name>/); its name defaults to the container name.
+    type: str
+  runtime:
+    description: Container runtime of O(container).
+    type: str
+    choices: [podman]
+    default: podman
   workloads_root:
     description: State directory root of workloads (as in M(warmstart.snapshot.workload)).
     type: path
     default: /var/lib/warmstart/workloads
   name:
-    description: The snapshot's name, the user's handle for it. Defaults to the workload name, else C(process).
+    description: The snapshot's name, the user's handle for it. Defaults to the workload or container name, else C(process).
     type: str
   labels:
     description: Labels (string keys and values) to select the snapshot by later.
@@ -93,8 +108,10 @@ options:
     type: int
     default: 300
 notes:
-  - Needs root. The target should be the init of its own PID namespace (as M(warmstart.snapshot.workload) starts
-    it), so that its PIDs cannot collide with other processes on the restoring node.
+  - Needs root. A process target should be the init of its own PID namespace (as M(warmstart.snapshot.workload)
+    starts it), so that its PIDs cannot collide with other processes on the restoring node.
+  - A container's workload keeps its PIDs inside the container's PID namespace; a placeholder container whose
+    only process is its PID 1 has them free.
 """
 
 EXAMPLES = r"""
@@ -107,6 +124,12 @@ EXAMPLES = r"""
     wait_ready: true
     leave_running: false
   register: snap
+
+- name: Snapshot the workload of a podman container (started with --init) once it is warm
+  warmstart.snapshot.checkpoint:
+    container: embed-1
+    wait_ready: true
+    store: /mnt/snapshots
 
 - name: Snapshot a process by pid, keep it running
   warmstart.snapshot.checkpoint:
@@ -169,7 +192,8 @@ target:
   description: The resolved target.
   returned: always
   type: dict
-  sample: {pid: 4242, name: embed, workload: embed, control_dir: /var/lib/warmstart/workloads/embed/control}
+  sample: {pid: 4242, name: embed, workload: embed, container: null,
+           control_dir: /var/lib/warmstart/workloads/embed/control}
 """
 
 from ansible.module_utils.basic import AnsibleModule
@@ -182,6 +206,8 @@ def main() -> None:
             pid=dict(type="int"),
             pidfile=dict(type="path"),
             workload=dict(type="str"),
+            container=dict(type="str"),
+            runtime=dict(type="str", choices=["podman"], default="podman"),
             workloads_root=dict(type="path", default="/var/lib/warmstart/workloads"),
             store=dict(type="path", default="/var/lib/warmstart/store"),
             criu_path=dict(type="path"),
@@ -197,8 +223,8 @@ def main() -> None:
             wait_ready=dict(type="bool", default=False),
             ready_timeout=dict(type="int", default=300),
         ),
-        mutually_exclusive=[("pid", "pidfile", "workload")],
-        required_one_of=[("pid", "pidfile", "workload")],
+        mutually_exclusive=[("pid", "pidfile", "workload", "container")],
+        required_one_of=[("pid", "pidfile", "workload", "container")],
         supports_check_mode=True,
     )
     run_checkpoint(module)

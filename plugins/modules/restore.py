@@ -7,7 +7,7 @@ from __future__ import annotations
 
 DOCUMENTATION = r"""
 module: restore
-short_description: Restore a process snapshot on this node with CRIU
+short_description: Restore a process or container snapshot on this node with CRIU
 version_added: 0.1.0
 description:
   - Restores a snapshot taken by M(warmstart.snapshot.checkpoint) - by O(snapshot) id, or the newest published
@@ -19,6 +19,16 @@ description:
     snapshot can run twice on one node when nothing else, such as a listening port, collides).
   - Writes C(restore-complete) (C(pid=<pid in its namespace>)) into the workload's control directory, or
     C(restore-failed) on failure; CRIU leaves no half-restored process behind.
+  - A container snapshot is restored B(into) running placeholder containers (O(into)) - containers of the same
+    image and mounts whose only process is an inert PID 1 such as C(sleep infinity). Each placeholder is checked
+    first (running, inert, the PIDs the workload needs free, same image, every mount the workload needs present)
+    and pinned by open namespace descriptors; the rootfs diff and deletions are applied to its root file system;
+    CRIU then restores the workload into its network, PID, UTS and IPC namespaces and its cgroup, as a sibling of
+    its PID 1 with its original PIDs and its stdio on the placeholder's. Nothing is mounted into the placeholder.
+  - On success C(restore-complete) (C(pid=<pid in the container>)) is written into the container's control
+    directory (the workload's E(SNAPSHOT_CONTROL_DIR) at capture, as mounted in the placeholder); on failure
+    C(restore-failed), and the placeholder is killed (O(into.kill_placeholder_on_failure)) so that its supervisor
+    replaces it - a half-restored container is never left running.
 author:
   - warmstart developers (!UNKNOWN)
 extends_documentation_fragment:
@@ -57,6 +67,34 @@ options:
     description: Node-local directory for CRIU's restore work files and logs.
     type: path
     default: /var/lib/warmstart/restore
+  into:
+    description: Restore a container snapshot into placeholder containers.
+    type: dict
+    suboptions:
+      container:
+        description: The placeholder container (name or id) to restore the snapshot's only container into.
+        type: str
+      container_map:
+        description:
+          - V(src=dst) pairs (a list, or one comma-separated string) - restore source container V(src) of the
+            snapshot into placeholder V(dst). One source may go to several placeholders. A bare V(dst) means the
+            snapshot's only container.
+          - Each destination gets its own result; the task fails unless all succeed.
+        type: list
+        elements: str
+      runtime:
+        description: Container runtime of the placeholders.
+        type: str
+        choices: [podman]
+        default: podman
+      skip_image_check:
+        description: Restore even if a placeholder runs another image than the snapshot's container did.
+        type: bool
+        default: false
+      kill_placeholder_on_failure:
+        description: Kill a placeholder whose restore failed (its supervisor restarts it; its one attempt is spent).
+        type: bool
+        default: true
 """
 
 EXAMPLES = r"""
@@ -65,6 +103,18 @@ EXAMPLES = r"""
     name: embed
     store: /mnt/snapshots
   register: restored
+
+- name: Restore the newest snapshot of container embed-1 into a fresh placeholder
+  warmstart.snapshot.restore:
+    name: embed-1
+    into:
+      container: embed-2
+
+- name: Fan one snapshot out into three placeholders on this node
+  warmstart.snapshot.restore:
+    snapshot: 20261202T124302Z-f6ccdab5
+    into:
+      container_map: embed-1=replica-a,embed-1=replica-b,embed-1=replica-c
 
 - name: Restore one snapshot by id
   warmstart.snapshot.restore:
@@ -90,28 +140,28 @@ restore:
     pid:
       description: Host PID of the restored root.
       type: int
-      returned: not in check mode
+      returned: not in check mode, without into
       sample: 22862
     pids:
       description: Host PIDs of the restored tree.
       type: list
       elements: int
-      returned: not in check mode
+      returned: not in check mode, without into
       sample: [22862]
     ns_pid:
       description: PID of the root inside its PID namespace.
       type: int
-      returned: not in check mode
+      returned: not in check mode, without into
       sample: 1
     workload:
       description: Workload name, if the snapshot is of one.
       type: str
-      returned: not in check mode
+      returned: not in check mode, without into
       sample: embed
     work_dir:
       description: Directory with CRIU's restore log.
       type: str
-      returned: not in check mode
+      returned: not in check mode, without into
       sample: /var/lib/warmstart/restore/x
     timings:
       description: Seconds per phase (preflight, restore, total).
@@ -121,8 +171,25 @@ restore:
     criu_stats:
       description: CRIU's restore statistics (microseconds, pages).
       type: dict
-      returned: not in check mode
+      returned: not in check mode, without into
       sample: {restore_time: 120000}
+    outcome:
+      description: For O(into) - V(succeeded), V(failed) or V(partially_succeeded) over all destinations.
+      type: str
+      returned: with into
+      sample: succeeded
+    destinations:
+      description: For O(into) - one result per placeholder.
+      type: list
+      elements: dict
+      returned: with into
+      sample:
+        - container: embed-2
+          source: embed-1
+          result: succeeded
+          pid: 30211
+          ns_pid: 6
+          timings: {rootfs: 0.01, restore: 0.41, total: 0.47}
 reasons:
   description: Every reason the restore was refused.
   returned: failure
@@ -151,6 +218,14 @@ def main() -> None:
             verify=dict(type="bool", default=True),
             skip_compat_check=dict(type="bool", default=False),
             restore_root=dict(type="path", default="/var/lib/warmstart/restore"),
+            into=dict(type="dict", options=dict(
+                container=dict(type="str"),
+                container_map=dict(type="list", elements="str"),
+                runtime=dict(type="str", choices=["podman"], default="podman"),
+                skip_image_check=dict(type="bool", default=False),
+                kill_placeholder_on_failure=dict(type="bool", default=True),
+            ), mutually_exclusive=[("container", "container_map")],
+                required_one_of=[("container", "container_map")]),
         ),
         mutually_exclusive=[("snapshot", "name")],
         required_one_of=[("snapshot", "name", "labels")],

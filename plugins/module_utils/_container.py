@@ -1,0 +1,468 @@
+# -*- coding: utf-8 -*-
+# Copyright (c) warmstart developers
+# GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+"""Container snapshots, and restore into an inert placeholder container.
+
+Checkpoint: the container's workload (the tree under its PID 1, an init such
+as ``podman run --init`` gives) is dumped with the container's network and PID
+namespaces declared external, its bind and cgroup mounts external, its root
+file system as CRIU's root; the overlay upper dir goes along as a rootfs diff.
+
+Restore: the placeholder (a container of the same image whose PID 1 is an
+inert command such as ``sleep infinity``) keeps the namespaces, cgroup and
+mounts its runtime gave it. CRIU runs on the host and puts the workload into
+them: the placeholder's network and PID namespaces (pinned by open fds and
+handed to CRIU as the external namespaces), its UTS and IPC namespaces
+(joined), its cgroup (cgroup root remapped), a mount tree rebuilt on the
+placeholder's root file system with the placeholder's own bind sources. The
+workload comes back as a sibling of the placeholder's PID 1 with its original
+PIDs. Nothing is mounted into the placeholder, so nothing is left behind.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from dataclasses import dataclass
+from typing import Any, Dict, List, Optional, Tuple
+
+from ansible_collections.warmstart.snapshot.plugins.module_utils import _control as ctl
+from ansible_collections.warmstart.snapshot.plugins.module_utils import _namespaces as nsu
+from ansible_collections.warmstart.snapshot.plugins.module_utils import _proc as proc
+from ansible_collections.warmstart.snapshot.plugins.module_utils import _rootfs as rootfs
+from ansible_collections.warmstart.snapshot.plugins.module_utils import _snapshot as snap
+from ansible_collections.warmstart.snapshot.plugins.module_utils import _store as st
+from ansible_collections.warmstart.snapshot.plugins.module_utils._compat import describe_node, incompatibilities
+from ansible_collections.warmstart.snapshot.plugins.module_utils._criu import CriuError, find_criu
+from ansible_collections.warmstart.snapshot.plugins.module_utils._criu_rpc import CriuOptions, read_stats
+from ansible_collections.warmstart.snapshot.plugins.module_utils._criu_rpc import restore as criu_restore
+from ansible_collections.warmstart.snapshot.plugins.module_utils._runtime import ContainerInfo, Runtime, get_runtime
+
+EXT_NET = "warmstart-net"
+EXT_PID = "warmstart-pid"
+CG_SOFT = 3     # criu_cg_mode SOFT
+NET_LOCK_SKIP = 3
+ENV_FILE = "env.json"  # the placeholder's environment, offered to the restored workload
+
+
+def _children(pid: int) -> List[int]:
+    out: List[int] = []
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return out
+    for tid in tasks:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/children", "r", encoding="ascii") as handle:
+                out.extend(int(c) for c in handle.read().split())
+        except OSError:
+            continue
+    return sorted(set(out))
+
+
+def _stdio(pid: int) -> List[str]:
+    out = []
+    for fd in (0, 1, 2):
+        try:
+            out.append(os.readlink(f"/proc/{pid}/fd/{fd}"))
+        except OSError:
+            out.append("")
+    return out
+
+
+def container_host_path(pid: int, path: str, rootfs_dir: str) -> Optional[str]:
+    """The host path of ``path`` as the container of ``pid`` sees it (bind source, or under its rootfs)."""
+    mounts = nsu.mountinfo(pid)
+    m = nsu.mount_for(mounts, path)
+    if m is None:
+        return None
+    rest = path[len(m.mountpoint.rstrip("/")):] if m.mountpoint != "/" else path
+    if m.mountpoint == "/":
+        return os.path.join(rootfs_dir, path.lstrip("/"))
+    base = nsu.host_path(m.dev, m.root)
+    if base is None:
+        return None
+    return base.rstrip("/") + rest if rest else base
+
+
+@dataclass
+class ContainerCapture:
+    """The checkpoint side: what CRIU needs for a container's workload, and what the manifest keeps."""
+
+    info: ContainerInfo
+    root_pid: int
+    ns_pids: List[int]
+    external: List[Dict[str, str]]
+    stdio: List[str]
+    net_ns: int
+    pid_ns: int
+    control_path: Optional[str]
+    lock_tables: Optional[List[str]] = None
+
+    def criu_setup(self, opts: Any) -> None:
+        # CRIU locks the whole network namespace while it dumps and, for a tree it leaves stopped, keeps it
+        # locked; remember what was there so before_resume removes only CRIU's new tables.
+        try:
+            self.lock_tables = nsu.criu_lock_tables(self.root_pid)
+        except OSError:
+            self.lock_tables = None
+        opts.root = self.info.rootfs
+        opts.shell_job = True            # the session belongs to the container's init
+        opts.manage_cgroups = True
+        opts.manage_cgroups_mode = CG_SOFT
+        opts.external.append(f"net[{self.net_ns}]:{EXT_NET}")
+        opts.external.append(f"pid[{self.pid_ns}]:{EXT_PID}")
+        for m in self.external:
+            ext = opts.ext_mnt.add()
+            ext.key = m["mountpoint"]
+            ext.val = m["mountpoint"]
+
+    def before_resume(self) -> None:
+        if self.lock_tables is None:
+            return
+        for table in nsu.criu_lock_tables(self.root_pid):
+            if table not in self.lock_tables:
+                nsu.nft(self.root_pid, f"delete table inet {table}")
+
+    def while_stopped(self, target_dir: str) -> Dict[str, Any]:
+        try:
+            stats = rootfs.capture(self.info.upper_dir or "", target_dir)
+        except (OSError, rootfs.RootfsError) as exc:
+            raise snap.SnapshotError(f"container {self.info.name}: rootfs changes cannot be captured: {exc}") from None
+        return {"rootfs_diff": dict(stats, tar=rootfs.DIFF_TAR, deleted_files=rootfs.DELETED)}
+
+    def entry(self) -> Dict[str, Any]:
+        i = self.info
+        return {
+            "kind": "container",
+            "ns_pid": self.ns_pids[0],
+            "ns_pids": self.ns_pids,
+            "pid_namespace": False,
+            "container": {"runtime": i.runtime, "id": i.id, "name": i.name, "image": i.image,
+                          "image_id": i.image_id, "hostname": i.hostname, "cgroup_path": i.cgroup_path},
+            "external_mounts": self.external,
+            "stdio": self.stdio,
+            "control_dir": self.control_path,
+        }
+
+
+def resolve(runtime_name: str, container: str) -> snap.Target:
+    """A running container -> the checkpoint target: the workload tree under its PID 1."""
+    runtime = get_runtime(runtime_name)
+    info = runtime.running(container)
+    kids = _children(info.pid)
+    if not kids:
+        raise proc.TargetError(
+            f"container {info.name} runs its workload as PID 1 of its PID namespace ({' '.join(proc.cmdline(info.pid))!r}); "
+            "a placeholder's PID 1 would collide with it on restore - start the container with an init "
+            "(podman run --init) or under a shell that does not exec it")
+    if len(kids) > 1:
+        names = ", ".join(f"{k} ({' '.join(proc.cmdline(k))[:60]})" for k in kids)
+        raise proc.TargetError(f"container {info.name}: its PID 1 has {len(kids)} children ({names}); "
+                               "warmstart snapshots one workload tree per container")
+    root = kids[0]
+    proc.check_target(root)
+    tree = proc.descendants(root)
+    ns_pids = [proc.ns_pids(p)[-1] for p in tree]
+    mounts = nsu.mountinfo(root)
+    host = nsu.mountinfo()
+    external = []
+    for m in nsu.external_mounts(mounts):
+        external.append({"mountpoint": m.mountpoint, "fstype": m.fstype,
+                         "source": nsu.host_path(m.dev, m.root, host) or ""})
+    control = ctl.process_control_dir(root)
+    control_host = container_host_path(root, control, info.rootfs) if control else None
+    target = snap.Target(pid=root, name=info.name, control_dir=control_host)
+    target.capture = ContainerCapture(info=info, root_pid=root, ns_pids=ns_pids, external=external,
+                                      stdio=_stdio(root), net_ns=nsu.ns_inode(root, "net"),
+                                      pid_ns=nsu.ns_inode(root, "pid"), control_path=control)
+    return target
+
+
+# --- restore into placeholders -------------------------------------------------
+
+def parse_container_map(spec: Any, sources: List[str]) -> List[Tuple[str, str]]:
+    """``src=dst,...`` (or a list of ``src=dst``; a bare ``dst`` means the snapshot's only container)."""
+    items: List[str] = []
+    if isinstance(spec, str):
+        items = [p.strip() for p in spec.split(",") if p.strip()]
+    elif isinstance(spec, (list, tuple)):
+        items = [str(p).strip() for p in spec if str(p).strip()]
+    elif isinstance(spec, dict):
+        for src, dsts in spec.items():
+            for dst in (dsts if isinstance(dsts, list) else [dsts]):
+                items.append(f"{src}={dst}")
+    if not items:
+        raise snap.SnapshotError("into: no destination container given")
+    out: List[Tuple[str, str]] = []
+    seen = set()
+    for item in items:
+        src, sep, dst = item.partition("=")
+        if not sep:
+            if len(sources) != 1:
+                raise snap.SnapshotError(f"into: {item!r} names no source container, and the snapshot holds "
+                                         f"{len(sources)} ({', '.join(sources)}): write src=dst")
+            src, dst = sources[0], item
+        src, dst = src.strip(), dst.strip()
+        if not src or not dst:
+            raise snap.SnapshotError(f"into: {item!r} is not src=dst")
+        if src not in sources:
+            raise snap.SnapshotError(f"into: the snapshot holds no container {src!r} (it holds {', '.join(sources)})")
+        if dst in seen:
+            raise snap.SnapshotError(f"into: destination {dst!r} appears twice")
+        seen.add(dst)
+        out.append((src, dst))
+    return out
+
+
+@dataclass
+class Destination:
+    source: Dict[str, Any]
+    name: str
+    info: Optional[ContainerInfo] = None
+    ext_mnt: Optional[Dict[str, str]] = None
+    control_host: Optional[str] = None
+    notes: Optional[List[str]] = None
+
+
+def check_destination(runtime: Runtime, target: Dict[str, Any], dest: str, skip_image_check: bool) -> Tuple[Destination, List[str]]:
+    """Every reason ``dest`` cannot take ``target`` now; reads only."""
+    d = Destination(source=target, name=dest, notes=[])
+    try:
+        info = runtime.running(dest)
+    except proc.TargetError as exc:
+        return d, [str(exc)]
+    d.info = info
+    problems: List[str] = []
+    src = target.get("container") or {}
+    if not skip_image_check and src.get("image_id") and info.image_id != src["image_id"]:
+        problems.append(f"image: placeholder {info.name} runs {info.image or '?'} ({info.image_id[:12]}), the snapshot "
+                        f"was taken from {src.get('image') or '?'} ({src['image_id'][:12]}); use the same image "
+                        "(or skip_image_check)")
+    try:
+        members = nsu.pid_ns_members(nsu.ns_inode(info.pid, "pid"))
+    except OSError as exc:
+        return d, problems + [f"placeholder {info.name}: cannot read its PID namespace ({exc})"]
+    others = {p: v for p, v in members.items() if p != 1}
+    if others:
+        listed = ", ".join(f"{p} ({name})" for p, (_host, name) in sorted(others.items()))
+        problems.append(f"placeholder {info.name} is not inert: besides PID 1 it runs {listed}")
+    taken = [p for p in target.get("ns_pids") or [] if p in members]
+    for p in taken:
+        problems.append(f"placeholder {info.name}: PID {p}, which the snapshot's workload needs, is taken by "
+                        f"{members[p][1]}")
+    if not info.rootfs or not os.path.isdir(info.rootfs):
+        problems.append(f"placeholder {info.name}: its root file system {info.rootfs or '?'} is not mounted on this host")
+    mounts = nsu.mountinfo(info.pid)
+    host = nsu.mountinfo()
+    by_mp = {m.mountpoint: m for m in mounts}
+    ext: Dict[str, str] = {}
+    for m in target.get("external_mounts") or []:
+        mine = by_mp.get(m["mountpoint"])
+        path = nsu.host_path(mine.dev, mine.root, host) if mine else None
+        if path is None and m.get("source") and os.path.exists(m["source"]):
+            path = m["source"]
+            d.notes.append(f"{m['mountpoint']}: not mounted in {info.name}; bound from {path} as in the source")
+        if path is None:
+            problems.append(f"placeholder {info.name} has no mount at {m['mountpoint']} (the snapshot's container had "
+                            f"{m.get('source') or m.get('fstype')} there): start it with the same mounts")
+            continue
+        ext[m["mountpoint"]] = path
+    d.ext_mnt = ext
+    if target.get("control_dir"):
+        d.control_host = container_host_path(info.pid, target["control_dir"], info.rootfs)
+    return d, problems
+
+
+def _offer_env(control: str, placeholder_pid: int, restored_pid: int) -> None:
+    """Write the placeholder's environment as env.json (0600, owned by the workload) for the workload to re-read."""
+    with open(f"/proc/{placeholder_pid}/environ", "rb") as handle:
+        raw = handle.read()
+    env = {}
+    for item in raw.split(b"\0"):
+        key, sep, value = item.partition(b"=")
+        if sep and key:
+            env[key.decode("utf-8", "replace")] = value.decode("utf-8", "replace")
+    status = proc.status(restored_pid)
+    uid, gid = int(status["Uid"].split()[0]), int(status["Gid"].split()[0])
+    path = os.path.join(control, ENV_FILE)
+    tmp = f"{path}.tmp-{os.getpid()}"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as handle:
+        json.dump(env, handle, sort_keys=True)
+    os.chown(tmp, uid, gid)
+    os.rename(tmp, path)
+
+
+def _kill_placeholder(info: ContainerInfo) -> str:
+    try:
+        os.kill(info.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        return "already gone"
+    proc.wait_gone(info.pid, 10)
+    return "killed"
+
+
+def _inheritable(path: str, flags: int) -> int:
+    fd = os.open(path, flags)
+    os.set_inheritable(fd, True)
+    return fd
+
+
+def restore_one(criu: str, snap_dir: str, doc: Dict[str, Any], d: Destination, options: CriuOptions,
+                restore_root: str, kill_on_failure: bool) -> Dict[str, Any]:
+    """Restore one source container into one checked placeholder; never raises for a restore failure."""
+    info = d.info
+    assert info is not None
+    target = d.source
+    timings: Dict[str, float] = {}
+    t_start = time.monotonic()
+    out: Dict[str, Any] = {"container": info.name, "source": target["name"], "result": "failed"}
+    work = os.path.join(restore_root, f"{doc['id']}-{os.urandom(4).hex()}")
+    os.makedirs(restore_root, mode=0o700, exist_ok=True)
+    os.makedirs(work, mode=0o700)
+    out["work_dir"] = work
+    pinned: Dict[str, int] = {}
+    stdio_fds: List[int] = []
+    control = d.control_host if d.control_host and os.path.isdir(d.control_host) else None
+    tdir = os.path.join(snap_dir, target["path"])
+    try:
+        # Pin the placeholder: its namespaces stay what we checked even if it is replaced meanwhile.
+        for ns in ("mnt", "net", "pid", "uts", "ipc"):
+            pinned[ns] = _inheritable(f"/proc/{info.pid}/ns/{ns}", os.O_RDONLY)
+        if nsu.ns_inode(info.pid, "pid") != os.fstat(pinned["pid"]).st_ino:
+            raise snap.SnapshotError(f"placeholder {info.name} was replaced while it was being prepared")
+        if control:
+            ctl.clear(control, ctl.RESTORE_COMPLETE, ctl.RESTORE_FAILED)
+        hostname = nsu.get_hostname(info.pid)
+        t0 = time.monotonic()
+        out["rootfs"] = rootfs.apply(info.rootfs, tdir, [m.mountpoint for m in nsu.mountinfo(info.pid)])
+        timings["rootfs"] = time.monotonic() - t0
+        for n, key in enumerate(target.get("stdio") or []):
+            if key.startswith("pipe:"):
+                fd = _inheritable(f"/proc/{info.pid}/fd/{n}", os.O_RDONLY if n == 0 else os.O_WRONLY)
+                stdio_fds.append(fd)
+                stdio_fds.append(n)  # pairs: (fd, number)
+
+        def setup(opts: Any) -> None:
+            opts.root = info.rootfs
+            opts.rst_sibling = True
+            opts.shell_job = True
+            opts.manage_cgroups = True
+            opts.manage_cgroups_mode = CG_SOFT
+            cg = opts.cg_root.add()
+            cg.path = info.cgroup_path
+            opts.network_lock = NET_LOCK_SKIP     # the placeholder's network namespace has no dump-time rules
+            opts.mntns_compat_mode = True
+            for ns, key in (("net", EXT_NET), ("pid", EXT_PID)):
+                inh = opts.inherit_fd.add()
+                inh.key = key
+                inh.fd = pinned[ns]
+            for ns in ("uts", "ipc"):
+                join = opts.join_ns.add()
+                join.ns = ns
+                join.ns_file = f"/proc/{os.getpid()}/fd/{pinned[ns]}"
+            for i in range(0, len(stdio_fds), 2):
+                inh = opts.inherit_fd.add()
+                inh.key = target["stdio"][stdio_fds[i + 1]]
+                inh.fd = stdio_fds[i]
+            for key, val in (d.ext_mnt or {}).items():
+                ext = opts.ext_mnt.add()
+                ext.key = key
+                ext.val = val
+
+        # The images are read in place (CRIU writes its log and stats into the work dir): a staged dir of
+        # symlinks would not do, the restored tasks open images after they moved into the new mount tree.
+        images = os.path.join(tdir, "criu")
+        t0 = time.monotonic()
+        pid = criu_restore(criu, images, work, options, setup=setup)
+        timings["restore"] = time.monotonic() - t0
+        # CRIU writes the dump-time hostname into the UTS namespace it joined: give the placeholder its own back.
+        nsu.set_hostname(info.pid, hostname)
+        if not proc.alive(info.pid):
+            proc.signal_tree(pid, signal.SIGKILL)
+            raise snap.SnapshotError(f"placeholder {info.name} exited during the restore")
+        ns_pid = proc.ns_pids(pid)[-1]
+        if control:
+            _offer_env(control, info.pid, pid)
+            ctl.write(control, ctl.RESTORE_COMPLETE, f"pid={ns_pid}\nhost_pid={pid}\nsnapshot={doc['id']}\n")
+        timings["total"] = time.monotonic() - t_start
+        out.update(result="succeeded", pid=pid, ns_pid=ns_pid, pids=proc.descendants(pid),
+                   criu_stats=read_stats(os.path.join(work, "stats-restore")))
+        if d.notes:
+            out["notes"] = d.notes
+    except (CriuError, snap.SnapshotError, rootfs.RootfsError, OSError) as exc:
+        out["error"] = f"container {info.name}: {exc}"
+        if getattr(exc, "log_tail", None):
+            out["criu_log_tail"] = exc.log_tail.splitlines()  # type: ignore[union-attr]
+        if control:
+            try:
+                ctl.write(control, ctl.RESTORE_FAILED, f"{exc}\n")
+            except OSError:
+                pass
+        if kill_on_failure:
+            out["placeholder"] = _kill_placeholder(info)
+    finally:
+        for fd in list(pinned.values()) + stdio_fds[0::2]:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+    out["timings"] = {k: round(v, 3) for k, v in timings.items()}
+    return out
+
+
+def _select(store: st.FsStore, snapshot_id: Optional[str], name: Optional[str], labels: Optional[Dict[str, str]],
+            node: Dict[str, Any], skip_compat: bool, verify: bool) -> Dict[str, Any]:
+    doc = snap.select(store, snapshot_id, name, labels, node, skip_compat)
+    problems = [] if skip_compat else incompatibilities(doc["source"], node)
+    if verify:
+        problems += [f"checksum: {p}" for p in st.verify_files(store.local_dir(doc["id"]), doc)]
+    targets = doc.get("targets") or []
+    if not targets or any(t.get("kind") != "container" for t in targets):
+        problems.append("snapshot: it is not a container snapshot (restore a process snapshot without into)")
+    if problems:
+        raise snap.SnapshotError(f"refusing to restore snapshot {doc['id']} ({doc['name']}) on this node", reasons=problems)
+    return doc
+
+
+def restore_into(store: st.FsStore, into: Any, snapshot_id: Optional[str] = None, name: Optional[str] = None,
+                 labels: Optional[Dict[str, str]] = None, verify: bool = True, skip_compat: bool = False,
+                 skip_image_check: bool = False, kill_on_failure: bool = True, runtime_name: str = "podman",
+                 options: Optional[CriuOptions] = None, criu_path: Optional[str] = None,
+                 restore_root: str = snap.DEFAULT_RESTORE_ROOT, check_only: bool = False) -> Dict[str, Any]:
+    """Restore a container snapshot into placeholder containers; per-destination results.
+
+    Checksums and compatibility are checked once, before anything; each
+    destination is then checked (running, inert, PIDs free, image, mounts) and
+    a destination that fails its check is reported and left untouched.
+    """
+    t_start = time.monotonic()
+    criu = find_criu(criu_path)
+    if not criu:
+        raise CriuError("no CRIU found on this node; prepare it with warmstart.snapshot.node_prep")
+    node = describe_node(criu)
+    doc = _select(store, snapshot_id, name, labels, node, skip_compat, verify)
+    sources = {t["name"]: t for t in doc["targets"]}
+    pairs = parse_container_map(into, list(sources))
+    runtime = get_runtime(runtime_name)
+    checked = [check_destination(runtime, sources[src], dst, skip_image_check) for src, dst in pairs]
+    results: List[Dict[str, Any]] = []
+    for d, problems in checked:
+        if problems:
+            results.append({"container": d.name, "source": d.source["name"], "result": "refused",
+                            "error": f"refusing to restore into {d.name}: " + "; ".join(problems),
+                            "reasons": problems})
+        elif check_only:
+            results.append({"container": d.name, "source": d.source["name"], "result": "would restore",
+                            "notes": d.notes or []})
+        else:
+            opts = options or CriuOptions(**{k: v for k, v in d.source["criu"]["options"].items()
+                                             if k in CriuOptions.__dataclass_fields__})
+            results.append(restore_one(criu, store.local_dir(doc["id"]), doc, d, opts, restore_root, kill_on_failure))
+    ok = sum(1 for r in results if r["result"] in ("succeeded", "would restore"))
+    outcome = "succeeded" if ok == len(results) else ("failed" if ok == 0 else "partially_succeeded")
+    return {"id": doc["id"], "name": doc["name"], "outcome": outcome, "destinations": results,
+            "timings": {"total": round(time.monotonic() - t_start, 3)}}
