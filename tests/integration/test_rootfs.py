@@ -1,0 +1,101 @@
+"""Rootfs diffs: captured from an overlay-style upper dir, applied chrooted into another root.
+
+Needs root (whiteouts are character devices 0/0, opaque dirs carry a trusted.* xattr, apply chroots).
+"""
+from __future__ import annotations
+
+import json
+import os
+import socket
+import stat
+import tarfile
+from pathlib import Path
+
+import pytest
+
+from ansible_collections.warmstart.snapshot.plugins.module_utils import _rootfs as rootfs
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+def upper(tmp_path: Path) -> Path:
+    up = tmp_path / "upper"
+    (up / "etc").mkdir(parents=True)
+    (up / "etc" / "app.conf").write_text("new config\n")
+    (up / "etc" / "hostname").write_text("")                      # a mountpoint stub, as runc leaves it
+    os.mknod(up / "etc" / "motd", stat.S_IFCHR | 0o600, os.makedev(0, 0))  # whiteout: deleted from the image
+    (up / "var" / "cache").mkdir(parents=True)
+    os.setxattr(up / "var" / "cache", "trusted.overlay.opaque", b"y")       # replaced whole
+    (up / "var" / "cache" / "fresh").write_text("fresh\n")
+    (up / "lib").mkdir()
+    (up / "lib" / "plugin.so").write_bytes(b"\x7fELF fake")
+    os.chmod(up / "lib" / "plugin.so", 0o4755)
+    sock = socket.socket(socket.AF_UNIX)
+    sock.bind(str(up / "etc" / "app.sock"))
+    sock.close()
+    return up
+
+
+@pytest.fixture
+def dest(tmp_path: Path) -> Path:
+    root = tmp_path / "dest"
+    (root / "etc").mkdir(parents=True)
+    (root / "etc" / "motd").write_text("image motd\n")
+    (root / "etc" / "hostname").write_text("placeholder-host\n")
+    (root / "var" / "cache").mkdir(parents=True)
+    (root / "var" / "cache" / "stale").write_text("old\n")
+    (root / "usr" / "lib").mkdir(parents=True)
+    os.symlink("/usr/lib", root / "lib")   # absolute: must resolve inside the root, never on the host
+    return root
+
+
+def test_capture_lists_deletions_and_opaque_dirs_and_skips_sockets(upper: Path, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    out.mkdir()
+    stats = rootfs.capture(str(upper), str(out))
+    doc = json.loads((out / rootfs.DELETED).read_text())
+    assert doc == {"deleted": ["/etc/motd"], "opaque": ["/var/cache"]}
+    with tarfile.open(out / rootfs.DIFF_TAR) as tar:
+        names = set(tar.getnames())
+    assert {"etc/app.conf", "etc/hostname", "var/cache/fresh", "lib/plugin.so"} <= names
+    assert "etc/motd" not in names and "etc/app.sock" not in names
+    assert stats["deleted"] == 1 and stats["opaque"] == 1
+    assert (out / rootfs.DIFF_TAR).stat().st_mode & 0o777 == 0o600
+
+
+def test_apply_inside_the_root_keeping_mountpoints(upper: Path, dest: Path, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    out.mkdir()
+    rootfs.capture(str(upper), str(out))
+    host_lib = Path("/usr/lib/plugin.so")
+    assert not host_lib.exists()
+    res = rootfs.apply(str(dest), str(out), mountpoints=["/", "/etc/hostname"])
+    assert (dest / "etc" / "app.conf").read_text() == "new config\n"
+    assert not (dest / "etc" / "motd").exists()
+    assert sorted(os.listdir(dest / "var" / "cache")) == ["fresh"]
+    assert (dest / "usr" / "lib" / "plugin.so").read_bytes() == b"\x7fELF fake"
+    assert (dest / "usr" / "lib" / "plugin.so").stat().st_mode & 0o7777 == 0o4755
+    assert not host_lib.exists(), "an absolute symlink in the destination was followed on the host"
+    assert (dest / "etc" / "hostname").read_text() == "placeholder-host\n", "a mountpoint was replaced"
+    assert res["deleted"] == 1 and res["opaque"] == 1
+
+
+def test_bad_archives_are_refused_with_the_file_named(dest: Path, tmp_path: Path) -> None:
+    out = tmp_path / "evil"
+    out.mkdir()
+    with tarfile.open(out / rootfs.DIFF_TAR, "w") as tar:
+        info = tarfile.TarInfo("../escape")
+        info.size = 0
+        tar.addfile(info)
+    (out / rootfs.DELETED).write_text(json.dumps({"deleted": [], "opaque": []}))
+    with pytest.raises(rootfs.RootfsError, match=r"rootfs-diff.tar: refusing member '../escape'"):
+        rootfs.apply(str(dest), str(out))
+    (out / rootfs.DELETED).write_text(json.dumps({"deleted": ["/../../etc/passwd"], "opaque": []}))
+    with pytest.raises(rootfs.RootfsError, match="refusing path"):
+        rootfs.apply(str(dest), str(out))
+    (out / rootfs.DELETED).write_text("[not json")
+    with pytest.raises(rootfs.RootfsError, match="deleted-files.json cannot be read"):
+        rootfs.apply(str(dest), str(out))
+    with pytest.raises(rootfs.RootfsError, match="does not exist"):
+        rootfs.capture(str(tmp_path / "no-upper"), str(out))
