@@ -989,8 +989,18 @@ def render(results: Dict[str, Any], md_path: Optional[str]) -> None:
     print(results_tables(results, summary))
     print(overhead_text(summary))
     if md_path:
+        kept = ""
+        try:
+            with open(md_path, "r", encoding="utf-8") as handle:
+                old = handle.read()
+            # sections other benchmarks own (bench/containers.py) survive a rewrite
+            begin, end = "<!-- containers:begin -->", "<!-- containers:end -->"
+            if begin in old and end in old:
+                kept = "\n" + old[old.index(begin):old.index(end) + len(end)] + "\n"
+        except FileNotFoundError:
+            pass
         with open(md_path, "w", encoding="utf-8") as handle:
-            handle.write(markdown(results, summary))
+            handle.write(markdown(results, summary) + kept)
         log(f"wrote {md_path}")
 
 

@@ -255,7 +255,10 @@ def check_destination(runtime: Runtime, target: Dict[str, Any], dest: str, skip_
                         f"{members[p][1]}")
     if not info.rootfs or not os.path.isdir(info.rootfs):
         problems.append(f"placeholder {info.name}: its root file system {info.rootfs or '?'} is not mounted on this host")
-    mounts = nsu.mountinfo(info.pid)
+    try:
+        mounts = nsu.mountinfo(info.pid)
+    except OSError as exc:
+        return d, problems + [f"placeholder {info.name}: cannot read its mounts ({exc.strerror or exc})"]
     host = nsu.mountinfo()
     by_mp = {m.mountpoint: m for m in mounts}
     ext: Dict[str, str] = {}
@@ -315,7 +318,8 @@ def restore_one(criu: str, snap_dir: str, doc: Dict[str, Any], d: Destination, o
                 restore_root: str, kill_on_failure: bool) -> Dict[str, Any]:
     """Restore one source container into one checked placeholder; never raises for a restore failure."""
     info = d.info
-    assert info is not None
+    if info is None:
+        raise snap.SnapshotError(f"placeholder {d.name} was not checked")
     target = d.source
     timings: Dict[str, float] = {}
     t_start = time.monotonic()
@@ -328,6 +332,7 @@ def restore_one(criu: str, snap_dir: str, doc: Dict[str, Any], d: Destination, o
     stdio_fds: List[int] = []
     control = d.control_host if d.control_host and os.path.isdir(d.control_host) else None
     tdir = os.path.join(snap_dir, target["path"])
+    pid = 0
     try:
         # Pin the placeholder: its namespaces stay what we checked even if it is replaced meanwhile.
         for ns in ("mnt", "net", "pid", "uts", "ipc"):
@@ -394,6 +399,8 @@ def restore_one(criu: str, snap_dir: str, doc: Dict[str, Any], d: Destination, o
         if d.notes:
             out["notes"] = d.notes
     except (CriuError, snap.SnapshotError, rootfs.RootfsError, OSError) as exc:
+        if pid and proc.alive(pid):
+            proc.signal_tree(pid, signal.SIGKILL)  # restored, but what follows failed: no half-done copy stays
         out["error"] = f"container {info.name}: {exc}"
         if getattr(exc, "log_tail", None):
             out["criu_log_tail"] = exc.log_tail.splitlines()  # type: ignore[union-attr]
@@ -419,7 +426,7 @@ def _select(store: st.FsStore, snapshot_id: Optional[str], name: Optional[str], 
     doc = snap.select(store, snapshot_id, name, labels, node, skip_compat)
     problems = [] if skip_compat else incompatibilities(doc["source"], node)
     if verify:
-        problems += [f"checksum: {p}" for p in st.verify_files(store.local_dir(doc["id"]), doc)]
+        problems += [f"checksum: {p}" for p in st.verify_local(store, doc)]
     targets = doc.get("targets") or []
     if not targets or any(t.get("kind") != "container" for t in targets):
         problems.append("snapshot: it is not a container snapshot (restore a process snapshot without into)")

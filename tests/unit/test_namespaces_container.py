@@ -77,3 +77,16 @@ def test_container_map_forms(spec, want) -> None:
 def test_container_map_errors(spec, sources, needle) -> None:
     with pytest.raises(SnapshotError, match=needle):
         parse_container_map(spec, sources)
+
+
+def test_unknown_runtime_is_refused_naming_the_supported_ones() -> None:
+    from ansible_collections.warmstart.snapshot.plugins.module_utils._proc import TargetError
+    from ansible_collections.warmstart.snapshot.plugins.module_utils._runtime import Podman, get_runtime
+    with pytest.raises(TargetError, match=r"runtime 'containerd' is not supported \(supported: podman\)"):
+        get_runtime("containerd")
+    missing = Podman()
+    missing.binary = ""
+    with pytest.raises(TargetError, match="podman is not installed"):
+        missing.inspect("x")
+    with pytest.raises(TargetError, match="not valid"):
+        Podman(binary="/bin/false").inspect("--all")
