@@ -12,10 +12,36 @@ class ModuleDocFragment:
 options:
   store:
     description:
-      - Snapshot store, a directory on this node (local disk or a shared mount such as NFS).
+      - Snapshot store - an absolute directory on this node (local disk or a shared mount such as NFS), or an
+        S3-compatible bucket as V(s3://bucket/prefix) (see O(store_options)).
       - Laid out as C(snapshots/<id>/) (published, with C(manifest.json) written last) and C(tmp/) (staging).
-    type: path
+      - An S3 store keeps a node-local, verified cache of what it downloaded or uploaded
+        (O(store_options.cache_dir)); credentials come from the usual AWS variables (E(AWS_ACCESS_KEY_ID),
+        E(AWS_SECRET_ACCESS_KEY), E(AWS_PROFILE)) or config files on the node, and are never logged or returned.
+    type: str
     default: /var/lib/warmstart/store
+  store_options:
+    description: Settings of an V(s3://) store.
+    type: dict
+    default: {}
+    suboptions:
+      endpoint_url:
+        description: Endpoint of an S3-compatible service; default E(AWS_ENDPOINT_URL_S3), E(AWS_ENDPOINT_URL), AWS.
+        type: str
+      region:
+        description: Region name.
+        type: str
+      profile:
+        description: AWS profile (from the node's AWS config files) to take credentials from.
+        type: str
+      cache_dir:
+        description: Node-local cache of snapshots (downloaded once, verified, reused).
+        type: path
+        default: /var/lib/warmstart/cache
+      concurrency:
+        description: Parallel transfers (multipart parts and byte ranges).
+        type: int
+        default: 8
 """
 
     CRIU = r"""

@@ -56,7 +56,7 @@ def run_checkpoint(module: Any) -> None:
     p = module.params
     target_info: Dict[str, Any] = {}
     try:
-        store = open_store(p["store"])
+        store = open_store(p["store"], p.get("store_options"))
         if p.get("container"):
             target = ctr.resolve(p["runtime"], p["container"])
         else:
@@ -73,6 +73,8 @@ def run_checkpoint(module: Any) -> None:
                                  criu_path=p["criu_path"])
     except ENGINE_ERRORS as exc:
         fail(module, exc, target=target_info)
+    if getattr(store, "transfer", None):
+        result["transfer"] = dict(store.transfer)
     module.exit_json(changed=True, snapshot=result, target=target_info)
 
 
@@ -81,7 +83,7 @@ def _restore_into(module: Any) -> None:
     into = p["into"]
     spec = into.get("container_map") or into.get("container")
     try:
-        store = open_store(p["store"])
+        store = open_store(p["store"], p.get("store_options"))
         result = ctr.restore_into(
             store, spec, snapshot_id=p["snapshot"], name=p["name"], labels=p["labels"], verify=p["verify"],
             skip_compat=p["skip_compat_check"], skip_image_check=into["skip_image_check"],
@@ -108,7 +110,7 @@ def run_restore(module: Any) -> None:
         _restore_into(module)
         return
     try:
-        store = open_store(p["store"])
+        store = open_store(p["store"], p.get("store_options"))
         if module.check_mode:
             plan = snap.plan_restore(store, p["snapshot"], p["name"], p["labels"], verify=p["verify"],
                                      skip_compat=p["skip_compat_check"], criu_path=p["criu_path"])
@@ -201,7 +203,7 @@ def _mark_newer_schema(store: st.FsStore, entry: Dict[str, Any]) -> Dict[str, An
 
 def _verify(store: st.FsStore, doc: Dict[str, Any]) -> List[str]:
     try:
-        return st.verify_files(store.local_dir(doc["id"]), doc)
+        return st.verify_local(store, doc)
     except OSError as exc:
         return [f"{exc.filename or doc['id']}: cannot be read ({exc.strerror or exc})"]
 
@@ -210,7 +212,7 @@ def run_snapshot_info(module: Any) -> None:
     p = module.params
     now = time.time()
     try:
-        store = open_store(p["store"])
+        store = open_store(p["store"], p.get("store_options"))
         if p["name"]:
             mf.check_name(p["name"])
         labels = mf.check_labels(p["labels"])
@@ -229,8 +231,10 @@ def run_snapshot_info(module: Any) -> None:
             item["intact"] = not problems
             item["problems"] = problems
         snapshots.append(item)
+    store_info = {"path": store.root, "kind": store.kind,
+                  "exists": os.path.isdir(store.snapshots) if store.kind == "fs" else True}
     result: Dict[str, Any] = dict(
-        changed=False, store={"path": store.root, "exists": os.path.isdir(store.snapshots)},
+        changed=False, store=store_info,
         snapshots=snapshots, count=len(snapshots), broken=broken, staging=staging)
     if p["query"]:
         try:
@@ -251,6 +255,8 @@ def _human(size: int) -> str:
 
 def _remove_path(path: str, store: Optional[st.FsStore] = None) -> int:
     """Remove a staging entry or restore work dir; raises OSError when something stays behind."""
+    if path.startswith("s3://") and store is not None:
+        return store.delete_staging(path)
     if os.path.islink(path) or not os.path.isdir(path):
         size = os.lstat(path).st_size
         os.unlink(path)
@@ -275,7 +281,7 @@ def run_cleanup(module: Any) -> None:
     except ret.RetentionError as exc:
         module.fail_json(msg=str(exc))
     try:
-        store = open_store(p["store"])
+        store = open_store(p["store"], p.get("store_options"))
         listed = store.list()
         staging = _staging(store, now)
         restore_dirs = _restore_dirs(p["restore_root"], now)

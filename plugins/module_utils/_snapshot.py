@@ -329,7 +329,7 @@ def preflight(store: st.FsStore, doc: Dict[str, Any], node: Dict[str, Any], veri
     if not skip_compat:
         problems += incompatibilities(doc["source"], node)
     if verify:
-        problems += [f"checksum: {p}" for p in st.verify_files(store.local_dir(doc["id"]), doc)]
+        problems += [f"checksum: {p}" for p in st.verify_local(store, doc)]
     if not skip_compat:
         for t in doc.get("targets") or []:
             problems += proc.file_mismatches(t.get("files_in_use") or {})
@@ -430,6 +430,7 @@ def restore(store: st.FsStore, snapshot_id: Optional[str] = None, name: Optional
         "work_dir": work,
         "timings": {k: round(v, 3) for k, v in timings.items()},
         "criu_stats": stats,
+        "transfer": dict(getattr(store, "transfer", None) or {}),
     }
 
 

@@ -304,6 +304,14 @@ class StreamingHasher(threading.Thread):
         return out
 
 
+def verify_local(store: Any, doc: Dict[str, Any]) -> List[str]:
+    """Checksum problems of the store's local copy of ``doc`` (an object store verifies while it fetches)."""
+    local = store.local_dir(doc["id"])
+    if getattr(store, "verified", {}).get(doc["id"]):
+        return []
+    return verify_files(local, doc)
+
+
 def verify_files(top: str, doc: Dict[str, Any]) -> List[str]:
     """Every problem with the files of a snapshot, as readable sentences (empty = intact)."""
     problems = []
@@ -322,8 +330,13 @@ def verify_files(top: str, doc: Dict[str, Any]) -> List[str]:
     return problems
 
 
-def open_store(spec: Any) -> FsStore:
-    """A store from a module's ``store`` option: a path, or {'type': 'fs', 'path': ...}."""
+def open_store(spec: Any, options: Optional[Dict[str, Any]] = None) -> Any:
+    """A store from a module's ``store`` option: a path, ``s3://bucket/prefix``, or {'type': 'fs', 'path': ...}."""
+    if isinstance(spec, str) and spec.startswith("s3://"):
+        from ansible_collections.warmstart.snapshot.plugins.module_utils._s3store import DEFAULT_CACHE, S3Store  # pylint: disable=import-outside-toplevel
+        o = options or {}
+        return S3Store(spec, endpoint_url=o.get("endpoint_url"), region=o.get("region"), profile=o.get("profile"),
+                       cache=o.get("cache_dir") or DEFAULT_CACHE, concurrency=int(o.get("concurrency") or 8))
     if isinstance(spec, str):
         return FsStore(spec)
     if isinstance(spec, dict):

@@ -186,7 +186,14 @@ from ansible_collections.warmstart.snapshot.plugins.module_utils._module import 
 def main() -> None:
     module = AnsibleModule(
         argument_spec=dict(
-            store=dict(type="path", default="/var/lib/warmstart/store"),
+            store=dict(type="str", default="/var/lib/warmstart/store"),
+            store_options=dict(type="dict", default={}, options=dict(
+                endpoint_url=dict(type="str"),
+                region=dict(type="str"),
+                profile=dict(type="str"),
+                cache_dir=dict(type="path", default="/var/lib/warmstart/cache"),
+                concurrency=dict(type="int", default=8),
+            )),
             name=dict(type="str"),
             labels=dict(type="dict", default={}),
             details=dict(type="bool", default=False),

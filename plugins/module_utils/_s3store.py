@@ -1,0 +1,412 @@
+# -*- coding: utf-8 -*-
+# Copyright (c) warmstart developers
+# GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+"""S3-compatible object store backend (boto3), with a node-local cache.
+
+Layout under ``s3://<bucket>/<prefix>``, the same as the filesystem store::
+
+    snapshots/<id>/<file>            uploaded first, in parallel (multipart for large files)
+    snapshots/<id>/manifest.json     uploaded last: published = present
+
+A snapshot is staged on local disk (``<cache>/tmp/<uuid>``), uploaded at
+publish, and the staged copy becomes this node's cached copy. A restore gets a
+local directory: ``<cache>/<store key>/<id>/``, downloaded once per node in
+parallel byte ranges (resumable: finished ranges are recorded next to the
+``.part`` file), every file's SHA256 checked against the manifest before it is
+renamed into place; a cached file that no longer matches is fetched again.
+
+Credentials come from boto3's usual chain (AWS_* variables, AWS_PROFILE /
+``profile``, config files, instance roles); warmstart never reads, returns or
+logs them.
+"""
+from __future__ import annotations
+
+import concurrent.futures
+import json
+import os
+import shutil
+import threading
+import time
+import uuid
+from typing import Any, Callable, Dict, List, Optional, Tuple
+
+from ansible_collections.warmstart.snapshot.plugins.module_utils import _manifest as mf
+from ansible_collections.warmstart.snapshot.plugins.module_utils._store import StoreError, lock_down, sha256_file, tree_size, walk_files
+
+DEFAULT_CACHE = "/var/lib/warmstart/cache"
+PART = 64 << 20           # byte range per download request / multipart part size
+THRESHOLD = 64 << 20      # files above this are uploaded multipart
+Progress = Callable[[int], None]
+
+
+def parse_url(url: str) -> Tuple[str, str]:
+    if not url.startswith("s3://") or len(url) <= 5:
+        raise StoreError(f"store {url!r} is not an s3://bucket[/prefix] URL")
+    bucket, _sep, prefix = url[5:].partition("/")
+    if not bucket:
+        raise StoreError(f"store {url!r} names no bucket")
+    return bucket, prefix.strip("/")
+
+
+class S3Staging:
+    """A snapshot staged on local disk, uploaded on publish."""
+
+    def __init__(self, store: "S3Store", path: str, snapshot_id: str) -> None:
+        self.store = store
+        self.path = path
+        self.snapshot_id = snapshot_id
+        self.done = False
+        self.uploaded: List[str] = []
+
+    def publish(self, manifest: Dict[str, Any]) -> str:
+        mf.dump(manifest, os.path.join(self.path, mf.MANIFEST))
+        lock_down(self.path)
+        files = [rel for rel in walk_files(self.path) if rel != mf.MANIFEST]
+        try:
+            self.store.upload_files(self.path, self.snapshot_id, files, self.uploaded)
+            self.store.upload_files(self.path, self.snapshot_id, [mf.MANIFEST], self.uploaded)
+        except BaseException:
+            self.abort()
+            raise
+        # the staged copy is this node's cached copy: a restore here downloads nothing
+        cached = self.store.cache_dir(self.snapshot_id)
+        shutil.rmtree(cached, ignore_errors=True)
+        os.makedirs(os.path.dirname(cached), mode=0o700, exist_ok=True)
+        os.rename(self.path, cached)
+        self.done = True
+        return self.store.snapshot_dir(self.snapshot_id)
+
+    def abort(self) -> None:
+        if self.done:
+            return
+        shutil.rmtree(self.path, ignore_errors=True)
+        if self.uploaded:
+            try:
+                self.store.delete_keys(self.uploaded)
+            except StoreError:
+                pass  # left unpublished (no manifest): cleanup lists it as staging
+        self.done = True
+
+
+class S3Store:
+    """An S3-compatible bucket (AWS, MinIO, Ceph RGW, ...) with a node-local cache."""
+
+    kind = "s3"
+
+    def __init__(self, url: str, endpoint_url: Optional[str] = None, region: Optional[str] = None,
+                 profile: Optional[str] = None, cache: str = DEFAULT_CACHE, concurrency: int = 8,
+                 progress: Optional[Progress] = None, client: Any = None) -> None:
+        self.bucket, self.prefix = parse_url(url)
+        self.root = url.rstrip("/")
+        self.endpoint_url = endpoint_url or os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
+        self.region = region
+        self.profile = profile
+        self.cache = cache
+        self.concurrency = max(1, concurrency)
+        self.progress = progress
+        self._client = client
+        self._lock = threading.Lock()
+        self.verified: Dict[str, bool] = {}
+        self.transfer: Dict[str, Any] = {"uploaded": 0, "downloaded": 0, "reused": 0, "seconds": 0.0}
+
+    # -- connection ---------------------------------------------------------
+    @property
+    def client(self) -> Any:
+        if self._client is None:
+            try:
+                import boto3  # pylint: disable=import-outside-toplevel
+                from botocore.config import Config  # pylint: disable=import-outside-toplevel
+            except ImportError:
+                raise StoreError(
+                    "an s3:// store needs boto3 for the module's Python on this node "
+                    "(node_prep installs it: node_prep_s3_client; or apt-get install python3-boto3)") from None
+            session = boto3.session.Session(profile_name=self.profile, region_name=self.region)
+            self._client = session.client("s3", endpoint_url=self.endpoint_url,
+                                          config=Config(max_pool_connections=self.concurrency + 2,
+                                                        retries={"max_attempts": 5, "mode": "standard"},
+                                                        connect_timeout=10, read_timeout=120))
+        return self._client
+
+    def _err(self, what: str, exc: BaseException) -> StoreError:
+        code = ""
+        resp = getattr(exc, "response", None)
+        if isinstance(resp, dict):
+            code = str((resp.get("Error") or {}).get("Code") or "")
+        text = {
+            "NoSuchBucket": f"bucket {self.bucket} does not exist",
+            "403": "access denied (check the credentials for this store: AWS_* variables or the profile)",
+            "AccessDenied": "access denied (check the credentials for this store: AWS_* variables or the profile)",
+            "InvalidAccessKeyId": "the access key is not known to this endpoint (wrong credentials)",
+            "SignatureDoesNotMatch": "the secret key does not match the access key (wrong credentials)",
+            "404": "not found",
+            "NoSuchKey": "not found",
+        }.get(code)
+        name = type(exc).__name__
+        if text is None:
+            if name in ("EndpointConnectionError", "ConnectTimeoutError", "ConnectionClosedError"):
+                text = f"cannot reach the endpoint {self.endpoint_url or 'of AWS S3'} ({exc})"
+            elif name == "NoCredentialsError":
+                text = "no credentials found (set AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY or a profile)"
+            else:
+                text = str(exc)
+        return StoreError(f"store {self.root}: {what}: {text}")
+
+    def _call(self, what: str, func: Callable[..., Any], **kwargs: Any) -> Any:
+        try:
+            return func(**kwargs)
+        except StoreError:
+            raise
+        except Exception as exc:  # botocore's exceptions; boto3 may not be importable here
+            raise self._err(what, exc) from None
+
+    # -- layout ---------------------------------------------------------------
+    def key(self, snapshot_id: str, rel: str = "") -> str:
+        base = f"{self.prefix}/snapshots/{snapshot_id}" if self.prefix else f"snapshots/{snapshot_id}"
+        return f"{base}/{rel}" if rel else base
+
+    @property
+    def snapshots(self) -> str:
+        return f"{self.root}/snapshots"
+
+    def snapshot_dir(self, snapshot_id: str) -> str:
+        return f"{self.root}/snapshots/{mf.check_id(snapshot_id)}"
+
+    def cache_root(self) -> str:
+        safe = f"{self.bucket}/{self.prefix}".strip("/").replace("/", "__")
+        return os.path.join(self.cache, "s3", safe)
+
+    def cache_dir(self, snapshot_id: str) -> str:
+        return os.path.join(self.cache_root(), mf.check_id(snapshot_id))
+
+    def ensure(self) -> None:
+        """Reach the bucket with these credentials, or say why not - before any checkpoint."""
+        try:
+            self._call("checking the bucket", self.client.head_bucket, Bucket=self.bucket)
+        except StoreError as exc:
+            if str(exc).endswith(": not found"):
+                raise StoreError(f"store {self.root}: bucket {self.bucket} does not exist at "
+                                 f"{self.endpoint_url or 'AWS S3'}") from None
+            raise
+        for path in (self.cache, os.path.join(self.cache, "tmp")):
+            try:
+                os.makedirs(path, mode=0o700, exist_ok=True)
+            except OSError as exc:
+                raise StoreError(f"store {self.root}: cannot create the node cache {path}: {exc.strerror}") from None
+
+    # -- writing ----------------------------------------------------------------
+    def stage(self, snapshot_id: str) -> S3Staging:
+        self.ensure()
+        path = os.path.join(self.cache, "tmp", uuid.uuid4().hex)
+        os.mkdir(path, 0o700)
+        return S3Staging(self, path, mf.check_id(snapshot_id))
+
+    def _tick(self, n: int) -> None:
+        if self.progress is not None:
+            with self._lock:
+                self.progress(n)
+
+    def upload_files(self, top: str, snapshot_id: str, rels: List[str], done: List[str]) -> None:
+        from boto3.s3.transfer import TransferConfig  # pylint: disable=import-outside-toplevel
+        cfg = TransferConfig(multipart_threshold=THRESHOLD, multipart_chunksize=PART,
+                             max_concurrency=self.concurrency, use_threads=True)
+        t0 = time.monotonic()
+
+        def one(rel: str) -> str:
+            key = self.key(snapshot_id, rel)
+            self._call(f"uploading {rel}", self.client.upload_file, Filename=os.path.join(top, rel),
+                       Bucket=self.bucket, Key=key, Config=cfg, Callback=self._tick)
+            return key
+
+        # large files already upload in parallel parts; small ones go several at a time
+        with concurrent.futures.ThreadPoolExecutor(max_workers=min(4, self.concurrency)) as pool:
+            for key in pool.map(one, rels):
+                done.append(key)
+        self.transfer["uploaded"] += sum(os.path.getsize(os.path.join(top, r)) for r in rels)
+        self.transfer["seconds"] += time.monotonic() - t0
+
+    # -- reading ----------------------------------------------------------------
+    def _get_manifest(self, snapshot_id: str) -> Dict[str, Any]:
+        key = self.key(snapshot_id, mf.MANIFEST)
+        try:
+            body = self.client.get_object(Bucket=self.bucket, Key=key)["Body"].read()
+        except Exception as exc:  # pylint: disable=broad-except
+            err = self._err(f"reading {key}", exc)
+            if "not found" in str(err):
+                raise StoreError(f"snapshot {snapshot_id} not found in store {self.root}") from None
+            raise err from None
+        try:
+            doc = json.loads(body)
+        except ValueError as exc:
+            raise mf.ManifestError(f"{self.root}/{key}: manifest cannot be read: {exc}") from None
+        doc = mf.validate(doc, f"{self.root}/{key}")
+        if doc["id"] != snapshot_id:
+            raise StoreError(f"{self.root}/{key}: manifest id {doc['id']} does not match its prefix {snapshot_id}")
+        return doc
+
+    def exists(self, snapshot_id: str) -> bool:
+        try:
+            self._get_manifest(snapshot_id)
+            return True
+        except StoreError:
+            return False
+
+    def load(self, snapshot_id: str) -> Dict[str, Any]:
+        return self._get_manifest(mf.check_id(snapshot_id))
+
+    def _ids(self) -> Dict[str, Dict[str, Any]]:
+        """Every snapshot prefix: {id: {'published': bool, 'size': bytes, 'mtime': newest}}."""
+        out: Dict[str, Dict[str, Any]] = {}
+        prefix = f"{self.prefix}/snapshots/" if self.prefix else "snapshots/"
+        paginator = self.client.get_paginator("list_objects_v2")
+        pages = self._call("listing snapshots", lambda: list(paginator.paginate(Bucket=self.bucket, Prefix=prefix)))
+        for page in pages:
+            for obj in page.get("Contents", []):
+                rest = obj["Key"][len(prefix):]
+                sid, _sep, rel = rest.partition("/")
+                try:
+                    mf.check_id(sid)
+                except mf.ManifestError:
+                    continue
+                info = out.setdefault(sid, {"published": False, "size": 0, "mtime": 0.0, "keys": []})
+                info["size"] += int(obj.get("Size", 0))
+                info["keys"].append(obj["Key"])
+                stamp = obj.get("LastModified")
+                info["mtime"] = max(info["mtime"], stamp.timestamp() if stamp else 0.0)
+                if rel == mf.MANIFEST:
+                    info["published"] = True
+        return out
+
+    def list(self) -> List[Dict[str, Any]]:
+        out: List[Dict[str, Any]] = []
+        for sid, info in sorted(self._ids().items()):
+            if not info["published"]:
+                continue
+            try:
+                out.append(self.load(sid))
+            except (mf.ManifestError, StoreError) as exc:
+                out.append({"id": sid, "error": str(exc)})
+        return out
+
+    def staging_entries(self) -> List[Dict[str, Any]]:
+        """Uploads that never got their manifest, and this node's local staging dirs."""
+        out = [{"path": self.snapshot_dir(sid), "mtime": info["mtime"], "size": info["size"]}
+               for sid, info in sorted(self._ids().items()) if not info["published"]]
+        tmp = os.path.join(self.cache, "tmp")
+        if os.path.isdir(tmp):
+            for entry in sorted(os.listdir(tmp)):
+                full = os.path.join(tmp, entry)
+                try:
+                    stat = os.lstat(full)
+                except FileNotFoundError:
+                    continue
+                out.append({"path": full, "mtime": stat.st_mtime, "size": tree_size(full)})
+        return out
+
+    def local_dir(self, snapshot_id: str) -> str:
+        """This node's verified copy of the snapshot: reused when intact, fetched (resumably) when not."""
+        dest = self.cache_dir(snapshot_id)
+        if self.verified.get(snapshot_id):
+            return dest  # checked by this store object already (one module run)
+        doc = self.load(snapshot_id)
+        os.makedirs(dest, mode=0o700, exist_ok=True)
+        t0 = time.monotonic()
+        for entry in doc["files"]:
+            path = os.path.join(dest, entry["path"])
+            if os.path.isfile(path) and os.path.getsize(path) == entry["size"] and sha256_file(path) == entry["sha256"]:
+                self.transfer["reused"] += entry["size"]
+                continue
+            if os.path.lexists(path):
+                os.unlink(path)  # corrupt or truncated cache: fetched again
+            self._download(snapshot_id, entry, path)
+        mf.dump(doc, os.path.join(dest, mf.MANIFEST))
+        lock_down(dest)
+        self.transfer["seconds"] += time.monotonic() - t0
+        self.verified[snapshot_id] = True
+        return dest
+
+    def _download(self, snapshot_id: str, entry: Dict[str, Any], path: str) -> None:
+        os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+        key = self.key(snapshot_id, entry["path"])
+        size = entry["size"]
+        part, ledger = f"{path}.part", f"{path}.part.done"
+        done = set()
+        if os.path.exists(part) and os.path.getsize(part) == size:
+            try:
+                with open(ledger, "r", encoding="ascii") as handle:
+                    done = {int(x) for x in handle.read().split()}
+            except (OSError, ValueError):
+                done = set()
+        else:
+            fd = os.open(part, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            os.ftruncate(fd, size)
+            os.close(fd)
+            with open(ledger, "w", encoding="ascii"):
+                pass
+        ranges = [(off, min(off + PART, size) - 1) for off in range(0, size, PART) if off not in done]
+        lock = threading.Lock()
+
+        def fetch(rng: Tuple[int, int]) -> None:
+            start, end = rng
+            resp = self._call(f"downloading {entry['path']}", self.client.get_object, Bucket=self.bucket, Key=key,
+                              Range=f"bytes={start}-{end}")
+            fd = os.open(part, os.O_WRONLY)
+            try:
+                off = start
+                for chunk in iter(lambda: resp["Body"].read(1 << 20), b""):
+                    os.pwrite(fd, chunk, off)
+                    off += len(chunk)
+                    self._tick(len(chunk))
+                if off != end + 1:
+                    raise StoreError(f"store {self.root}: {key}: short read ({off - start} of {end - start + 1} bytes)")
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            with lock, open(ledger, "a", encoding="ascii") as handle:
+                handle.write(f"{start}\n")
+
+        if size == 0:
+            pass
+        elif ranges:
+            with concurrent.futures.ThreadPoolExecutor(max_workers=self.concurrency) as pool:
+                list(pool.map(fetch, ranges))
+        got = sha256_file(part)
+        if got != entry["sha256"]:
+            os.unlink(part)
+            os.unlink(ledger)
+            raise StoreError(f"store {self.root}: {key}: SHA256 of the download does not match the manifest "
+                             "(corrupted in the store or in transit)")
+        os.rename(part, path)
+        os.unlink(ledger)
+        self.transfer["downloaded"] += size
+
+    # -- deleting -----------------------------------------------------------------
+    def delete_keys(self, keys: List[str]) -> None:
+        for i in range(0, len(keys), 1000):
+            batch = [{"Key": k} for k in keys[i:i + 1000]]
+            self._call("deleting objects", self.client.delete_objects, Bucket=self.bucket,
+                       Delete={"Objects": batch, "Quiet": True})
+
+    def delete(self, snapshot_id: str) -> int:
+        """Unpublish (manifest first), then the rest; and this node's cached copy."""
+        info = self._ids().get(mf.check_id(snapshot_id))
+        if not info:
+            raise FileNotFoundError(self.snapshot_dir(snapshot_id))
+        manifest = self.key(snapshot_id, mf.MANIFEST)
+        if manifest in info["keys"]:
+            self.delete_keys([manifest])
+        self.delete_keys([k for k in info["keys"] if k != manifest])
+        shutil.rmtree(self.cache_dir(snapshot_id), ignore_errors=True)
+        return int(info["size"])
+
+    def delete_staging(self, path: str) -> int:
+        if path.startswith("s3://"):
+            sid = path.rstrip("/").rsplit("/", 1)[-1]
+            info = self._ids().get(sid)
+            if not info or info["published"]:
+                return 0
+            self.delete_keys(info["keys"])
+            return int(info["size"])
+        size = tree_size(path)
+        shutil.rmtree(path, ignore_errors=True)
+        return size

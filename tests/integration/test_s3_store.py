@@ -1,0 +1,219 @@
+"""S3 snapshot stores against a real S3-compatible server on loopback (moto's server, started here).
+
+Checkpoints upload, restores fetch into a verified node cache (reused when intact, fetched again when
+corrupt), a corrupt object is refused before any process is touched, an unreachable store or wrong
+credentials fail before the checkpoint, downloads resume where they stopped, and retention works on
+the bucket.
+"""
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import time
+import uuid
+from pathlib import Path
+from typing import Any, Dict, Iterator
+
+import pytest
+
+from ansible_collections.warmstart.snapshot.plugins.module_utils import _manifest as mf
+from ansible_collections.warmstart.snapshot.plugins.module_utils import _s3store as s3s
+from ansible_collections.warmstart.snapshot.plugins.module_utils import _store as st
+
+from .ansible_run import REPO
+from .test_process_snapshot import Lab, free_port, needs_root_and_criu, query
+
+pytestmark = pytest.mark.integration
+
+SECRET = "wS-" + uuid.uuid4().hex  # must never show up in any output
+
+
+def _serve(port: int, **env: str) -> subprocess.Popen:
+    proc = subprocess.Popen([str(REPO / ".venv" / "bin" / "moto_server"), "-H", "127.0.0.1", "-p", str(port)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=dict(os.environ, **env))
+    end = time.monotonic() + 30
+    while True:
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=1):
+                return proc
+        except OSError:
+            if proc.poll() is not None or time.monotonic() > end:
+                proc.kill()
+                pytest.fail("moto_server did not start (is moto[server] in .venv? make venv)")
+            time.sleep(0.1)
+
+
+@pytest.fixture(scope="module")
+def endpoint() -> Iterator[str]:
+    port = free_port()
+    proc = _serve(port)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+@pytest.fixture
+def s3(endpoint: str, lab: Lab, monkeypatch: pytest.MonkeyPatch) -> Dict[str, Any]:
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "warmstart-test")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", SECRET)
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    import boto3  # pylint: disable=import-outside-toplevel
+    client = boto3.client("s3", endpoint_url=endpoint)
+    bucket = f"ws-{uuid.uuid4().hex[:10]}"
+    client.create_bucket(Bucket=bucket)
+    cache = lab.tmp / "cache"
+    return {"url": f"s3://{bucket}/fleet", "bucket": bucket, "client": client, "cache": cache,
+            "opts": {"endpoint_url": endpoint, "cache_dir": str(cache), "concurrency": 4}}
+
+
+def keys(s3: Dict[str, Any]) -> Dict[str, int]:
+    pages = s3["client"].get_paginator("list_objects_v2").paginate(Bucket=s3["bucket"])
+    return {o["Key"]: o["Size"] for p in pages for o in p.get("Contents", [])}
+
+
+def no_secret(results: Dict[str, Any]) -> None:
+    assert SECRET not in json.dumps(results), "a credential leaked into module output"
+
+
+def test_checkpoint_uploads_and_restore_uses_a_verified_cache(lab: Lab, s3: Dict[str, Any]) -> None:
+    port = free_port()
+    store, opts = s3["url"], s3["opts"]
+    res = lab.play([lab.start("w", port, 24),
+                    lab.checkpoint("checkpoint", store, workload="w", leave_running=False, store_options=opts)])
+    snap = res["checkpoint"]["snapshot"]
+    token = lab.token("w")
+    objects = keys(s3)
+    prefix = f"fleet/snapshots/{snap['id']}/"
+    assert f"{prefix}manifest.json" in objects
+    assert any(k.startswith(f"{prefix}containers/w/criu/pages-") for k in objects)
+    assert sum(v for k, v in objects.items() if k != f"{prefix}manifest.json") == snap["size"]
+    assert snap["transfer"]["uploaded"] == sum(objects.values()), "every byte uploaded once, manifest included"
+    cached = s3["cache"] / "s3" / f"{s3['bucket']}__fleet" / snap["id"]
+    assert (cached / "manifest.json").is_file(), "the staged copy should stay as this node's cache"
+
+    res = lab.play([
+        {"name": "info", "warmstart.snapshot.snapshot_info": {"store": store, "store_options": opts}},
+        lab.restore("restore from cache", store, snapshot=snap["id"], store_options=opts),
+    ])
+    assert [s["id"] for s in res["info"]["snapshots"]] == [snap["id"]]
+    transfer = res["restore from cache"]["restore"]["transfer"]
+    assert transfer["downloaded"] == 0 and transfer["reused"] == snap["size"]
+    assert query(port)["token"] == token
+    no_secret(res)
+
+    # a corrupted cached file is noticed and fetched again; a missing cache is fetched whole
+    page = next(cached.glob("containers/w/criu/pages-*.img"))
+    with open(page, "r+b") as handle:
+        handle.seek(4096)
+        handle.write(b"\0" * 4096)
+    res = lab.play([lab.stop("w"), lab.restore("restore, cache corrupt", store, snapshot=snap["id"], store_options=opts)])
+    transfer = res["restore, cache corrupt"]["restore"]["transfer"]
+    assert transfer["downloaded"] == page.stat().st_size and transfer["reused"] == snap["size"] - transfer["downloaded"]
+    assert query(port)["token"] == token
+    import shutil  # pylint: disable=import-outside-toplevel
+    shutil.rmtree(cached)
+    res = lab.play([lab.stop("w"), lab.restore("restore, no cache", store, snapshot=snap["id"], store_options=opts)])
+    assert res["restore, no cache"]["restore"]["transfer"]["downloaded"] == snap["size"]
+    assert query(port)["token"] == token
+
+
+def test_corrupt_object_is_refused_before_any_process_starts(lab: Lab, s3: Dict[str, Any]) -> None:
+    port = free_port()
+    store, opts = s3["url"], s3["opts"]
+    snap = lab.play([lab.start("c", port, 8), lab.checkpoint("checkpoint", store, workload="c", leave_running=False,
+                                                             store_options=opts)])["checkpoint"]["snapshot"]
+    key = next(k for k in keys(s3) if "/pages-" in k and snap["id"] in k)
+    body = bytearray(s3["client"].get_object(Bucket=s3["bucket"], Key=key)["Body"].read())
+    body[100] ^= 0xFF
+    s3["client"].put_object(Bucket=s3["bucket"], Key=key, Body=bytes(body))
+    import shutil  # pylint: disable=import-outside-toplevel
+    shutil.rmtree(s3["cache"])
+    res = lab.play([lab.restore("restore", store, expect_fail=True, snapshot=snap["id"], store_options=opts)])["restore"]
+    assert res["failed"] and "SHA256 of the download does not match" in res["msg"] and key in res["msg"]
+    assert lab.ours() == [], "a process was started from a corrupt snapshot"
+    bad = key.split(f"{snap['id']}/", 1)[1]
+    kept = [p for p in s3["cache"].rglob("*") if str(p).endswith((bad, f"{bad}.part"))]
+    assert kept == [], "a corrupt download was kept in the cache (intact files may stay: they were verified)"
+
+
+def test_bad_store_fails_before_the_checkpoint(lab: Lab, s3: Dict[str, Any]) -> None:
+    port = free_port()
+    closed = free_port()
+    strict_port = free_port()
+    strict = _serve(strict_port, INITIAL_NO_AUTH_ACTION_COUNT="0")
+    try:
+        cases = {
+            "unreachable": (s3["url"], dict(s3["opts"], endpoint_url=f"http://127.0.0.1:{closed}"), "cannot reach"),
+            "no bucket": (f"s3://nope-{uuid.uuid4().hex[:8]}/x", s3["opts"], "does not exist"),
+            "bad credentials": (s3["url"], dict(s3["opts"], endpoint_url=f"http://127.0.0.1:{strict_port}"),
+                                "access denied (check the credentials"),
+        }
+        tasks = [lab.start("b", port, 8)]
+        for case, (store, opts, _needle) in cases.items():
+            tasks.append(lab.checkpoint(case, store, expect_fail=True, workload="b", leave_running=False,
+                                        store_options=opts))
+        res = lab.play(tasks)
+    finally:
+        strict.kill()
+        strict.wait()
+    for case, (_store, _opts, needle) in cases.items():
+        assert res[case]["failed"] and needle in res[case]["msg"], (case, res[case]["msg"])
+    assert query(port)["token"] == lab.token("b"), "the source must keep running"
+    no_secret(res)
+
+
+def test_download_resumes_where_it_stopped(s3: Dict[str, Any], lab: Lab, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(s3s, "PART", 1 << 20)
+    store = s3s.S3Store(s3["url"], endpoint_url=s3["opts"]["endpoint_url"], cache=str(lab.tmp / "c1"), concurrency=1)
+    sid = mf.new_id()
+    staging = store.stage(sid)
+    blob = os.urandom(5 << 20)
+    (Path(staging.path) / "data.bin").write_bytes(blob)
+    manifest = mf.new_manifest(sid, "resume", {}, {"hostname": "x"})
+    manifest["files"] = st.record_files(staging.path)
+    staging.publish(manifest)
+
+    reader = s3s.S3Store(s3["url"], endpoint_url=s3["opts"]["endpoint_url"], cache=str(lab.tmp / "c2"), concurrency=1)
+    calls = {"n": 0}
+    real = reader.client.get_object
+
+    def flaky(**kwargs: Any) -> Any:
+        calls["n"] += 1
+        if calls["n"] > 3:  # the manifest, then two ranges
+            raise ConnectionError("network went away")
+        return real(**kwargs)
+
+    monkeypatch.setattr(reader.client, "get_object", flaky)
+    with pytest.raises(st.StoreError, match="network went away"):
+        reader.local_dir(sid)
+    part = Path(reader.cache_dir(sid)) / "data.bin.part"
+    assert part.exists() and len((Path(f"{part}.done")).read_text().split()) == 2
+    calls["n"] = -100
+    local = reader.local_dir(sid)
+    assert calls["n"] == -100 + 1 + 3, "only the 3 missing ranges (plus the manifest) should be fetched again"
+    assert (Path(local) / "data.bin").read_bytes() == blob and not part.exists()
+
+
+def test_cleanup_removes_old_snapshots_and_unpublished_uploads(lab: Lab, s3: Dict[str, Any]) -> None:
+    needs_root_and_criu()
+    port = free_port()
+    store, opts = s3["url"], s3["opts"]
+    res = lab.play([lab.start("r", port, 4),
+                    lab.checkpoint("first", store, workload="r", store_options=opts),
+                    lab.checkpoint("second", store, workload="r", store_options=opts)])
+    first, second = res["first"]["snapshot"]["id"], res["second"]["snapshot"]["id"]
+    orphan = mf.new_id()
+    s3["client"].put_object(Bucket=s3["bucket"], Key=f"fleet/snapshots/{orphan}/containers/r/criu/pages-1.img", Body=b"x")
+    res = lab.play([
+        {"name": "info", "warmstart.snapshot.snapshot_info": {"store": store, "store_options": opts}},
+        {"name": "cleanup", "warmstart.snapshot.cleanup": {"store": store, "store_options": opts, "keep_last": 1,
+                                                           "incomplete_older_than": 0}},
+    ])
+    assert f"{s3['url']}/snapshots/{orphan}" in [e["path"] for e in res["info"]["staging"]]
+    assert res["cleanup"]["removed"] == [first]
+    left = {k.split("/")[2] for k in keys(s3)}
+    assert left == {second}, left
