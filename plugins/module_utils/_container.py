@@ -422,11 +422,11 @@ def restore_one(criu: str, snap_dir: str, doc: Dict[str, Any], d: Destination, o
 
 
 def _select(store: st.FsStore, snapshot_id: Optional[str], name: Optional[str], labels: Optional[Dict[str, str]],
-            node: Dict[str, Any], skip_compat: bool, verify: bool) -> Dict[str, Any]:
+            node: Dict[str, Any], skip_compat: bool, verify: bool, fetch: bool = True) -> Dict[str, Any]:
     doc = snap.select(store, snapshot_id, name, labels, node, skip_compat)
     problems = [] if skip_compat else incompatibilities(doc["source"], node)
     if verify:
-        problems += [f"checksum: {p}" for p in st.verify_local(store, doc)]
+        problems += [f"checksum: {p}" for p in st.verify_local(store, doc, fetch=fetch)]
     targets = doc.get("targets") or []
     if not targets or any(t.get("kind") != "container" for t in targets):
         problems.append("snapshot: it is not a container snapshot (restore a process snapshot without into)")
@@ -451,7 +451,7 @@ def restore_into(store: st.FsStore, into: Any, snapshot_id: Optional[str] = None
     if not criu:
         raise CriuError("no CRIU found on this node; prepare it with warmstart.snapshot.node_prep")
     node = describe_node(criu)
-    doc = _select(store, snapshot_id, name, labels, node, skip_compat, verify)
+    doc = _select(store, snapshot_id, name, labels, node, skip_compat, verify, fetch=not check_only)
     sources = {t["name"]: t for t in doc["targets"]}
     pairs = parse_container_map(into, list(sources))
     runtime = get_runtime(runtime_name)

@@ -38,6 +38,10 @@ def check_name(value: str, what: str = "snapshot name") -> str:
     return value
 
 
+def is_id(value: Any) -> bool:
+    return isinstance(value, str) and bool(_ID_RE.match(value))
+
+
 def check_id(value: str) -> str:
     if not isinstance(value, str) or not _ID_RE.match(value):
         raise ManifestError(f"snapshot id {value!r} is malformed (expected e.g. 20261202T120000Z-1a2b3c4d)")

@@ -326,19 +326,38 @@ def run_cleanup(module: Any) -> None:
                 continue
             out.append(item)
 
-    freed = sum(int(e.get("size") or 0) for e in removed_snapshots + removed_staging + removed_restore)
+    removed_cache: List[Dict[str, Any]] = []
+    if p.get("prune_node_cache") and store.kind == "s3":
+        gone = {e["id"] for e in removed_snapshots}
+        published = {d["id"] for d in listed if "error" not in d} - gone
+        root = store.cache_root()
+        for entry in sorted(os.listdir(root)) if os.path.isdir(root) else []:
+            if not mf.is_id(entry) or entry in published:
+                continue
+            full = os.path.join(root, entry)
+            item = {"id": entry, "path": full, "size": st.tree_size(full), "reason": "no longer published in the store"}
+            if not module.check_mode:
+                shutil.rmtree(full, ignore_errors=True)
+                if os.path.lexists(full):
+                    errors.append(f"{full}: could not be removed completely")
+                    continue
+            removed_cache.append(item)
+    freed = sum(int(e.get("size") or 0) for e in removed_snapshots + removed_staging + removed_restore + removed_cache)
     verb = "would remove" if module.check_mode else "removed"
     result: Dict[str, Any] = dict(
-        changed=bool(removed_snapshots or removed_staging or removed_restore),
+        changed=bool(removed_snapshots or removed_staging or removed_restore or removed_cache),
         removed=[e["id"] for e in removed_snapshots],
         removed_snapshots=removed_snapshots,
         removed_staging=removed_staging,
         removed_restore_dirs=removed_restore,
+        removed_cache=removed_cache,
         bytes_freed=freed,
         kept=decision.kept,
         broken=[{k: b[k] for k in ("id", "error", "remove", "reason")} for b in decision.broken],
         msg=(f"{verb} {len(removed_snapshots)} snapshot(s), {len(removed_staging)} staging dir(s) and "
-             f"{len(removed_restore)} restore work dir(s), {_human(freed)}; kept {len(decision.kept)} snapshot(s)"),
+             f"{len(removed_restore)} restore work dir(s)"
+             + (f", {len(removed_cache)} cached snapshot(s)" if removed_cache else "")
+             + f", {_human(freed)}; kept {len(decision.kept)} snapshot(s)"),
     )
     if errors:
         module.fail_json(**dict(result, msg="cleanup could not remove everything: " + "; ".join(errors),

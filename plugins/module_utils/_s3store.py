@@ -303,6 +303,24 @@ class S3Store:
                 out.append({"path": full, "mtime": stat.st_mtime, "size": tree_size(full)})
         return out
 
+    def remote_problems(self, doc: Dict[str, Any]) -> List[str]:
+        """Files of ``doc`` missing from the bucket or of another size (no download)."""
+        sizes = {}
+        paginator = self.client.get_paginator("list_objects_v2")
+        pages = self._call("listing a snapshot",
+                           lambda: list(paginator.paginate(Bucket=self.bucket, Prefix=self.key(doc["id"], ""))))
+        for page in pages:
+            for obj in page.get("Contents", []):
+                sizes[obj["Key"]] = int(obj.get("Size", 0))
+        problems = []
+        for entry in doc["files"]:
+            have = sizes.get(self.key(doc["id"], entry["path"]))
+            if have is None:
+                problems.append(f"{entry['path']}: missing in the bucket")
+            elif have != entry["size"]:
+                problems.append(f"{entry['path']}: {have} bytes in the bucket, manifest says {entry['size']}")
+        return problems
+
     def local_dir(self, snapshot_id: str) -> str:
         """This node's verified copy of the snapshot: reused when intact, fetched (resumably) when not."""
         dest = self.cache_dir(snapshot_id)

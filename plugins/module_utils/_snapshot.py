@@ -12,6 +12,7 @@ Guarantees:
 """
 from __future__ import annotations
 
+import fcntl
 import os
 import shutil
 import signal
@@ -169,6 +170,37 @@ def _state(pid: int) -> str:
         return "X"
 
 
+LOCK_DIR = "/run/warmstart/locks"
+
+
+def lock_target(pid: int, what: str, lock_dir: str = LOCK_DIR) -> int:
+    """Hold the checkpoint lock of process ``pid`` (its start time in the name: a reused PID is another target).
+
+    A second checkpoint of the same tree while one runs is refused: never two
+    dumps of one tree, never two half-snapshots. The lock goes with the fd
+    (also when this process dies).
+    """
+    os.makedirs(lock_dir, mode=0o700, exist_ok=True)
+    try:
+        start = proc.stat_fields(pid)[19]
+    except (OSError, IndexError):
+        start = "0"
+    path = os.path.join(lock_dir, f"checkpoint-{pid}-{start}.lock")
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        try:
+            holder = os.pread(fd, 64, 0).decode("ascii", "replace").strip()
+        finally:
+            os.close(fd)
+        raise SnapshotError(f"{what}: another checkpoint of it is running (warmstart pid {holder or '?'}); "
+                            "run one at a time") from None
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    return fd
+
+
 def _copy_workload_files(target: Target, dest: str) -> List[Dict[str, Any]]:
     """Copy the workload's own files (logs, control dir) as they are at dump time."""
     p = wl.paths(target.workloads_root, target.workload or "")
@@ -202,6 +234,19 @@ def checkpoint(store: st.FsStore, target: Target, name: str, labels: Dict[str, s
         except (TimeoutError, ProcessLookupError) as exc:
             raise SnapshotError(f"wait_ready: {exc}") from None
     proc.check_target(target.pid)
+    if target.capture:
+        what = f"container {target.name}"
+    else:
+        what = f"workload {target.workload}" if target.workload else f"pid {target.pid}"
+    lock = lock_target(target.pid, what)
+    try:
+        return _checkpoint_locked(store, target, name, labels, options, leave_running, criu, timings, t_start)
+    finally:
+        os.close(lock)
+
+
+def _checkpoint_locked(store: st.FsStore, target: Target, name: str, labels: Dict[str, str], options: CriuOptions,
+                       leave_running: bool, criu: str, timings: Dict[str, float], t_start: float) -> Dict[str, Any]:
     source = describe_node(criu)
     snapshot_id = mf.new_id()
     manifest = mf.new_manifest(snapshot_id, name, labels, source)
@@ -323,13 +368,13 @@ def select(store: st.FsStore, snapshot_id: Optional[str], name: Optional[str], l
 
 
 def preflight(store: st.FsStore, doc: Dict[str, Any], node: Dict[str, Any], verify: bool,
-              skip_compat: bool) -> List[str]:
+              skip_compat: bool, fetch: bool = True) -> List[str]:
     """Everything that stops this restore, before any process is touched."""
     problems = []
     if not skip_compat:
         problems += incompatibilities(doc["source"], node)
     if verify:
-        problems += [f"checksum: {p}" for p in st.verify_local(store, doc)]
+        problems += [f"checksum: {p}" for p in st.verify_local(store, doc, fetch=fetch)]
     if not skip_compat:
         for t in doc.get("targets") or []:
             problems += proc.file_mismatches(t.get("files_in_use") or {})
@@ -443,7 +488,7 @@ def plan_restore(store: st.FsStore, snapshot_id: Optional[str] = None, name: Opt
         raise CriuError("no CRIU found on this node; prepare it with warmstart.snapshot.node_prep")
     node = describe_node(criu)
     doc = select(store, snapshot_id, name, labels, node, skip_compat)
-    problems = preflight(store, doc, node, verify, skip_compat)
+    problems = preflight(store, doc, node, verify, skip_compat, fetch=False)
     if problems:
         raise SnapshotError(f"refusing to restore snapshot {doc['id']} ({doc['name']}) on this node", reasons=problems)
     return {"id": doc["id"], "name": doc["name"], "verified": verify, "compat_checked": not skip_compat}

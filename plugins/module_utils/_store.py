@@ -304,8 +304,14 @@ class StreamingHasher(threading.Thread):
         return out
 
 
-def verify_local(store: Any, doc: Dict[str, Any]) -> List[str]:
-    """Checksum problems of the store's local copy of ``doc`` (an object store verifies while it fetches)."""
+def verify_local(store: Any, doc: Dict[str, Any], fetch: bool = True) -> List[str]:
+    """Checksum problems of the store's local copy of ``doc`` (an object store verifies while it fetches).
+
+    Without ``fetch`` (check mode) an object store downloads nothing: it only
+    compares the objects' sizes with the manifest.
+    """
+    if not fetch and getattr(store, "kind", "fs") != "fs":
+        return store.remote_problems(doc)
     local = store.local_dir(doc["id"])
     if getattr(store, "verified", {}).get(doc["id"]):
         return []

@@ -79,6 +79,12 @@ options:
         O(name) and O(labels) say.
     type: bool
     default: false
+  prune_node_cache:
+    description:
+      - For an V(s3://) store, also remove this node's cached copies of snapshots that are no longer published
+        (O(store_options.cache_dir)). Every node has its own cache - run it on each.
+    type: bool
+    default: false
   restore_root:
     description:
       - Node-local directory of restore work directories (as in M(warmstart.snapshot.restore)). Only entries named
@@ -149,6 +155,16 @@ removed_staging:
     reason: {description: Why it goes., type: str, returned: always, sample: "incomplete snapshot, unchanged for 3h2m (incomplete_older_than=1h)"}
     age: {description: Seconds since anything in it changed., type: float, returned: always, sample: 10920.4}
     size: {description: Bytes freed., type: int, returned: always, sample: 1048576}
+removed_cache:
+  description: Cached snapshot copies of this node removed (O(prune_node_cache); in check mode - that would be removed).
+  returned: success
+  type: list
+  elements: dict
+  contains:
+    id: {description: Snapshot id., type: str, returned: always, sample: 20261201T080000Z-0a1b2c3d}
+    path: {description: The cached copy., type: str, returned: always, sample: /var/lib/warmstart/cache/s3/b__p/20261201T080000Z-0a1b2c3d}
+    size: {description: Bytes., type: int, returned: always, sample: 1048576}
+    reason: {description: Why., type: str, returned: always, sample: no longer published in the store}
 removed_restore_dirs:
   description: Restore work directories under O(restore_root) removed (in check mode - that would be removed).
   returned: success
@@ -211,6 +227,7 @@ def main() -> None:
             labels=dict(type="dict", default={}),
             remove_broken=dict(type="bool", default=False),
             restore_root=dict(type="path", default="/var/lib/warmstart/restore"),
+            prune_node_cache=dict(type="bool", default=False),
         ),
         supports_check_mode=True,
     )
