@@ -72,7 +72,8 @@ integration: venv link
 	$(BIN)/python -m pytest -q tests/integration
 
 molecule: venv link
-	bash tests/support/run-molecule.sh
+	bash tests/support/run-molecule.sh node_prep
+	bash tests/support/run-molecule.sh fleet
 
 build: venv
 	ansible-galaxy collection build --force --output-path build/
