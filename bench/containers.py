@@ -262,14 +262,15 @@ def markdown(results: Dict[str, Any], summary: Dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write_section(path: str, text: str) -> None:
+def write_section(path: str, text: str, begin: str = BEGIN, end: str = END) -> None:
+    """Replace the section between ``begin`` and ``end`` in ``path`` (or append it)."""
     try:
         with open(path, "r", encoding="utf-8") as handle:
             doc = handle.read()
     except FileNotFoundError:
         doc = ""
-    if BEGIN in doc and END in doc:
-        doc = doc[:doc.index(BEGIN)] + text.rstrip("\n") + doc[doc.index(END) + len(END):]
+    if begin in doc and end in doc:
+        doc = doc[:doc.index(begin)] + text.rstrip("\n") + doc[doc.index(end) + len(end):]
     else:
         doc = doc.rstrip("\n") + "\n\n" + text
     with open(path, "w", encoding="utf-8") as handle:

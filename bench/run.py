@@ -993,10 +993,11 @@ def render(results: Dict[str, Any], md_path: Optional[str]) -> None:
         try:
             with open(md_path, "r", encoding="utf-8") as handle:
                 old = handle.read()
-            # sections other benchmarks own (bench/containers.py) survive a rewrite
-            begin, end = "<!-- containers:begin -->", "<!-- containers:end -->"
-            if begin in old and end in old:
-                kept = "\n" + old[old.index(begin):old.index(end) + len(end)] + "\n"
+            # sections other benchmarks own (bench/containers.py, bench/fleet.py) survive a rewrite
+            for part in ("containers", "fleet"):
+                begin, end = f"<!-- {part}:begin -->", f"<!-- {part}:end -->"
+                if begin in old and end in old:
+                    kept += "\n" + old[old.index(begin):old.index(end) + len(end)] + "\n"
         except FileNotFoundError:
             pass
         with open(md_path, "w", encoding="utf-8") as handle:

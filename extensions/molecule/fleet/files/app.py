@@ -20,7 +20,7 @@ srv.listen(8)
 
 def serve():
     while True:
-        conn, _ = srv.accept()
+        conn, _addr = srv.accept()
         with conn:
             ok = hashlib.sha256(blob).hexdigest() == digest
             conn.sendall(("%s %d %s %s\n" % (state["token"], state["n"], ok, socket.gethostname())).encode())
