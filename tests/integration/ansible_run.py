@@ -50,6 +50,8 @@ def ansible_env() -> dict[str, str]:
 
 def playbook(name: str, *args: str, extra: dict | None = None, timeout: int = 1200) -> Run:
     cmd = [str(VENV_BIN / "ansible-playbook"), name, "-i", "localhost,", "-c", "local", *args]
+    # no summary JSON unless a test asks for one: runs of different tests would rewrite one shared file
+    cmd += ["-e", json.dumps({"warmstart_summary_file": ""})]
     if extra:
         cmd += ["-e", json.dumps(extra)]
     proc = subprocess.run(cmd, cwd=REPO, env=ansible_env(), capture_output=True, text=True,
