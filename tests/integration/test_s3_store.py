@@ -217,3 +217,32 @@ def test_cleanup_removes_old_snapshots_and_unpublished_uploads(lab: Lab, s3: Dic
     assert res["cleanup"]["removed"] == [first]
     left = {k.split("/")[2] for k in keys(s3)}
     assert left == {second}, left
+
+
+def test_snapshot_deleted_while_a_node_downloads_it(s3: Dict[str, Any], lab: Lab, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Another node's cleanup removes the snapshot mid-download: a clear error, nothing half-used."""
+    monkeypatch.setattr(s3s, "PART", 1 << 20)
+    writer = s3s.S3Store(s3["url"], endpoint_url=s3["opts"]["endpoint_url"], cache=str(lab.tmp / "w"), concurrency=1)
+    sid = mf.new_id()
+    staging = writer.stage(sid)
+    (Path(staging.path) / "data.bin").write_bytes(os.urandom(4 << 20))
+    manifest = mf.new_manifest(sid, "gone", {}, {"hostname": "x"})
+    manifest["files"] = st.record_files(staging.path)
+    staging.publish(manifest)
+
+    reader = s3s.S3Store(s3["url"], endpoint_url=s3["opts"]["endpoint_url"], cache=str(lab.tmp / "r"), concurrency=1)
+    real = reader.client.get_object
+    calls = {"n": 0}
+
+    def deleting(**kwargs: Any) -> Any:
+        calls["n"] += 1
+        if calls["n"] == 3:  # manifest, one range, then the snapshot is removed by someone else
+            writer.delete(sid)
+        return real(**kwargs)
+
+    monkeypatch.setattr(reader.client, "get_object", deleting)
+    with pytest.raises(st.StoreError, match=r"downloading data.bin: not found"):
+        reader.local_dir(sid)
+    assert not (Path(reader.cache_dir(sid)) / "data.bin").exists(), "an incomplete file must never look complete"
+    assert not reader.verified.get(sid)
+    assert [k for k in keys(s3) if sid in k] == []
