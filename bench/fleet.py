@@ -196,7 +196,11 @@ def markdown(r: Dict[str, Any]) -> str:
         w = med(r["stores"][key], "wall")
         lines.append(f"| {label} | {w:.2f} s | {w / fs:.2f}x | {med(r['stores'][key], 'slowest_node'):.2f} s | "
                      f"{med(r['stores'][key], 'downloaded') / 2**20:.0f} MiB |")
-    lines += ["", "Medians of the repetitions (all in the JSON results). On 2 vCPUs the nodes restore side by side on "
+    lines += ["", "Most of the wall time is Ansible itself (two module runs per node - the check-mode preflight and "
+              "the restore - over the podman connection, plus the summary play); the node column is the restore "
+              "proper. The S3 download from an empty cache is the price of not sharing a filesystem; once a "
+              "node has the snapshot in its cache, S3 restores as fast as the shared filesystem.",
+              "", "Medians of the repetitions (all in the JSON results). On 2 vCPUs the nodes restore side by side on "
               "the same two cores and the same disk, so fan-out here measures contention, not the parallelism a "
               "real fleet of separate machines gets; the S3 server is moto on loopback-class networking.", END]
     return "\n".join(lines) + "\n"
