@@ -7,12 +7,13 @@ node-cache pruning. The multi-node fan-out runs in the molecule scenario `fleet`
 from __future__ import annotations
 
 import json
+import subprocess
 from pathlib import Path
 from typing import Any, Dict
 
 import pytest
 
-from .ansible_run import playbook
+from .ansible_run import REPO, ansible_env, playbook
 from .test_process_snapshot import Lab, free_port, query
 from .test_s3_store import SECRET, endpoint, keys, s3  # noqa: F401  pylint: disable=unused-import
 
@@ -76,3 +77,22 @@ def test_snapshot_restore_cleanup_playbooks(lab: Lab, s3: Dict[str, Any]) -> Non
     assert row["result"] == "cleaned" and int(row["store_removed"]) == 1 and int(row["cache_removed"]) == 1
     assert not [k for k in keys(s3) if sid in k]
     assert not (cache_root / sid).exists() and not stale.exists()
+
+
+def test_an_unreachable_host_does_not_stop_the_others(lab: Lab, tmp_path: Path) -> None:
+    port = free_port()
+    lab.play([lab.start("reach", port, 4)])
+    inventory = tmp_path / "hosts.ini"
+    inventory.write_text("localhost ansible_connection=local ansible_python_interpreter=/usr/bin/python3\n"
+                         "ghost ansible_connection=containers.podman.podman ansible_host=warmstart-no-such-node\n")
+    summary = tmp_path / "summary.json"
+    extra = {"warmstart_become": False, "warmstart_summary_file": str(summary), "warmstart_store": str(lab.store),
+             "warmstart_snapshot_target": {"workload": "reach", "workloads_root": str(lab.workloads)}}
+    res = subprocess.run([str(REPO / ".venv" / "bin" / "ansible-playbook"), "warmstart.snapshot.snapshot",
+                          "-i", str(inventory), "-e", json.dumps(extra)], cwd=REPO, env=ansible_env(),
+                         capture_output=True, text=True, timeout=600, check=False)
+    assert res.returncode != 0, "a host that did not make it fails the play (after the summary)"
+    rows = {r["host"]: r for r in json.loads(summary.read_text())["rows"]}
+    assert rows["localhost"]["result"] == "snapshotted" and rows["localhost"]["snapshot"] in lab.published()
+    assert rows["ghost"]["result"] == "unreachable"
+    assert query(port)["token"] == lab.token("reach"), "the source keeps running (leave_running defaults to true)"
