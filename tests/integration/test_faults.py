@@ -13,6 +13,7 @@ import os
 import shutil
 import signal
 import subprocess
+import threading
 import time
 from pathlib import Path
 from typing import Any, Dict, Iterator, Optional, Tuple
@@ -416,3 +417,48 @@ def test_changed_outside_file_is_refused_and_criu_failure_is_reported(lab: Lab) 
     assert "CRIU restore failed" in (control / "restore-failed").read_text()
     assert not (control / "restore-complete").exists()
     assert lab.ours() == [] and lab.pidfile_pid("drift") is None and not port_open(port)
+
+
+def test_snapshot_deleted_while_restore_reads_it(lab: Lab) -> None:
+    """Cleanup on another node removes the snapshot from the shared store while CRIU restores it.
+
+    Either CRIU already holds the images open (an unlinked file stays readable) and the copy runs with its
+    state intact, or it fails to open them: then restore-failed is written and no process is left. Never a
+    half-restored process.
+    """
+    port = free_port()
+    res = lab.play([lab.start("shared", port, 1024, "--pattern"),
+                    lab.checkpoint("checkpoint", workload="shared", leave_running=False)])
+    snap = res["checkpoint"]["snapshot"]
+    token = lab.token("shared")
+    removed = threading.Event()
+
+    def remove_when_criu_restores() -> None:
+        end = time.monotonic() + 120
+        while time.monotonic() < end:
+            for entry in os.listdir("/proc"):
+                try:
+                    with open(f"/proc/{entry}/cmdline", "rb") as handle:
+                        argv = handle.read().split(b"\0")
+                except OSError:
+                    continue
+                if len(argv) > 1 and argv[0].endswith(b"criu") and argv[1] == b"swrk":
+                    shutil.rmtree(snap["path"])
+                    removed.set()
+                    return
+            time.sleep(0.005)
+
+    remover = threading.Thread(target=remove_when_criu_restores, daemon=True)
+    remover.start()
+    out = lab.play([lab.restore("restore", expect_fail=True, snapshot=snap["id"], verify=False)])["restore"]
+    remover.join(10)
+    assert removed.is_set(), "the snapshot was never removed: CRIU was not seen running"
+    assert not Path(snap["path"]).exists()
+    control = lab.wdir("shared") / "control"
+    if out.get("failed"):
+        assert "CRIU restore failed" in out["msg"], out["msg"]
+        assert (control / "restore-failed").exists() and not (control / "restore-complete").exists()
+        assert lab.ours() == [], "a half-restored process is left"
+    else:
+        state = query(port)
+        assert state["token"] == token and (control / "restore-complete").exists()
