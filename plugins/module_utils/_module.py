@@ -32,6 +32,20 @@ from ansible_collections.warmstart.snapshot.plugins.module_utils._store import S
 ENGINE_ERRORS = (CriuError, ManifestError, TargetError, StoreError, snap.SnapshotError, RootfsError, OSError)
 
 
+def store_argument_spec() -> Dict[str, Any]:
+    """``store`` and ``store_options``, as the doc fragment warmstart.snapshot.store documents them."""
+    return dict(
+        store=dict(type="str", default="/var/lib/warmstart/store"),
+        store_options=dict(type="dict", default={}, options=dict(
+            endpoint_url=dict(type="str"),
+            region=dict(type="str"),
+            profile=dict(type="str"),
+            cache_dir=dict(type="path", default="/var/lib/warmstart/cache"),
+            concurrency=dict(type="int", default=8),
+        )),
+    )
+
+
 def fail(module: Any, exc: BaseException, **extra: Any) -> None:
     result: Dict[str, Any] = dict(extra)
     reasons = getattr(exc, "reasons", None)

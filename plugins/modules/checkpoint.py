@@ -197,7 +197,7 @@ target:
 """
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.warmstart.snapshot.plugins.module_utils._module import run_checkpoint
+from ansible_collections.warmstart.snapshot.plugins.module_utils._module import run_checkpoint, store_argument_spec
 
 
 def main() -> None:
@@ -209,14 +209,7 @@ def main() -> None:
             container=dict(type="str"),
             runtime=dict(type="str", choices=["podman"], default="podman"),
             workloads_root=dict(type="path", default="/var/lib/warmstart/workloads"),
-            store=dict(type="str", default="/var/lib/warmstart/store"),
-            store_options=dict(type="dict", default={}, options=dict(
-                endpoint_url=dict(type="str"),
-                region=dict(type="str"),
-                profile=dict(type="str"),
-                cache_dir=dict(type="path", default="/var/lib/warmstart/cache"),
-                concurrency=dict(type="int", default=8),
-            )),
+            **store_argument_spec(),
             criu_path=dict(type="path"),
             name=dict(type="str"),
             labels=dict(type="dict", default={}),

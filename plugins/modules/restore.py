@@ -204,7 +204,7 @@ criu_log_tail:
 """
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.warmstart.snapshot.plugins.module_utils._module import run_restore
+from ansible_collections.warmstart.snapshot.plugins.module_utils._module import run_restore, store_argument_spec
 
 
 def main() -> None:
@@ -213,14 +213,7 @@ def main() -> None:
             snapshot=dict(type="str"),
             name=dict(type="str"),
             labels=dict(type="dict"),
-            store=dict(type="str", default="/var/lib/warmstart/store"),
-            store_options=dict(type="dict", default={}, options=dict(
-                endpoint_url=dict(type="str"),
-                region=dict(type="str"),
-                profile=dict(type="str"),
-                cache_dir=dict(type="path", default="/var/lib/warmstart/cache"),
-                concurrency=dict(type="int", default=8),
-            )),
+            **store_argument_spec(),
             criu_path=dict(type="path"),
             verify=dict(type="bool", default=True),
             skip_compat_check=dict(type="bool", default=False),

@@ -180,20 +180,13 @@ store:
 """
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.warmstart.snapshot.plugins.module_utils._module import run_snapshot_info
+from ansible_collections.warmstart.snapshot.plugins.module_utils._module import run_snapshot_info, store_argument_spec
 
 
 def main() -> None:
     module = AnsibleModule(
         argument_spec=dict(
-            store=dict(type="str", default="/var/lib/warmstart/store"),
-            store_options=dict(type="dict", default={}, options=dict(
-                endpoint_url=dict(type="str"),
-                region=dict(type="str"),
-                profile=dict(type="str"),
-                cache_dir=dict(type="path", default="/var/lib/warmstart/cache"),
-                concurrency=dict(type="int", default=8),
-            )),
+            **store_argument_spec(),
             name=dict(type="str"),
             labels=dict(type="dict", default={}),
             details=dict(type="bool", default=False),
