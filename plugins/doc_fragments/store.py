@@ -52,3 +52,23 @@ options:
         then C(/usr/local/bin/criu), then C(PATH).
     type: path
 """
+
+    PROGRESS = r"""
+options:
+  progress_interval:
+    description:
+      - Seconds between progress lines (phase, bytes done of total, rate) printed in the Ansible output while the
+        task runs - the download, checksum, dump, upload and CRIU phases of long snapshots. Runs shorter than this
+        print nothing. V(0) turns the lines off.
+      - Printed by the collection's action plugin on the controller's standard error (a stdout callback such as
+        C(json) stays parseable); the module itself only writes O(progress_file). Tasks run with C(async) print
+        no progress.
+    type: float
+    default: 10
+  progress_file:
+    description:
+      - Write the progress of this run as JSON (C(phase), C(done), C(total), C(rate), C(elapsed), finished
+        C(phases) with their seconds) to this file on the node, rewritten atomically at most twice a second, for
+        monitors of your own. Set by the action plugin when O(progress_interval) is not V(0).
+    type: path
+"""

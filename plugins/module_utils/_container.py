@@ -31,6 +31,7 @@ from typing import Any, Dict, List, Optional, Tuple
 from ansible_collections.warmstart.snapshot.plugins.module_utils import _control as ctl
 from ansible_collections.warmstart.snapshot.plugins.module_utils import _namespaces as nsu
 from ansible_collections.warmstart.snapshot.plugins.module_utils import _proc as proc
+from ansible_collections.warmstart.snapshot.plugins.module_utils import _progress as prog
 from ansible_collections.warmstart.snapshot.plugins.module_utils import _rootfs as rootfs
 from ansible_collections.warmstart.snapshot.plugins.module_utils import _snapshot as snap
 from ansible_collections.warmstart.snapshot.plugins.module_utils import _store as st
@@ -127,6 +128,7 @@ class ContainerCapture:
                 nsu.nft(self.root_pid, f"delete table inet {table}")
 
     def while_stopped(self, target_dir: str) -> Dict[str, Any]:
+        prog.phase("rootfs diff")
         try:
             stats = rootfs.capture(self.info.upper_dir or "", target_dir)
         except (OSError, rootfs.RootfsError) as exc:
@@ -148,8 +150,12 @@ class ContainerCapture:
         }
 
 
-def resolve(runtime_name: str, container: str) -> snap.Target:
-    """A running container -> the checkpoint target: the workload tree under its PID 1."""
+def resolve(runtime_name: str, container: str, name: Optional[str] = None) -> snap.Target:
+    """A running container -> the checkpoint target: the workload tree under its PID 1.
+
+    ``name`` names the container in the snapshot (default: the runtime's name for it; a pod's container
+    name for pod targets, so that container maps speak Kubernetes names).
+    """
     runtime = get_runtime(runtime_name)
     info = runtime.running(container)
     kids = _children(info.pid)
@@ -174,7 +180,7 @@ def resolve(runtime_name: str, container: str) -> snap.Target:
                          "source": nsu.host_path(m.dev, m.root, host) or ""})
     control = ctl.process_control_dir(root)
     control_host = container_host_path(root, control, info.rootfs) if control else None
-    target = snap.Target(pid=root, name=info.name, control_dir=control_host)
+    target = snap.Target(pid=root, name=name or info.name, control_dir=control_host)
     target.capture = ContainerCapture(info=info, root_pid=root, ns_pids=ns_pids, external=external,
                                       stdio=_stdio(root), net_ns=nsu.ns_inode(root, "net"),
                                       pid_ns=nsu.ns_inode(root, "pid"), control_path=control)
@@ -382,6 +388,7 @@ def restore_one(criu: str, snap_dir: str, doc: Dict[str, Any], d: Destination, o
         # symlinks would not do, the restored tasks open images after they moved into the new mount tree.
         images = os.path.join(tdir, "criu")
         t0 = time.monotonic()
+        prog.phase(f"restore into {info.name}")
         pid = criu_restore(criu, images, work, options, setup=setup)
         timings["restore"] = time.monotonic() - t0
         # CRIU writes the dump-time hostname into the UTS namespace it joined: give the placeholder its own back.

@@ -19,6 +19,7 @@ from typing import Any, Dict, List, Optional
 
 from ansible_collections.warmstart.snapshot.plugins.module_utils import _container as ctr
 from ansible_collections.warmstart.snapshot.plugins.module_utils import _manifest as mf
+from ansible_collections.warmstart.snapshot.plugins.module_utils import _progress as prog
 from ansible_collections.warmstart.snapshot.plugins.module_utils import _retention as ret
 from ansible_collections.warmstart.snapshot.plugins.module_utils import _snapshot as snap
 from ansible_collections.warmstart.snapshot.plugins.module_utils import _store as st
@@ -27,6 +28,7 @@ from ansible_collections.warmstart.snapshot.plugins.module_utils._criu_rpc impor
 from ansible_collections.warmstart.snapshot.plugins.module_utils._manifest import ManifestError
 from ansible_collections.warmstart.snapshot.plugins.module_utils._proc import TargetError
 from ansible_collections.warmstart.snapshot.plugins.module_utils._rootfs import RootfsError
+from ansible_collections.warmstart.snapshot.plugins.module_utils._runtime import get_runtime, pod_container
 from ansible_collections.warmstart.snapshot.plugins.module_utils._store import StoreError, open_store
 
 ENGINE_ERRORS = (CriuError, ManifestError, TargetError, StoreError, snap.SnapshotError, RootfsError, OSError)
@@ -44,6 +46,11 @@ def store_argument_spec() -> Dict[str, Any]:
             concurrency=dict(type="int", default=8),
         )),
     )
+
+
+def progress_argument_spec() -> Dict[str, Any]:
+    """``progress_interval`` and ``progress_file``, as the doc fragment warmstart.snapshot.store.progress documents them."""
+    return dict(progress_interval=dict(type="float", default=10.0), progress_file=dict(type="path"))
 
 
 def fail(module: Any, exc: BaseException, **extra: Any) -> None:
@@ -67,11 +74,23 @@ def criu_options(p: Dict[str, Any]) -> CriuOptions:
 
 
 def run_checkpoint(module: Any) -> None:
+    prog.start(module.params.get("progress_file"))
+    try:
+        _run_checkpoint(module)
+    finally:  # exit_json / fail_json end the run with SystemExit
+        prog.finish()
+
+
+def _run_checkpoint(module: Any) -> None:
     p = module.params
     target_info: Dict[str, Any] = {}
     try:
         store = open_store(p["store"], p.get("store_options"))
-        if p.get("container"):
+        pod = p.get("pod")
+        if pod:
+            cid = pod_container(get_runtime(p["runtime"]), pod)
+            target = ctr.resolve(p["runtime"], cid, name=pod["container"])
+        elif p.get("container"):
             target = ctr.resolve(p["runtime"], p["container"])
         else:
             target = snap.resolve_target(p["pid"], p["pidfile"], p["workload"], p["workloads_root"])
@@ -84,7 +103,7 @@ def run_checkpoint(module: Any) -> None:
             module.exit_json(changed=True, target=target_info, msg=f"would snapshot {what} as {name}")
         result = snap.checkpoint(store, target, name, p["labels"], criu_options(p), leave_running=p["leave_running"],
                                  wait_ready=p["wait_ready"], ready_timeout=p["ready_timeout"],
-                                 criu_path=p["criu_path"])
+                                 criu_path=p["criu_path"], pod=_pod_record(pod, target) if pod else None)
     except ENGINE_ERRORS as exc:
         fail(module, exc, target=target_info)
     if getattr(store, "transfer", None):
@@ -92,11 +111,21 @@ def run_checkpoint(module: Any) -> None:
     module.exit_json(changed=True, snapshot=result, target=target_info)
 
 
+def _pod_record(pod: Dict[str, Any], target: Any) -> Dict[str, Any]:
+    """The manifest's pod section: which pod and container this snapshot came from."""
+    return {"namespace": pod.get("namespace") or "default", "name": pod["name"], "uid": pod.get("uid"),
+            "container": pod["container"], "spec_hash": pod.get("spec_hash"),
+            "container_id": target.capture.info.id if target.capture else None}
+
+
 def _restore_into(module: Any) -> None:
     p = module.params
     into = p["into"]
     spec = into.get("container_map") or into.get("container")
     try:
+        if into.get("pod"):
+            cid = pod_container(get_runtime(into["runtime"]), into["pod"])
+            spec = f"{into['pod']['source']}={cid}" if into["pod"].get("source") else cid
         store = open_store(p["store"], p.get("store_options"))
         result = ctr.restore_into(
             store, spec, snapshot_id=p["snapshot"], name=p["name"], labels=p["labels"], verify=p["verify"],
@@ -119,6 +148,14 @@ def _restore_into(module: Any) -> None:
 
 
 def run_restore(module: Any) -> None:
+    prog.start(module.params.get("progress_file"))
+    try:
+        _run_restore(module)
+    finally:  # exit_json / fail_json end the run with SystemExit
+        prog.finish()
+
+
+def _run_restore(module: Any) -> None:
     p = module.params
     if p.get("into"):
         _restore_into(module)

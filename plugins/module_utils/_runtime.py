@@ -4,9 +4,12 @@
 # SPDX-License-Identifier: GPL-3.0-or-later
 """Container runtimes: a container name or id -> what a checkpoint or restore needs.
 
-``Runtime.inspect`` is the whole interface: it returns a ContainerInfo (host
+``Runtime.inspect`` is the main interface: it returns a ContainerInfo (host
 PID of the container's PID 1, cgroup path, rootfs and overlay upper dir as
-host paths, image name and id). Podman is implemented; containerd and CRI-O
+host paths, image name and id). ``Runtime.pod_containers`` finds the
+containers of a Kubernetes pod on this node by the labels the kubelet's CRI
+runtimes put on them (``io.kubernetes.pod.namespace``, ``.pod.name``,
+``.container.name``), so a pod target needs no API access on the node. Podman is implemented; containerd and CRI-O
 plug in as further ``Runtime`` subclasses (``crictl inspect`` /
 ``ctr task ls`` give the same facts) registered in RUNTIMES.
 """
@@ -44,10 +47,19 @@ class ContainerInfo:
                 "hostname": self.hostname}
 
 
+POD_NAMESPACE = "io.kubernetes.pod.namespace"
+POD_NAME = "io.kubernetes.pod.name"
+POD_CONTAINER = "io.kubernetes.container.name"
+
+
 class Runtime:
     name = "?"
 
     def inspect(self, container: str) -> ContainerInfo:  # pragma: no cover - interface
+        raise NotImplementedError
+
+    def pod_containers(self, namespace: str, pod: str, container: str) -> List[str]:  # pragma: no cover - interface
+        """Ids of this node's containers labelled as container ``container`` of pod ``namespace/pod``."""
         raise NotImplementedError
 
     def running(self, container: str) -> ContainerInfo:
@@ -95,7 +107,52 @@ class Podman(Runtime):
             hostname=str(cfg.get("Hostname") or ""), mounts=mounts)
 
 
+    def pod_containers(self, namespace: str, pod: str, container: str) -> List[str]:
+        res = self._run("ps", "--all", "--no-trunc", "--format", "{{.ID}}",
+                        "--filter", f"label={POD_NAMESPACE}={namespace}", "--filter", f"label={POD_NAME}={pod}",
+                        "--filter", f"label={POD_CONTAINER}={container}")
+        if res.returncode != 0:
+            err = res.stderr.strip().splitlines()[-1] if res.stderr.strip() else f"exit {res.returncode}"
+            raise TargetError(f"podman ps (pod {namespace}/{pod}) failed: {err}")
+        return [line.strip() for line in res.stdout.splitlines() if line.strip()]
+
+
 RUNTIMES: Dict[str, Type[Runtime]] = {"podman": Podman}
+
+
+def pod_container(runtime: Runtime, pod: Dict[str, Any]) -> str:
+    """The id of the running container ``pod['container']`` of pod ``pod['namespace']/pod['name']`` on this node.
+
+    ``pod['container_id']`` (from the pod's status, ``<runtime>://<id>``), when given, must be that container:
+    a pod deleted and re-created under the same name has new containers.
+    """
+    namespace = pod.get("namespace") or "default"
+    name, container = pod.get("name") or "", pod.get("container") or ""
+    what = f"pod {namespace}/{name} container {container}"
+    if not name or not container:
+        raise TargetError(f"pod target needs a name and a container (got {what})")
+    wanted = pod.get("container_id") or ""
+    scheme, sep, bare = wanted.partition("://")
+    if sep and scheme != runtime.name:
+        raise TargetError(f"{what}: its status names container {wanted}, a {scheme} container; "
+                          f"this node was asked to use {runtime.name}")
+    bare = bare if sep else wanted
+    found = runtime.pod_containers(namespace, name, container)
+    if bare:
+        match = [cid for cid in found if cid == bare or cid.startswith(bare)]
+        if not match:
+            raise TargetError(f"{what}: container {bare[:12]} from the pod's status is not on this node "
+                              f"({runtime.name} has {', '.join(c[:12] for c in found) or 'none'} with the pod's labels)")
+        found = match
+    if not found:
+        raise TargetError(f"{what}: no {runtime.name} container on this node carries the labels "
+                          f"{POD_NAMESPACE}={namespace}, {POD_NAME}={name}, {POD_CONTAINER}={container} "
+                          "(is the pod scheduled on this node?)")
+    running = [cid for cid in found if runtime.inspect(cid).running]
+    if len(running) != 1:
+        raise TargetError(f"{what}: {len(running)} of its {len(found)} containers on this node are running "
+                          f"({', '.join(c[:12] for c in found)}); expected exactly one")
+    return running[0]
 
 
 def get_runtime(name: str) -> Runtime:

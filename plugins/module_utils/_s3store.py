@@ -32,6 +32,7 @@ import uuid
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from ansible_collections.warmstart.snapshot.plugins.module_utils import _manifest as mf
+from ansible_collections.warmstart.snapshot.plugins.module_utils import _progress as prog
 from ansible_collections.warmstart.snapshot.plugins.module_utils._store import StoreError, lock_down, sha256_file, tree_size, walk_files
 
 DEFAULT_CACHE = "/var/lib/warmstart/cache"
@@ -63,6 +64,7 @@ class S3Staging:
         mf.dump(manifest, os.path.join(self.path, mf.MANIFEST))
         lock_down(self.path)
         files = [rel for rel in walk_files(self.path) if rel != mf.MANIFEST]
+        prog.phase("upload", sum(os.path.getsize(os.path.join(self.path, rel)) for rel in files + [mf.MANIFEST]))
         try:
             self.store.upload_files(self.path, self.snapshot_id, files, self.uploaded)
             self.store.upload_files(self.path, self.snapshot_id, [mf.MANIFEST], self.uploaded)
@@ -202,6 +204,7 @@ class S3Store:
         return S3Staging(self, path, mf.check_id(snapshot_id))
 
     def _tick(self, n: int) -> None:
+        prog.add(n)
         if self.progress is not None:
             with self._lock:
                 self.progress(n)
@@ -329,19 +332,29 @@ class S3Store:
         doc = self.load(snapshot_id)
         os.makedirs(dest, mode=0o700, exist_ok=True)
         t0 = time.monotonic()
+        cached = [e for e in doc["files"] if self._cached_size(os.path.join(dest, e["path"])) == e["size"]]
+        prog.phase("verify cache", sum(e["size"] for e in cached))
+        fetch = []
         for entry in doc["files"]:
             path = os.path.join(dest, entry["path"])
-            if os.path.isfile(path) and os.path.getsize(path) == entry["size"] and sha256_file(path) == entry["sha256"]:
+            if entry in cached and sha256_file(path, prog.add) == entry["sha256"]:
                 self.transfer["reused"] += entry["size"]
                 continue
             if os.path.lexists(path):
                 os.unlink(path)  # corrupt or truncated cache: fetched again
+            fetch.append((entry, path))
+        prog.phase("download", sum(e["size"] for e, _ in fetch))
+        for entry, path in fetch:
             self._download(snapshot_id, entry, path)
         mf.dump(doc, os.path.join(dest, mf.MANIFEST))
         lock_down(dest)
         self.transfer["seconds"] += time.monotonic() - t0
         self.verified[snapshot_id] = True
         return dest
+
+    @staticmethod
+    def _cached_size(path: str) -> int:
+        return os.path.getsize(path) if os.path.isfile(path) else -1
 
     def _download(self, snapshot_id: str, entry: Dict[str, Any], path: str) -> None:
         os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
@@ -362,6 +375,7 @@ class S3Store:
             with open(ledger, "w", encoding="ascii"):
                 pass
         ranges = [(off, min(off + PART, size) - 1) for off in range(0, size, PART) if off not in done]
+        prog.add(size - sum(end - start + 1 for start, end in ranges))  # resumed: already here
         lock = threading.Lock()
 
         def fetch(rng: Tuple[int, int]) -> None:

@@ -23,6 +23,7 @@ from typing import Any, Callable, Dict, List, Optional, Protocol
 
 from ansible_collections.warmstart.snapshot.plugins.module_utils import _control as ctl
 from ansible_collections.warmstart.snapshot.plugins.module_utils import _manifest as mf
+from ansible_collections.warmstart.snapshot.plugins.module_utils import _progress as prog
 from ansible_collections.warmstart.snapshot.plugins.module_utils import _proc as proc
 from ansible_collections.warmstart.snapshot.plugins.module_utils import _store as st
 from ansible_collections.warmstart.snapshot.plugins.module_utils import _workload as wl
@@ -218,7 +219,7 @@ def _copy_workload_files(target: Target, dest: str) -> List[Dict[str, Any]]:
 
 def checkpoint(store: st.FsStore, target: Target, name: str, labels: Dict[str, str], options: CriuOptions,
                leave_running: bool = True, wait_ready: bool = False, ready_timeout: float = 300.0,
-               criu_path: Optional[str] = None) -> Dict[str, Any]:
+               criu_path: Optional[str] = None, pod: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
     timings: Dict[str, float] = {}
     t_start = time.monotonic()
     mf.check_name(name)
@@ -229,6 +230,7 @@ def checkpoint(store: st.FsStore, target: Target, name: str, labels: Dict[str, s
     if wait_ready:
         if not target.control_dir:
             raise SnapshotError(f"wait_ready: pid {target.pid} has no SNAPSHOT_CONTROL_DIR to signal readiness in")
+        prog.phase("wait for ready-for-snapshot")
         try:
             timings["wait_ready"] = ctl.wait_for(target.control_dir, ctl.READY, ready_timeout, alive=target.pid)
         except (TimeoutError, ProcessLookupError) as exc:
@@ -240,16 +242,19 @@ def checkpoint(store: st.FsStore, target: Target, name: str, labels: Dict[str, s
         what = f"workload {target.workload}" if target.workload else f"pid {target.pid}"
     lock = lock_target(target.pid, what)
     try:
-        return _checkpoint_locked(store, target, name, labels, options, leave_running, criu, timings, t_start)
+        return _checkpoint_locked(store, target, name, labels, options, leave_running, criu, timings, t_start, pod)
     finally:
         os.close(lock)
 
 
 def _checkpoint_locked(store: st.FsStore, target: Target, name: str, labels: Dict[str, str], options: CriuOptions,
-                       leave_running: bool, criu: str, timings: Dict[str, float], t_start: float) -> Dict[str, Any]:
+                       leave_running: bool, criu: str, timings: Dict[str, float], t_start: float,
+                       pod: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
     source = describe_node(criu)
     snapshot_id = mf.new_id()
     manifest = mf.new_manifest(snapshot_id, name, labels, source)
+    if pod:
+        manifest["pod"] = {k: v for k, v in pod.items() if v is not None}
     staging = store.stage(snapshot_id)
     tdir = os.path.join(staging.path, "containers", target.name)
     images = os.path.join(tdir, "criu")
@@ -262,6 +267,7 @@ def _checkpoint_locked(store: st.FsStore, target: Target, name: str, labels: Dic
     try:
         t0 = time.monotonic()
         hasher = st.StreamingHasher(images, os.path.relpath(images, staging.path))
+        prog.phase("dump")
         hasher.start()
         setup: Optional[Callable[[Any], None]] = target.capture.criu_setup if target.capture else None
         try:
@@ -288,7 +294,8 @@ def _checkpoint_locked(store: st.FsStore, target: Target, name: str, labels: Dic
             proc.signal_tree(target.pid, signal.SIGCONT)
             resumed = True
         t0 = time.monotonic()
-        manifest["files"] = st.record_files(staging.path, known=hashed)
+        prog.phase("checksum")
+        manifest["files"] = st.record_files(staging.path, progress=prog.add, known=hashed)
         timings["checksum"] = time.monotonic() - t0
         manifest["size"] = sum(f["size"] for f in manifest["files"])
         entry = {
@@ -342,6 +349,8 @@ def _checkpoint_locked(store: st.FsStore, target: Target, name: str, labels: Dic
         "source_running": leave_running,
         "timings": {k: round(v, 3) for k, v in timings.items()},
         "criu_stats": manifest["targets"][0]["stats"],
+        "source_node": {k: v for k, v in source.items() if k != "cpu_flags"},
+        "pod": manifest.get("pod"),
     }
 
 
@@ -450,6 +459,7 @@ def restore(store: st.FsStore, snapshot_id: Optional[str] = None, name: Optional
     opts = options or CriuOptions(**{k: v for k, v in target["criu"]["options"].items()
                                      if k in CriuOptions.__dataclass_fields__})
     t0 = time.monotonic()
+    prog.phase("restore")
     try:
         pid = criu_restore(criu, os.path.join(work, "images"), work, opts)
     except CriuError as exc:

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Dict, Iterator, List, Optional
 
 from ansible_collections.warmstart.snapshot.plugins.module_utils import _manifest as mf
+from ansible_collections.warmstart.snapshot.plugins.module_utils import _progress as prog
 
 CHUNK = 4 << 20
 
@@ -280,6 +281,7 @@ class StreamingHasher(threading.Thread):
                     break
                 state[1].update(chunk)
                 state[2] += len(chunk)
+                prog.add(len(chunk))
                 moved = True
         return moved
 
@@ -321,6 +323,7 @@ def verify_local(store: Any, doc: Dict[str, Any], fetch: bool = True) -> List[st
 def verify_files(top: str, doc: Dict[str, Any]) -> List[str]:
     """Every problem with the files of a snapshot, as readable sentences (empty = intact)."""
     problems = []
+    prog.phase("verify", sum(int(e.get("size", 0)) for e in doc.get("files", [])))
     for entry in doc.get("files", []):
         full = os.path.join(top, entry["path"])
         try:
@@ -331,7 +334,7 @@ def verify_files(top: str, doc: Dict[str, Any]) -> List[str]:
         if size != entry["size"]:
             problems.append(f"{entry['path']}: size {size} bytes, manifest says {entry['size']} (truncated or replaced)")
             continue
-        if sha256_file(full) != entry["sha256"]:
+        if sha256_file(full, prog.add) != entry["sha256"]:
             problems.append(f"{entry['path']}: SHA256 mismatch (corrupted)")
     return problems
 

@@ -28,7 +28,14 @@ author:
 extends_documentation_fragment:
   - warmstart.snapshot.store
   - warmstart.snapshot.store.criu
+  - warmstart.snapshot.store.progress
 attributes:
+  action:
+    support: full
+    description: An action plugin runs the module and prints its progress while it works (O(progress_interval)).
+  async:
+    support: full
+    description: Runs under C(async) like any module, then without progress lines.
   check_mode:
     support: full
     description: Checks the target and the store, takes no snapshot and reports C(changed=true).
@@ -54,8 +61,42 @@ options:
       - Name or id of a running container whose workload to snapshot (see O(runtime)).
       - The snapshot holds it under C(containers/<container name>/); its name defaults to the container name.
     type: str
+  pod:
+    description:
+      - A container of a Kubernetes pod on this node. It is found through the container runtime by the labels the
+        kubelet's CRI runtimes set (C(io.kubernetes.pod.namespace), C(io.kubernetes.pod.name),
+        C(io.kubernetes.container.name)); the node needs no API access. Then it is snapshotted like O(container).
+      - The snapshot holds it under the pod's container name, and the manifest records the pod (namespace, name,
+        uid, container, spec hash).
+      - The playbook P(warmstart.snapshot.k8s_snapshot#playbook) reads the pod from the API and passes it here.
+    type: dict
+    suboptions:
+      namespace:
+        description: Namespace of the pod.
+        type: str
+        default: default
+      name:
+        description: Name of the pod.
+        type: str
+        required: true
+      container:
+        description: Name of the container in the pod.
+        type: str
+        required: true
+      container_id:
+        description:
+          - The container's id from the pod's status (C(status.containerStatuses[].containerID), V(podman://<id>)).
+            When given, the container found on this node must be that one (a pod re-created under the same name
+            has new containers).
+        type: str
+      uid:
+        description: The pod's uid, recorded in the manifest.
+        type: str
+      spec_hash:
+        description: The pod's condensed spec hash, recorded in the manifest.
+        type: str
   runtime:
-    description: Container runtime of O(container).
+    description: Container runtime of O(container) or O(pod).
     type: str
     choices: [podman]
     default: podman
@@ -188,6 +229,16 @@ snapshot:
       type: dict
       returned: always
       sample: {frozen_time: 45313, pages_written: 954}
+    source_node:
+      description: The source node as the manifest records it (architecture, kernel, CPU vendor, model and flags hash, CRIU, OS).
+      type: dict
+      returned: always
+      sample: {hostname: gpu-01, arch: x86_64, kernel: 6.12.0, cpu_vendor: GenuineIntel, cpu_flags_hash: 9f2c}
+    pod:
+      description: The pod section of the manifest, for O(pod) targets.
+      type: dict
+      returned: always
+      sample: {namespace: default, name: embed-0, uid: 6b1f, container: main, spec_hash: 3a1d}
 target:
   description: The resolved target.
   returned: always
@@ -197,7 +248,7 @@ target:
 """
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.warmstart.snapshot.plugins.module_utils._module import run_checkpoint, store_argument_spec
+from ansible_collections.warmstart.snapshot.plugins.module_utils._module import progress_argument_spec, run_checkpoint, store_argument_spec
 
 
 def main() -> None:
@@ -207,9 +258,18 @@ def main() -> None:
             pidfile=dict(type="path"),
             workload=dict(type="str"),
             container=dict(type="str"),
+            pod=dict(type="dict", options=dict(
+                namespace=dict(type="str", default="default"),
+                name=dict(type="str", required=True),
+                container=dict(type="str", required=True),
+                container_id=dict(type="str"),
+                uid=dict(type="str"),
+                spec_hash=dict(type="str"),
+            )),
             runtime=dict(type="str", choices=["podman"], default="podman"),
             workloads_root=dict(type="path", default="/var/lib/warmstart/workloads"),
             **store_argument_spec(),
+            **progress_argument_spec(),
             criu_path=dict(type="path"),
             name=dict(type="str"),
             labels=dict(type="dict", default={}),
@@ -223,8 +283,8 @@ def main() -> None:
             wait_ready=dict(type="bool", default=False),
             ready_timeout=dict(type="int", default=300),
         ),
-        mutually_exclusive=[("pid", "pidfile", "workload", "container")],
-        required_one_of=[("pid", "pidfile", "workload", "container")],
+        mutually_exclusive=[("pid", "pidfile", "workload", "container", "pod")],
+        required_one_of=[("pid", "pidfile", "workload", "container", "pod")],
         supports_check_mode=True,
     )
     run_checkpoint(module)

@@ -34,7 +34,14 @@ author:
 extends_documentation_fragment:
   - warmstart.snapshot.store
   - warmstart.snapshot.store.criu
+  - warmstart.snapshot.store.progress
 attributes:
+  action:
+    support: full
+    description: An action plugin runs the module and prints its progress while it works (O(progress_interval)).
+  async:
+    support: full
+    description: Runs under C(async) like any module, then without progress lines.
   check_mode:
     support: full
     description: Selects, verifies and checks the snapshot, restores nothing.
@@ -82,6 +89,30 @@ options:
           - Each destination gets its own result; the task fails unless all succeed.
         type: list
         elements: str
+      pod:
+        description:
+          - The placeholder is container O(into.pod.container) of a Kubernetes restore pod on this node, found by
+            its CRI labels as in the checkpoint module's O(warmstart.snapshot.checkpoint#module:pod) option.
+        type: dict
+        suboptions:
+          namespace:
+            description: Namespace of the pod.
+            type: str
+            default: default
+          name:
+            description: Name of the pod.
+            type: str
+            required: true
+          container:
+            description: The pod's placeholder container.
+            type: str
+            required: true
+          container_id:
+            description: Its id from the pod's status; when given, the container found must be this one.
+            type: str
+          source:
+            description: The snapshot's container to restore into it (default the snapshot's only container).
+            type: str
       runtime:
         description: Container runtime of the placeholders.
         type: str
@@ -204,7 +235,7 @@ criu_log_tail:
 """
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.warmstart.snapshot.plugins.module_utils._module import run_restore, store_argument_spec
+from ansible_collections.warmstart.snapshot.plugins.module_utils._module import progress_argument_spec, run_restore, store_argument_spec
 
 
 def main() -> None:
@@ -214,6 +245,7 @@ def main() -> None:
             name=dict(type="str"),
             labels=dict(type="dict"),
             **store_argument_spec(),
+            **progress_argument_spec(),
             criu_path=dict(type="path"),
             verify=dict(type="bool", default=True),
             skip_compat_check=dict(type="bool", default=False),
@@ -221,11 +253,18 @@ def main() -> None:
             into=dict(type="dict", options=dict(
                 container=dict(type="str"),
                 container_map=dict(type="list", elements="str"),
+                pod=dict(type="dict", options=dict(
+                    namespace=dict(type="str", default="default"),
+                    name=dict(type="str", required=True),
+                    container=dict(type="str", required=True),
+                    container_id=dict(type="str"),
+                    source=dict(type="str"),
+                )),
                 runtime=dict(type="str", choices=["podman"], default="podman"),
                 skip_image_check=dict(type="bool", default=False),
                 kill_placeholder_on_failure=dict(type="bool", default=True),
-            ), mutually_exclusive=[("container", "container_map")],
-                required_one_of=[("container", "container_map")]),
+            ), mutually_exclusive=[("container", "container_map", "pod")],
+                required_one_of=[("container", "container_map", "pod")]),
         ),
         mutually_exclusive=[("snapshot", "name")],
         required_one_of=[("snapshot", "name", "labels")],

@@ -26,7 +26,7 @@ from typing import Any, Dict, List, Optional
 
 import pytest
 
-from .ansible_run import playbook
+from .ansible_run import Run, playbook
 
 pytestmark = pytest.mark.integration
 
@@ -211,6 +211,7 @@ class Lab:
         self.restore_root = tmp / "restore"
         self.mounts: List[Path] = []
         self.runs = 0
+        self.last: Optional[Run] = None
 
     # -- playbooks ---------------------------------------------------------
     def play(self, tasks: List[Dict[str, Any]], timeout: int = 300) -> Dict[str, Dict[str, Any]]:
@@ -222,6 +223,7 @@ class Lab:
         path = self.tmp / f"play{self.runs}.yml"
         path.write_text(json.dumps([{"hosts": "localhost", "gather_facts": False, "tasks": tasks}], indent=1))
         run = playbook(str(path), timeout=timeout)
+        self.last = run
         try:
             plays = run.result["plays"]
         except (ValueError, KeyError):

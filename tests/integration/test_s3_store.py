@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import socket
 import subprocess
 import time
@@ -246,3 +247,40 @@ def test_snapshot_deleted_while_a_node_downloads_it(s3: Dict[str, Any], lab: Lab
     assert not (Path(reader.cache_dir(sid)) / "data.bin").exists(), "an incomplete file must never look complete"
     assert not reader.verified.get(sid)
     assert [k for k in keys(s3) if sid in k] == []
+
+
+def progress_lines(run: Any, action: str) -> list:
+    return [line for line in run.stderr.splitlines() if line.startswith(f"[localhost] warmstart.snapshot.{action}: ")]
+
+
+def test_long_transfers_show_progress(lab: Lab, s3: Dict[str, Any]) -> None:
+    """Upload and download print 'phase: done of total (pct), rate' lines while they run; JSON stdout stays whole."""
+    port = free_port()
+    store, opts = s3["url"], s3["opts"]
+    progress = lab.tmp / "progress.json"
+    res = lab.play([lab.start("p", port, 384),
+                    lab.checkpoint("checkpoint", store, workload="p", leave_running=False, store_options=opts,
+                                   progress_interval=0.2, progress_file=str(progress))])
+    snap = res["checkpoint"]["snapshot"]
+    lines = progress_lines(lab.last, "checkpoint")
+    assert any(re.match(r".*upload: [\d.]+ \w+ of [\d.]+ MiB \(\d+%\), [\d.]+ \w+/s", ln) for ln in lines), lines
+    # the file the module kept: finished, with every phase it went through and its seconds
+    doc = json.loads(progress.read_text())
+    assert doc["phase"] == "done" and {"dump", "checksum", "upload"} <= set(doc["phases"]), doc
+    assert oct(progress.stat().st_mode & 0o777) == "0o644"
+
+    import shutil  # pylint: disable=import-outside-toplevel
+    shutil.rmtree(s3["cache"])
+    res = lab.play([lab.restore("restore", store, snapshot=snap["id"], store_options=opts, progress_interval=0.2)])
+    assert res["restore"]["restore"]["transfer"]["downloaded"] == snap["size"]
+    lines = progress_lines(lab.last, "restore")
+    downloads = [ln for ln in lines if ": download: " in ln]
+    assert downloads, lines
+    pct = [int(m.group(1)) for m in (re.search(r"\((\d+)%\)", ln) for ln in downloads) if m]
+    assert pct == sorted(pct) and all(0 <= p <= 100 for p in pct), downloads
+    assert query(port)["token"] == lab.token("p")
+
+    # progress_interval 0: no lines (and the result is the same module result)
+    res = lab.play([lab.stop("p"), lab.restore("quiet", store, snapshot=snap["id"], store_options=opts,
+                                               progress_interval=0)])
+    assert res["quiet"]["restore"]["id"] == snap["id"] and progress_lines(lab.last, "restore") == []
