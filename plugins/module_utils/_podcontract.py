@@ -1,0 +1,1082 @@
+# -*- coding: utf-8 -*-
+# Copyright (c) warmstart developers
+# GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+"""The restore-pod contract, the condensed pod-spec hash and snapshot selection.
+
+Pure functions over plain dicts in the Kubernetes JSON shape (camelCase keys,
+as the API returns them); nothing here talks to a cluster. Stdlib only.
+
+Restore pod (``build`` / ``validate`` / ``classify``)
+    A restore pod is an ordinary pod (or pod template) that carries the
+    annotation ``snapshot.warmstart.io/restore-from: <PodSnapshot name>``, an
+    ``emptyDir`` volume ``snapshot-control`` mounted in every container at
+    ``/snapshot-control`` with ``subPath: <container name>``, the env
+    ``SNAPSHOT_CONTROL_DIR=/snapshot-control``, the inert command
+    ``/bin/sh -c 'exec sleep infinity'`` (no args) and the pod-level Localhost
+    seccomp profile ``profiles/block-iouring.json``. Optional: the container
+    map annotation ``src=dst,...``, the skip-compat annotation, and a startup
+    probe ``cat /snapshot-control/restore-complete`` on each destination
+    container. ``build`` records each container's own command/args in the
+    annotation ``snapshot.warmstart.io/original-entrypoint`` (canonical JSON,
+    ``{"<container>": {"command": [...], "args": [...]}}``) so that the pod
+    hashes like the template it came from. Init containers are left alone.
+
+Condensed pod-spec hash (``pod_spec_fields`` / ``pod_spec_hash``)
+    Exactly the fields of ANCHORS.md section 2, one digest per field path:
+    ``containers[<name>].<field>`` and ``initContainers[<name>].<field>`` for
+    name, image, command, args, workingDir, ports, volumeMounts,
+    volumeDevices, lifecycle, terminationMessagePath, terminationMessagePolicy,
+    securityContext, stdin, stdinOnce, tty; pod level ``volumes``,
+    ``dnsPolicy``, ``automountServiceAccountToken``, ``hostNetwork``,
+    ``hostPID``, ``hostIPC``, ``shareProcessNamespace``, ``securityContext``,
+    ``dnsConfig``, ``runtimeClassName``, ``os``, ``hostUsers``; and
+    ``labels[batch.kubernetes.io/job-completion-index]``. Every path is always
+    present (an absent field has the digest of ``null``). Rules:
+
+    * containers are keyed by name (their order does not count); ``volumes``
+      is hashed as a map name -> source (order does not count); every other
+      list (command, args, ports, volumeMounts, ...) keeps its order;
+    * missing, ``null``, ``""``, ``[]`` and ``{}`` are the same (the API
+      omits empty values when it serialises);
+    * apiserver defaults equal their absence: ``terminationMessagePath:
+      /dev/termination-log``, ``terminationMessagePolicy: File``, port
+      ``protocol: TCP`` (and ``hostPort == containerPort`` under
+      hostNetwork), ``readOnly: false``, ``stdin/stdinOnce/tty: false``,
+      lifecycle ``httpGet.scheme: HTTP``, ``dnsPolicy: ClusterFirst``,
+      ``hostNetwork/hostPID/hostIPC/shareProcessNamespace: false``,
+      ``hostUsers: true``, volume ``defaultMode: 420``, downward API
+      ``fieldRef.apiVersion: v1``, ``serviceAccountToken.expirationSeconds:
+      3600``, a volume without source = ``emptyDir: {}``;
+    * the service-account token volume the apiserver injects
+      (``kube-api-access-xxxxx``, projected) and its mounts are ignored;
+      ``automountServiceAccountToken`` itself is hashed;
+    * the restore-contract additions are stripped: the ``snapshot-control``
+      volume (whatever its source) and every mount of it or at
+      ``/snapshot-control``, a pod-level Localhost seccomp profile named
+      ``block-iouring.json``, and the inert command, which is replaced by the
+      command/args recorded in the original-entrypoint annotation (annotations,
+      env and probes are not hashed at all).
+
+    ``pod_spec_hash`` is the sha256 of ``warmstart-podspec-v1`` followed by
+    the sorted ``path=digest`` lines. A PodSnapshot records the hash in
+    ``status.podSpecHash``; its PodSnapshotContent records the field digests in
+    ``status.podSpecFields`` so that a mismatch can name the fields.
+"""
+from __future__ import annotations
+
+import copy
+import datetime
+import hashlib
+import json
+import posixpath
+import re
+from typing import Any, Dict, Iterable, List, Optional, Sequence, Set, Tuple
+
+GROUP = "snapshot.warmstart.io"
+VERSION = "v1alpha1"
+API_VERSION = GROUP + "/" + VERSION
+KIND_SNAPSHOT = "PodSnapshot"
+KIND_CONTENT = "PodSnapshotContent"
+KIND_POLICY = "PodSnapshotPolicy"
+
+ANN_RESTORE_FROM = GROUP + "/restore-from"
+ANN_CONTAINER_MAP = GROUP + "/restore-container-map"
+ANN_SKIP_COMPAT = GROUP + "/snapshot-skip-compat-check"
+ANN_ORIGINAL_ENTRYPOINT = GROUP + "/original-entrypoint"
+
+CONTROL_VOLUME = "snapshot-control"
+CONTROL_MOUNT = "/snapshot-control"
+CONTROL_ENV = "SNAPSHOT_CONTROL_DIR"
+INERT_COMMAND = ["/bin/sh", "-c", "exec sleep infinity"]
+SECCOMP_PROFILE = "profiles/block-iouring.json"
+STARTUP_PROBE_COMMAND = ["cat", CONTROL_MOUNT + "/restore-complete"]
+FINALIZER = GROUP + "/restore"
+
+RESTORE_CONDITION = "Restored"
+REASON_IN_PROGRESS = "RestoreInProgress"
+REASON_SUCCEEDED = "RestoreSucceeded"
+REASON_FAILED = "RestoreFailed"
+REASON_PARTIAL = "RestorePartiallySucceeded"
+REASON_INCOMPATIBLE = "RestoreIncompatible"
+READY_CONDITION = "Ready"
+FAILED_CONDITION = "Failed"
+
+SCOPE_WHOLE_POD = "whole-pod"
+SCOPE_ROOTFS_ONLY = "rootfs-only"
+SCOPES = (SCOPE_WHOLE_POD, SCOPE_ROOTFS_ONLY)
+
+JOB_INDEX_LABEL = "batch.kubernetes.io/job-completion-index"
+CONTAINER_FIELDS = (
+    "name", "image", "command", "args", "workingDir", "ports", "volumeMounts", "volumeDevices", "lifecycle",
+    "terminationMessagePath", "terminationMessagePolicy", "securityContext", "stdin", "stdinOnce", "tty",
+)
+POD_FIELDS = (
+    "volumes", "dnsPolicy", "automountServiceAccountToken", "hostNetwork", "hostPID", "hostIPC",
+    "shareProcessNamespace", "securityContext", "dnsConfig", "runtimeClassName", "os", "hostUsers",
+)
+HASHED_LABELS = (JOB_INDEX_LABEL,)
+HASH_VERSION = "warmstart-podspec-v1"
+
+_DNS_LABEL_RE = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+_DNS_SUBDOMAIN_RE = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+_REASON_RE = re.compile(r"^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$")
+_SA_VOLUME_RE = re.compile(r"^kube-api-access-[a-z0-9]{5}$")
+_SA_MOUNT = "/var/run/secrets/kubernetes.io/serviceaccount"
+_CONTAINER_KEY_RE = re.compile(r"^((?:init)?[cC]ontainers\[[^\]]*\])\.")
+_PROBE_DEFAULTS = {"successThreshold": 1, "initialDelaySeconds": 0}
+
+
+class ContractError(ValueError):
+    """A pod, container map or object that breaks the restore contract; ``reasons`` lists every cause."""
+
+    def __init__(self, message: str, reasons: Optional[Sequence[str]] = None) -> None:
+        self.message = message
+        self.reasons: List[str] = list(reasons or [])
+        super().__init__(message + (": " + "; ".join(self.reasons) if self.reasons else ""))
+
+
+# --- names and small helpers ----------------------------------------------------
+
+def is_dns_label(value: Any) -> bool:
+    """RFC 1123 label (container names): lower-case alphanumerics and '-', at most 63."""
+    return isinstance(value, str) and len(value) <= 63 and bool(_DNS_LABEL_RE.match(value))
+
+
+def is_dns_subdomain(value: Any) -> bool:
+    """RFC 1123 subdomain (object names): labels joined by '.', at most 253."""
+    return isinstance(value, str) and len(value) <= 253 and bool(_DNS_SUBDOMAIN_RE.match(value))
+
+
+def _mapping(value: Any) -> Dict[str, Any]:
+    return value if isinstance(value, dict) else {}
+
+
+def _items(value: Any) -> List[Any]:
+    return value if isinstance(value, list) else []
+
+
+def _dicts(value: Any) -> List[Dict[str, Any]]:
+    return [item for item in _items(value) if isinstance(item, dict)]
+
+
+def object_ref(obj: Dict[str, Any], kind: Optional[str] = None) -> str:
+    """'Kind namespace/name' (or 'Kind name' for cluster-scoped objects) for messages."""
+    meta = _mapping(obj.get("metadata"))
+    name = meta.get("name") or (str(meta["generateName"]) + "*" if meta.get("generateName") else "<unnamed>")
+    ref = f"{meta['namespace']}/{name}" if meta.get("namespace") else str(name)
+    kind = obj.get("kind") if kind is None else kind
+    return f"{kind} {ref}" if kind else ref
+
+
+def _parse_time(value: Any) -> Optional[datetime.datetime]:
+    if not isinstance(value, str) or not value:
+        return None
+    try:
+        stamp = datetime.datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    return stamp if stamp.tzinfo else stamp.replace(tzinfo=datetime.timezone.utc)
+
+
+def _canonical(value: Any) -> str:
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+def _digest(value: Any) -> str:
+    return hashlib.sha256(_canonical(value).encode("utf-8")).hexdigest()
+
+
+def _norm_path(path: Any) -> Any:
+    if not isinstance(path, str) or not path:
+        return path
+    return posixpath.normpath(path) if path.startswith("/") else path
+
+
+# --- locating the pod in an object ----------------------------------------------
+
+def _locate(obj: Any) -> Tuple[Dict[str, Any], str]:
+    """The dict that holds ``metadata`` + ``spec`` of the pod in ``obj`` (not a copy) and how to name it.
+
+    ``obj`` is a Pod, a pod template (``{metadata, spec}``) or a workload whose
+    ``spec.template`` is one (Deployment, StatefulSet, Job, ...).
+    """
+    if not isinstance(obj, dict):
+        raise ContractError(f"expected a Pod or pod template mapping, got {type(obj).__name__}")
+    spec = obj.get("spec")
+    if isinstance(spec, dict):
+        template = spec.get("template")
+        if obj.get("kind") != "Pod" and "containers" not in spec and isinstance(template, dict):
+            if not isinstance(template.get("spec"), dict):
+                raise ContractError(f"{object_ref(obj)} has no spec.template.spec")
+            return template, "pod template of " + object_ref(obj)
+        if obj.get("kind") == "Pod":
+            return obj, object_ref(obj, "pod")
+        name = _mapping(obj.get("metadata")).get("name")
+        return obj, (f"pod template {name}" if name else "pod template")
+    if "containers" in obj:
+        raise ContractError("a bare PodSpec has no metadata to carry the restore annotations: pass a Pod or a pod template")
+    raise ContractError("object is neither a Pod, a pod template nor a workload with spec.template (no spec)")
+
+
+def _pod_parts(obj: Any) -> Tuple[Dict[str, Any], Dict[str, Any], str]:
+    """(metadata, spec, description) of a Pod, pod template, workload or bare PodSpec (read only)."""
+    if isinstance(obj, dict) and "spec" not in obj and "containers" in obj:
+        return {}, obj, "pod spec"
+    pod, what = _locate(obj)
+    return _mapping(pod.get("metadata")), _mapping(pod.get("spec")), what
+
+
+# --- container map ------------------------------------------------------------
+
+def parse_container_map(value: Any) -> List[Tuple[str, str]]:
+    """``src=dst,...`` (or a list of such strings / ``[src, dst]`` pairs / ``{src, dst}`` dicts, or a
+    mapping ``{src: dst | [dst, ...]}``) -> [(src, dst), ...] in the given order.
+
+    One source may fan out to several destinations; a destination appears once.
+    """
+    if value is None:
+        return []
+    raw: List[Tuple[str, Any, Any]] = []
+    problems: List[str] = []
+
+    def from_text(text: str) -> None:
+        src, sep, dst = text.partition("=")
+        if not sep:
+            problems.append(f"container map entry {text!r} is not of the form src=dst")
+        else:
+            raw.append((text, src.strip(), dst.strip()))
+
+    if isinstance(value, str):
+        if value.strip():
+            for part in value.split(","):
+                if not part.strip():
+                    problems.append(f"container map {value!r} has an empty entry")
+                else:
+                    from_text(part.strip())
+    elif isinstance(value, dict):
+        for src, dsts in value.items():
+            for dst in (dsts if isinstance(dsts, list) else [dsts]):
+                raw.append((f"{src}={dst}", src, dst))
+    elif isinstance(value, (list, tuple)):
+        for item in value:
+            if isinstance(item, str):
+                from_text(item.strip())
+            elif isinstance(item, (list, tuple)) and len(item) == 2:
+                raw.append((f"{item[0]}={item[1]}", item[0], item[1]))
+            elif isinstance(item, dict) and set(item) == {"src", "dst"}:
+                raw.append((f"{item['src']}={item['dst']}", item["src"], item["dst"]))
+            else:
+                problems.append(f"container map entry {item!r} is neither 'src=dst', a [src, dst] pair nor {{src, dst}}")
+    else:
+        raise ContractError(f"container map must be a string, list or mapping, not {type(value).__name__}")
+
+    pairs: List[Tuple[str, str]] = []
+    seen: Dict[str, str] = {}
+    for text, src, dst in raw:
+        bad = False
+        for role, name in (("source", src), ("destination", dst)):
+            if name is None or (isinstance(name, str) and not name.strip()):
+                problems.append(f"container map entry {text!r} has an empty {role}")
+                bad = True
+            elif not is_dns_label(name):
+                problems.append(f"container map entry {text!r}: {role} {name!r} is not a valid container name (DNS-1123 label)")
+                bad = True
+        if bad:
+            continue
+        if dst in seen:
+            problems.append(f"container map entry {text!r}: destination {dst!r} already receives {seen[dst]!r}")
+            continue
+        seen[dst] = src
+        pairs.append((src, dst))
+    if problems:
+        raise ContractError("invalid container map", problems)
+    return pairs
+
+
+def format_container_map(pairs: Iterable[Tuple[str, str]]) -> str:
+    """Canonical annotation value: ``src=dst`` entries sorted, joined by ','."""
+    return ",".join(f"{src}={dst}" for src, dst in sorted(pairs))
+
+
+# --- contract pieces shared by build and validate ---------------------------------
+
+def _startup_probe() -> Dict[str, Any]:
+    return {"exec": {"command": list(STARTUP_PROBE_COMMAND)}, "periodSeconds": 1, "timeoutSeconds": 1, "failureThreshold": 1800}
+
+
+def _probe_equal(have: Any, want: Dict[str, Any]) -> bool:
+    if not isinstance(have, dict):
+        return False
+    trimmed = {k: v for k, v in have.items() if v is not None and _PROBE_DEFAULTS.get(k, object()) != v}
+    return trimmed == want
+
+
+def _seccomp(profile: str) -> Dict[str, str]:
+    return {"type": "Localhost", "localhostProfile": profile}
+
+
+def _is_inert(container: Dict[str, Any]) -> bool:
+    return container.get("command") == INERT_COMMAND and not container.get("args")
+
+
+def _entrypoint_of(container: Dict[str, Any]) -> Dict[str, Any]:
+    return {key: container[key] for key in ("command", "args") if container.get(key)}
+
+
+def _container_names(spec: Dict[str, Any]) -> List[str]:
+    return [c.get("name") for c in _dicts(spec.get("containers"))]
+
+
+def _annotations(meta: Dict[str, Any]) -> Dict[str, Any]:
+    return _mapping(meta.get("annotations"))
+
+
+def _map_annotation(annotations: Dict[str, Any], what: str) -> Tuple[List[Tuple[str, str]], List[str]]:
+    value = annotations.get(ANN_CONTAINER_MAP)
+    if value is None:
+        return [], []
+    try:
+        return parse_container_map(value), []
+    except ContractError as exc:
+        return [], [f"annotation {ANN_CONTAINER_MAP} of {what} is invalid: " + "; ".join(exc.reasons or [exc.message])]
+
+
+def _entrypoint_annotation(annotations: Dict[str, Any], what: str) -> Tuple[Dict[str, Dict[str, Any]], List[str]]:
+    value = annotations.get(ANN_ORIGINAL_ENTRYPOINT)
+    if value is None:
+        return {}, []
+    bad = [f"annotation {ANN_ORIGINAL_ENTRYPOINT} of {what} is not a JSON object of container -> {{command, args}}"]
+    try:
+        data = json.loads(value) if isinstance(value, str) else None
+    except ValueError:
+        return {}, bad
+    if not isinstance(data, dict):
+        return {}, bad
+    for entry in data.values():
+        if not isinstance(entry, dict) or set(entry) - {"command", "args"}:
+            return {}, bad
+        for part in entry.values():
+            if not isinstance(part, list) or not all(isinstance(word, str) for word in part):
+                return {}, bad
+    return data, []
+
+
+def _container_conflicts(container: Dict[str, Any], what: str, profile: str) -> Tuple[List[str], bool, bool]:
+    """Problems of a container's control mount / env / seccomp, and whether mount and env are already right."""
+    name = container.get("name")
+    cwhat = f"container {name!r} of {what}"
+    problems: List[str] = []
+    have_mount = have_env = False
+    for mount in _dicts(container.get("volumeMounts")):
+        path = _norm_path(mount.get("mountPath"))
+        if mount.get("name") == CONTROL_VOLUME:
+            if path != CONTROL_MOUNT:
+                problems.append(f"{cwhat} mounts volume {CONTROL_VOLUME!r} at {mount.get('mountPath')!r}, not at {CONTROL_MOUNT}")
+            elif mount.get("subPathExpr") or mount.get("subPath") != name:
+                sub = mount.get("subPathExpr") or mount.get("subPath")
+                problems.append(f"{cwhat} mounts volume {CONTROL_VOLUME!r} with subPath {sub!r}, not {name!r}")
+            elif mount.get("readOnly"):
+                problems.append(f"{cwhat} mounts volume {CONTROL_VOLUME!r} read-only")
+            else:
+                have_mount = True
+        elif path == CONTROL_MOUNT:
+            problems.append(f"{cwhat} already mounts volume {mount.get('name')!r} at {CONTROL_MOUNT}")
+    for var in _dicts(container.get("env")):
+        if var.get("name") != CONTROL_ENV:
+            continue
+        if var.get("valueFrom") is not None:
+            problems.append(f"{cwhat} sets env {CONTROL_ENV} from valueFrom, not to {CONTROL_MOUNT}")
+        elif var.get("value") != CONTROL_MOUNT:
+            problems.append(f"{cwhat} sets env {CONTROL_ENV}={var.get('value')!r}, not {CONTROL_MOUNT}")
+        else:
+            have_env = True
+    own = _mapping(container.get("securityContext")).get("seccompProfile")
+    if own is not None and own != _seccomp(profile):
+        problems.append(f"{cwhat} has its own seccompProfile {own!r}, which would override the pod's Localhost profile {profile!r}")
+    return problems, have_mount, have_env
+
+
+def _volume_conflicts(spec: Dict[str, Any], what: str) -> Tuple[List[str], bool]:
+    control = [v for v in _dicts(spec.get("volumes")) if v.get("name") == CONTROL_VOLUME]
+    if not control:
+        return [], False
+    problems = []
+    if len(control) > 1:
+        problems.append(f"{what} declares volume {CONTROL_VOLUME!r} {len(control)} times")
+    sources = sorted(k for k, v in control[0].items() if k != "name" and v is not None)
+    if sources != ["emptyDir"]:
+        problems.append(f"volume {CONTROL_VOLUME!r} of {what} is {', '.join(sources) or 'without source'}, not an emptyDir")
+    return problems, not problems
+
+
+def _pod_seccomp_conflict(spec: Dict[str, Any], what: str, profile: str) -> Tuple[List[str], bool]:
+    have = _mapping(spec.get("securityContext")).get("seccompProfile")
+    if have is None:
+        return [], False
+    if have != _seccomp(profile):
+        return [f"{what} already has seccompProfile {have!r}, not Localhost {profile!r}"], False
+    return [], True
+
+
+def _profile_problems(profile: Any) -> List[str]:
+    if not isinstance(profile, str) or not profile or profile.startswith("/") or ".." in profile.split("/"):
+        return [f"seccomp profile {profile!r} must be a path relative to the kubelet's seccomp directory"]
+    return []
+
+
+# --- build / validate / classify ----------------------------------------------------
+
+def build(obj: Dict[str, Any], snapshot_name: str, container_map: Any = None, skip_compat_check: bool = False,
+          startup_probe: bool = True, seccomp_profile: str = SECCOMP_PROFILE) -> Dict[str, Any]:
+    """A restore pod from a Pod, a pod template or a workload (its ``spec.template``): a deep copy with the contract added.
+
+    Idempotent (``build(build(x)) == build(x)``); ``obj`` is never changed. Whatever is
+    already there and conflicts (another restore-from or container map, a
+    ``snapshot-control`` volume that is no emptyDir, another mount at
+    ``/snapshot-control``, another ``SNAPSHOT_CONTROL_DIR``, another seccomp
+    profile or startup probe, a map destination that is no container) raises
+    ContractError with every reason; nothing is overwritten. ``container_map``
+    None (or empty) keeps the map annotation the pod may already carry;
+    ``skip_compat_check`` False does not remove an existing annotation.
+    """
+    out = copy.deepcopy(obj)
+    pod, what = _locate(out)
+    if not isinstance(pod.get("metadata"), dict):
+        pod["metadata"] = {}
+    meta = pod["metadata"]
+    spec = pod["spec"]
+    annotations = dict(_annotations(meta))
+    reasons: List[str] = []
+    if not is_dns_subdomain(snapshot_name):
+        reasons.append(f"snapshot name {snapshot_name!r} is not a valid PodSnapshot name (DNS-1123 subdomain)")
+    reasons.extend(_profile_problems(seccomp_profile))
+    containers = _dicts(spec.get("containers"))
+    if not containers:
+        reasons.append(f"{what} has no containers")
+    names = _container_names(spec)
+    for index, name in enumerate(names):
+        if not is_dns_label(name):
+            reasons.append(f"container #{index} of {what} has no valid name ({name!r})")
+
+    current = annotations.get(ANN_RESTORE_FROM)
+    if current is not None and current != snapshot_name:
+        reasons.append(f"annotation {ANN_RESTORE_FROM} of {what} is already {current!r}, not {snapshot_name!r}")
+
+    pairs: List[Tuple[str, str]] = []
+    if container_map is not None:
+        try:
+            pairs = parse_container_map(container_map)
+        except ContractError as exc:
+            reasons.extend(exc.reasons or [exc.message])
+    existing_pairs, problems = _map_annotation(annotations, what)
+    reasons.extend(problems)
+    if ANN_CONTAINER_MAP in annotations and not problems and pairs:
+        if format_container_map(existing_pairs) != format_container_map(pairs):
+            reasons.append(f"annotation {ANN_CONTAINER_MAP} of {what} is already {annotations[ANN_CONTAINER_MAP]!r}, "
+                           f"not {format_container_map(pairs)!r}")
+    pairs = pairs or existing_pairs
+    for src, dst in pairs:
+        if dst not in names:
+            reasons.append(f"container map destination {dst!r} (from {src!r}) is not a container of {what} "
+                           f"(containers: {', '.join(str(n) for n in names) or 'none'})")
+    destinations = {dst for _src, dst in pairs} or set(names)
+
+    skip = annotations.get(ANN_SKIP_COMPAT)
+    if skip is not None and str(skip).lower() not in ("true", "false"):
+        reasons.append(f"annotation {ANN_SKIP_COMPAT} of {what} is {skip!r}, not 'true' or 'false'")
+    elif skip_compat_check and skip is not None and str(skip).lower() == "false":
+        reasons.append(f"annotation {ANN_SKIP_COMPAT} of {what} is already 'false'")
+
+    recorded, problems = _entrypoint_annotation(annotations, what)
+    reasons.extend(problems)
+    problems, have_volume = _volume_conflicts(spec, what)
+    reasons.extend(problems)
+    problems, have_seccomp = _pod_seccomp_conflict(spec, what, seccomp_profile)
+    reasons.extend(problems)
+
+    probe = _startup_probe()
+    plans: List[Tuple[Dict[str, Any], bool, bool]] = []
+    entrypoints = dict(recorded)
+    for container in containers:
+        name = container.get("name")
+        problems, have_mount, have_env = _container_conflicts(container, what, seccomp_profile)
+        reasons.extend(problems)
+        plans.append((container, have_mount, have_env))
+        if name in recorded:
+            if not _is_inert(container) and recorded[name] != _entrypoint_of(container):
+                reasons.append(f"annotation {ANN_ORIGINAL_ENTRYPOINT} of {what} records another command for "
+                               f"container {name!r} than the one it has")
+        elif not _is_inert(container):
+            entrypoints[name] = _entrypoint_of(container)
+        if startup_probe and name in destinations and container.get("startupProbe") is not None:
+            if not _probe_equal(container["startupProbe"], probe):
+                reasons.append(f"container {name!r} of {what} already has another startupProbe")
+    if reasons:
+        raise ContractError(f"cannot make {what} a restore pod for snapshot {snapshot_name!r}", reasons)
+
+    annotations[ANN_RESTORE_FROM] = snapshot_name
+    if pairs:
+        annotations[ANN_CONTAINER_MAP] = format_container_map(pairs)
+    if skip_compat_check:
+        annotations[ANN_SKIP_COMPAT] = "true"
+    if entrypoints:
+        annotations[ANN_ORIGINAL_ENTRYPOINT] = _canonical(entrypoints)
+    meta["annotations"] = annotations
+    if not have_volume:
+        spec["volumes"] = _items(spec.get("volumes")) + [{"name": CONTROL_VOLUME, "emptyDir": {}}]
+    for container, have_mount, have_env in plans:
+        name = container.get("name")
+        if not have_mount:
+            container["volumeMounts"] = _items(container.get("volumeMounts")) + [
+                {"name": CONTROL_VOLUME, "mountPath": CONTROL_MOUNT, "subPath": name}]
+        if not have_env:
+            container["env"] = _items(container.get("env")) + [{"name": CONTROL_ENV, "value": CONTROL_MOUNT}]
+        container["command"] = list(INERT_COMMAND)
+        container.pop("args", None)
+        if startup_probe and name in destinations and container.get("startupProbe") is None:
+            container["startupProbe"] = _startup_probe()
+    if not have_seccomp:
+        context = dict(_mapping(spec.get("securityContext")))
+        context["seccompProfile"] = _seccomp(seccomp_profile)
+        spec["securityContext"] = context
+    return out
+
+
+def validate(pod: Dict[str, Any], seccomp_profile: str = SECCOMP_PROFILE) -> List[str]:
+    """Every way ``pod`` (a Pod or pod template) falls short of being a restore pod; [] when it is one."""
+    try:
+        located, what = _locate(pod)
+    except ContractError as exc:
+        return [str(exc)]
+    meta = _mapping(located.get("metadata"))
+    spec = _mapping(located.get("spec"))
+    annotations = _annotations(meta)
+    problems: List[str] = []
+    source = annotations.get(ANN_RESTORE_FROM)
+    if source is None:
+        problems.append(f"{what} has no annotation {ANN_RESTORE_FROM}")
+    elif not is_dns_subdomain(source):
+        problems.append(f"annotation {ANN_RESTORE_FROM} of {what} is {source!r}, not a valid PodSnapshot name (DNS-1123 subdomain)")
+    names = _container_names(spec)
+    pairs, found = _map_annotation(annotations, what)
+    problems.extend(found)
+    for src, dst in pairs:
+        if dst not in names:
+            problems.append(f"container map destination {dst!r} (from {src!r}) is not a container of {what}")
+    skip = annotations.get(ANN_SKIP_COMPAT)
+    if skip is not None and str(skip).lower() not in ("true", "false"):
+        problems.append(f"annotation {ANN_SKIP_COMPAT} of {what} is {skip!r}, not 'true' or 'false'")
+    recorded, found = _entrypoint_annotation(annotations, what)
+    problems.extend(found)
+    for name in sorted(set(recorded) - set(names)) if names else []:
+        problems.append(f"annotation {ANN_ORIGINAL_ENTRYPOINT} of {what} names container {name!r}, which it does not have")
+    if not names:
+        problems.append(f"{what} has no containers")
+    found, have_volume = _volume_conflicts(spec, what)
+    problems.extend(found)
+    if not found and not have_volume:
+        problems.append(f"{what} has no emptyDir volume {CONTROL_VOLUME!r}")
+    for container in _dicts(spec.get("containers")):
+        name = container.get("name")
+        found, have_mount, have_env = _container_conflicts(container, what, seccomp_profile)
+        problems.extend(found)
+        cwhat = f"container {name!r} of {what}"
+        if not have_mount and not any(m.get("name") == CONTROL_VOLUME for m in _dicts(container.get("volumeMounts"))):
+            problems.append(f"{cwhat} does not mount volume {CONTROL_VOLUME!r} at {CONTROL_MOUNT} (subPath {name!r})")
+        if not have_env and not any(v.get("name") == CONTROL_ENV for v in _dicts(container.get("env"))):
+            problems.append(f"{cwhat} has no env {CONTROL_ENV}={CONTROL_MOUNT}")
+        if container.get("command") != INERT_COMMAND:
+            problems.append(f"{cwhat} does not run the inert command {INERT_COMMAND!r}")
+        if container.get("args"):
+            problems.append(f"{cwhat} has args; the inert placeholder takes none")
+    found, have_seccomp = _pod_seccomp_conflict(spec, what, seccomp_profile)
+    problems.extend(found)
+    if not found and not have_seccomp:
+        problems.append(f"{what} has no pod-level seccompProfile Localhost {seccomp_profile!r} (blocks io_uring)")
+    return problems
+
+
+def restore_destinations(pod: Dict[str, Any]) -> List[str]:
+    """The containers a restore fills: the container map's destinations, else every container."""
+    try:
+        meta, spec, what = _pod_parts(pod)
+    except ContractError:
+        return []
+    pairs, _problems = _map_annotation(_annotations(meta), what)
+    return sorted({dst for _src, dst in pairs}) if pairs else [n for n in _container_names(spec) if n]
+
+
+def classify(pod: Dict[str, Any]) -> str:
+    """Where a restore pod stands: "pending", "succeeded", "failed" or "partial".
+
+    Rules, first match wins (the Restored condition is read from ``status.conditions``):
+
+    1. Restored reason RestoreFailed or RestoreIncompatible -> "failed";
+    2. reason RestorePartiallySucceeded -> "partial";
+    3. pod phase Failed -> "failed"; phase Succeeded -> "succeeded" with reason
+       RestoreSucceeded, else "failed" (the placeholder exited without a restore);
+    4. once a Restored condition exists (any reason), a destination container
+       (map destinations, else all) that is terminated now, or has restarted
+       (restartCount > 0) unless its last termination finished before the
+       condition's lastTransitionTime -> "failed" (the restored process is gone;
+       a new pod is needed, a restore is never replayed);
+    5. reason RestoreSucceeded -> "succeeded";
+    6. otherwise (RestoreInProgress, no condition, an unknown reason) -> "pending".
+    """
+    status = _mapping(pod.get("status"))
+    condition = get_condition(pod, RESTORE_CONDITION)
+    reason = condition.get("reason") if condition else None
+    phase = status.get("phase")
+    if reason in (REASON_FAILED, REASON_INCOMPATIBLE):
+        return "failed"
+    if reason == REASON_PARTIAL:
+        return "partial"
+    if phase == "Failed":
+        return "failed"
+    if phase == "Succeeded":
+        return "succeeded" if reason == REASON_SUCCEEDED else "failed"
+    if condition is not None:
+        started = _parse_time(condition.get("lastTransitionTime"))
+        destinations = set(restore_destinations(pod))
+        for state in _items(status.get("containerStatuses")):
+            if not isinstance(state, dict) or state.get("name") not in destinations:
+                continue
+            if "terminated" in _mapping(state.get("state")):
+                return "failed"
+            if (state.get("restartCount") or 0) > 0:
+                finished = _parse_time(_mapping(_mapping(state.get("lastState")).get("terminated")).get("finishedAt"))
+                if not (started and finished and finished < started):
+                    return "failed"
+    if reason == REASON_SUCCEEDED:
+        return "succeeded"
+    return "pending"
+
+
+# --- conditions ---------------------------------------------------------------
+
+def get_condition(obj: Any, type_: str) -> Optional[Dict[str, Any]]:
+    """The condition of ``type_`` in an object's ``status.conditions`` (or a status, or a list); None if absent."""
+    if isinstance(obj, list):
+        conditions = obj
+    elif isinstance(obj, dict) and "status" in obj and isinstance(obj.get("status"), dict):
+        conditions = _items(obj["status"].get("conditions"))
+    elif isinstance(obj, dict):
+        conditions = _items(obj.get("conditions"))
+    else:
+        conditions = []
+    for condition in conditions:
+        if isinstance(condition, dict) and condition.get("type") == type_:
+            return condition
+    return None
+
+
+def set_condition(conditions: Optional[List[Dict[str, Any]]], type_: str, status: Any, reason: str, message: str,
+                  now: str, generation: Optional[int] = None) -> List[Dict[str, Any]]:
+    """A new conditions list with ``type_`` set (metav1.Condition shape); the input is not changed.
+
+    ``lastTransitionTime`` becomes ``now`` only when the status changes (or the
+    condition is new); ``observedGeneration`` is kept when ``generation`` is None.
+    """
+    if isinstance(status, bool):
+        status = "True" if status else "False"
+    if status not in ("True", "False", "Unknown"):
+        raise ContractError(f"condition {type_!r}: status {status!r} is not True, False or Unknown")
+    if not isinstance(reason, str) or not _REASON_RE.match(reason):
+        raise ContractError(f"condition {type_!r}: reason {reason!r} is not CamelCase (letters, digits, '_', ',', ':')")
+    out: List[Dict[str, Any]] = []
+    placed = False
+    for condition in conditions or []:
+        if not isinstance(condition, dict) or condition.get("type") != type_:
+            out.append(copy.deepcopy(condition))
+            continue
+        if placed:
+            continue
+        placed = True
+        since = condition.get("lastTransitionTime") if condition.get("status") == status else None
+        entry = {"type": type_, "status": status, "reason": reason, "message": message, "lastTransitionTime": since or now}
+        observed = generation if generation is not None else condition.get("observedGeneration")
+        if observed is not None:
+            entry["observedGeneration"] = observed
+        out.append(entry)
+    if not placed:
+        entry = {"type": type_, "status": status, "reason": reason, "message": message, "lastTransitionTime": now}
+        if generation is not None:
+            entry["observedGeneration"] = generation
+        out.append(entry)
+    return out
+
+
+def readiness_problems(snapshot: Dict[str, Any]) -> List[str]:
+    """Why a PodSnapshot cannot be restored from: being deleted, Failed condition True, not Ready; [] if usable."""
+    ref = object_ref(snapshot, KIND_SNAPSHOT)
+    problems = []
+    if _mapping(snapshot.get("metadata")).get("deletionTimestamp"):
+        problems.append(f"{ref} is being deleted")
+    failed = get_condition(snapshot, FAILED_CONDITION)
+    if failed and failed.get("status") == "True":
+        problems.append(f"{ref} has failed ({failed.get('reason')}: {failed.get('message')})")
+    ready = get_condition(snapshot, READY_CONDITION)
+    if ready is None:
+        problems.append(f"{ref} has no Ready condition yet")
+    elif ready.get("status") != "True":
+        problems.append(f"{ref} is not Ready ({ready.get('reason')}: {ready.get('message')})")
+    return problems
+
+
+def is_ready(snapshot: Dict[str, Any]) -> bool:
+    return not readiness_problems(snapshot)
+
+
+# --- condensed pod-spec hash ------------------------------------------------------
+
+def _prune(value: Any) -> Any:
+    """Drop None, '', [] and {} recursively (the API omits them); list positions are kept."""
+    if isinstance(value, dict):
+        out = {k: _prune(v) for k, v in value.items()}
+        out = {k: v for k, v in out.items() if v is not None}
+        return out or None
+    if isinstance(value, list):
+        items = [_prune(v) for v in value]
+        return items if items else None
+    if value == "":
+        return None
+    return value
+
+
+def _drop_defaults(value: Any) -> Any:
+    """Apiserver defaults inside volume sources and lifecycle handlers."""
+    if isinstance(value, dict):
+        out = {}
+        for key, item in value.items():
+            if (key == "defaultMode" and item == 420) or (key == "readOnly" and item is False):
+                continue
+            if key == "fieldRef" and isinstance(item, dict) and item.get("apiVersion") == "v1":
+                item = {k: v for k, v in item.items() if k != "apiVersion"}
+            if key == "serviceAccountToken" and isinstance(item, dict) and item.get("expirationSeconds") == 3600:
+                item = {k: v for k, v in item.items() if k != "expirationSeconds"}
+            if key == "httpGet" and isinstance(item, dict) and item.get("scheme") == "HTTP":
+                item = {k: v for k, v in item.items() if k != "scheme"}
+            out[key] = _drop_defaults(item)
+        return out
+    if isinstance(value, list):
+        return [_drop_defaults(v) for v in value]
+    return value
+
+
+def _is_contract_seccomp(profile: Any) -> bool:
+    return (isinstance(profile, dict) and profile.get("type") == "Localhost"
+            and posixpath.basename(str(profile.get("localhostProfile") or "")) == posixpath.basename(SECCOMP_PROFILE))
+
+
+def _hidden_volumes(spec: Dict[str, Any]) -> Set[str]:
+    """Volume names left out of the hash: the control volume and the injected service-account token."""
+    hidden = {CONTROL_VOLUME}
+    for volume in _items(spec.get("volumes")):
+        if isinstance(volume, dict) and _SA_VOLUME_RE.match(str(volume.get("name"))) and "projected" in volume:
+            hidden.add(volume["name"])
+    return hidden
+
+
+def _container_view(container: Dict[str, Any], hidden: Set[str], host_network: bool,
+                    entrypoint: Optional[Dict[str, Any]]) -> Dict[str, Any]:
+    view: Dict[str, Any] = {field: copy.deepcopy(container.get(field)) for field in CONTAINER_FIELDS}
+    if entrypoint is not None and _is_inert(container):
+        view["command"] = copy.deepcopy(entrypoint.get("command"))
+        view["args"] = copy.deepcopy(entrypoint.get("args"))
+    mounts = []
+    for mount in _items(view["volumeMounts"]):
+        if not isinstance(mount, dict):
+            mounts.append(mount)
+            continue
+        path = _norm_path(mount.get("mountPath"))
+        if mount.get("name") in hidden and (mount.get("name") == CONTROL_VOLUME or path == _SA_MOUNT):
+            continue
+        if path == CONTROL_MOUNT:
+            continue
+        mounts.append({k: v for k, v in mount.items() if not (k == "readOnly" and v is False)})
+    view["volumeMounts"] = mounts
+    ports = []
+    for port in _items(view["ports"]):
+        if isinstance(port, dict):
+            port = {k: v for k, v in port.items() if not (k == "protocol" and v == "TCP")}
+            if host_network and port.get("hostPort") == port.get("containerPort"):
+                port.pop("hostPort", None)
+        ports.append(port)
+    view["ports"] = ports
+    view["lifecycle"] = _drop_defaults(view["lifecycle"])
+    if view["terminationMessagePath"] == "/dev/termination-log":
+        view["terminationMessagePath"] = None
+    if view["terminationMessagePolicy"] == "File":
+        view["terminationMessagePolicy"] = None
+    for flag in ("stdin", "stdinOnce", "tty"):
+        if view[flag] is False:
+            view[flag] = None
+    return {field: _prune(value) for field, value in view.items()}
+
+
+def _pod_view(spec: Dict[str, Any], hidden: Set[str]) -> Dict[str, Any]:
+    view: Dict[str, Any] = {field: copy.deepcopy(spec.get(field)) for field in POD_FIELDS}
+    volumes: Dict[str, Any] = {}
+    for volume in _items(spec.get("volumes")):
+        if not isinstance(volume, dict) or volume.get("name") in hidden:
+            continue
+        source = {k: (_prune(_drop_defaults(v)) or {}) for k, v in volume.items() if k != "name" and v is not None}
+        volumes[str(volume.get("name"))] = source or {"emptyDir": {}}
+    view["volumes"] = volumes
+    context = dict(_mapping(view["securityContext"]))
+    if _is_contract_seccomp(context.get("seccompProfile")):
+        context.pop("seccompProfile")
+    view["securityContext"] = context
+    defaults = {"dnsPolicy": "ClusterFirst", "hostNetwork": False, "hostPID": False, "hostIPC": False,
+                "shareProcessNamespace": False, "hostUsers": True}
+    for field, default in defaults.items():
+        if view[field] == default:
+            view[field] = None
+    return {field: (value or None) if field == "volumes" else _prune(value) for field, value in view.items()}
+
+
+def pod_spec_fields(pod_or_template: Dict[str, Any]) -> Dict[str, str]:
+    """Field path -> sha256 of the canonical JSON of that field (the condensed pod spec, see the module docstring)."""
+    meta, spec, _what = _pod_parts(pod_or_template)
+    entrypoints, _problems = _entrypoint_annotation(_annotations(meta), "pod")
+    hidden = _hidden_volumes(spec)
+    host_network = spec.get("hostNetwork") is True
+    fields: Dict[str, str] = {}
+    for kind in ("containers", "initContainers"):
+        seen: Set[str] = set()
+        for index, container in enumerate(_items(spec.get(kind))):
+            if not isinstance(container, dict):
+                continue
+            name = container.get("name")
+            key = str(name) if name and str(name) not in seen else f"#{index}"
+            seen.add(key)
+            entry = entrypoints.get(str(name)) if kind == "containers" else None
+            for field, value in _container_view(container, hidden, host_network, entry).items():
+                fields[f"{kind}[{key}].{field}"] = _digest(value)
+    for field, value in _pod_view(spec, hidden).items():
+        fields[field] = _digest(value)
+    labels = _mapping(meta.get("labels"))
+    for label in HASHED_LABELS:
+        value = labels.get(label)
+        fields[f"labels[{label}]"] = _digest(None if value in (None, "") else str(value))
+    return fields
+
+
+def hash_fields(fields: Dict[str, str]) -> str:
+    """The pod-spec hash of a field-digest map (as ``pod_spec_fields`` returns it)."""
+    text = HASH_VERSION + "\n" + "".join(f"{path}={fields[path]}\n" for path in sorted(fields))
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def pod_spec_hash(pod_or_template: Dict[str, Any]) -> str:
+    """sha256 hex over the sorted ``path=digest`` lines of ``pod_spec_fields``."""
+    return hash_fields(pod_spec_fields(pod_or_template))
+
+
+def diff_fields(a: Dict[str, str], b: Dict[str, str]) -> List[str]:
+    """Sorted field paths whose digests differ (a path present in one map only counts)."""
+    return sorted(path for path in set(a) | set(b) if a.get(path) != b.get(path))
+
+
+def describe_diff(pod_fields: Dict[str, str], snapshot_fields: Dict[str, str]) -> List[str]:
+    """``diff_fields`` for people: a container present on one side only is one entry."""
+    out: List[str] = []
+    whole: Set[str] = set()
+    for path in diff_fields(pod_fields, snapshot_fields):
+        match = _CONTAINER_KEY_RE.match(path)
+        if match:
+            prefix = match.group(1)
+            in_pod, in_snapshot = prefix + ".name" in pod_fields, prefix + ".name" in snapshot_fields
+            if in_pod != in_snapshot:
+                if prefix not in whole:
+                    whole.add(prefix)
+                    out.append(prefix + (" (only in the pod)" if in_pod else " (only in the snapshot)"))
+                continue
+        out.append(path)
+    return out
+
+
+# --- snapshot selection and binding ----------------------------------------------------
+
+def _newness(snapshot: Dict[str, Any]) -> Tuple[float, float, str]:
+    meta = _mapping(snapshot.get("metadata"))
+    created = _parse_time(meta.get("creationTimestamp"))
+    recorded = _parse_time(_mapping(snapshot.get("status")).get("createdAt")) or created
+    return (recorded.timestamp() if recorded else float("-inf"), created.timestamp() if created else float("-inf"),
+            str(meta.get("name") or ""))
+
+
+def _names(snapshots: Sequence[Dict[str, Any]], limit: int = 5) -> str:
+    refs = [object_ref(s, "") for s in snapshots]
+    return ", ".join(refs[:limit]) + (f" and {len(refs) - limit} more" if len(refs) > limit else "")
+
+
+def select_snapshot(snapshots: List[Dict[str, Any]], pod: Dict[str, Any], grouping_labels: Sequence[str] = (),
+                    scope: str = SCOPE_WHOLE_POD, contents: Optional[Dict[str, Dict[str, Any]]] = None
+                    ) -> Tuple[Optional[Dict[str, Any]], List[str]]:
+    """The PodSnapshot to restore ``pod`` from, or (None, every reason none fits).
+
+    A ``restore-from`` annotation pins the snapshot (used if Ready). Otherwise the
+    newest (``status.createdAt``, then ``metadata.creationTimestamp``) Ready
+    snapshot whose ``metadata.labels`` equal the pod's labels for each grouping
+    label and whose ``status.podSpecHash`` equals the pod's hash (not compared
+    when ``scope`` or the snapshot's ``spec.scope`` is rootfs-only). ``contents``
+    (PodSnapshotContent by name) lets a mismatch name the differing fields of
+    the nearest snapshot from ``status.podSpecFields``.
+    """
+    if scope not in SCOPES:
+        raise ContractError(f"snapshot scope {scope!r} is not one of {', '.join(SCOPES)}")
+    meta, _spec, what = _pod_parts(pod)
+    namespace = meta.get("namespace")
+    pool = [s for s in snapshots if isinstance(s, dict)
+            and (namespace is None or _mapping(s.get("metadata")).get("namespace") in (None, namespace))]
+    pinned = _annotations(meta).get(ANN_RESTORE_FROM)
+    where = f"namespace {namespace}" if namespace else "the given list"
+    if pinned is not None:
+        found = [s for s in pool if _mapping(s.get("metadata")).get("name") == pinned]
+        if not found:
+            return None, [f"{what} is pinned to PodSnapshot {pinned!r} (annotation {ANN_RESTORE_FROM}), "
+                          f"which does not exist in {where}"]
+        problems = readiness_problems(found[0])
+        if problems:
+            return None, [f"{what} is pinned to PodSnapshot {pinned!r} (annotation {ANN_RESTORE_FROM}), which cannot be used"] + problems
+        return found[0], []
+    if not pool:
+        return None, [f"there is no PodSnapshot in {where}"]
+
+    ready = [s for s in pool if is_ready(s)]
+    reasons: List[str] = []
+    not_ready = [s for s in pool if not is_ready(s)]
+    if not_ready:
+        reasons.append(f"{len(not_ready)} PodSnapshot(s) not Ready, ignored: {_names(not_ready)}")
+    pod_labels = _mapping(meta.get("labels"))
+    pod_fields = pod_spec_fields(pod)
+    pod_hash = hash_fields(pod_fields)
+    matches: List[Dict[str, Any]] = []
+    other_group: List[str] = []
+    other_spec: List[Dict[str, Any]] = []
+    for snapshot in ready:
+        labels = _mapping(_mapping(snapshot.get("metadata")).get("labels"))
+        differing = [key for key in grouping_labels if labels.get(key) != pod_labels.get(key)]
+        if differing:
+            other_group.append(object_ref(snapshot, "") + " (" + ", ".join(
+                f"{key}={labels.get(key)!r}, pod has {pod_labels.get(key)!r}" for key in differing) + ")")
+        elif scope == SCOPE_ROOTFS_ONLY or _mapping(snapshot.get("spec")).get("scope") == SCOPE_ROOTFS_ONLY:
+            matches.append(snapshot)
+        elif _mapping(snapshot.get("status")).get("podSpecHash") == pod_hash:
+            matches.append(snapshot)
+        else:
+            other_spec.append(snapshot)
+    if matches:
+        return max(matches, key=_newness), []
+    if not ready:
+        reasons.append(f"no Ready PodSnapshot in {where}")
+    if other_group:
+        shown = other_group[:5] + ([f"{len(other_group) - 5} more"] if len(other_group) > 5 else [])
+        reasons.append(f"{len(other_group)} Ready PodSnapshot(s) belong to another group: " + "; ".join(shown))
+    if other_spec:
+        reasons.append(f"{len(other_spec)} Ready PodSnapshot(s) of the pod's group were taken from another pod spec "
+                       f"(podSpecHash differs from {pod_hash[:12]})")
+        reasons.append(_nearest(other_spec, pod_fields, contents or {}))
+    return None, reasons
+
+
+def _nearest(candidates: List[Dict[str, Any]], pod_fields: Dict[str, str], contents: Dict[str, Dict[str, Any]]) -> str:
+    ranked: List[Tuple[int, Tuple[float, float, str], Dict[str, Any], List[str]]] = []
+    for snapshot in candidates:
+        bound = _mapping(snapshot.get("status")).get("boundSnapshotContentName")
+        fields = _mapping(_mapping(_mapping(contents.get(bound)).get("status")).get("podSpecFields"))
+        if fields:
+            diff = describe_diff(pod_fields, {str(k): str(v) for k, v in fields.items()})
+            ranked.append((len(diff), _newness(snapshot), snapshot, diff))
+    if ranked:
+        best = min(ranked, key=lambda item: (item[0], -item[1][0], -item[1][1]))
+        if not best[3]:
+            return f"nearest PodSnapshot {object_ref(best[2], '')} has the same field digests but another podSpecHash"
+        return f"nearest PodSnapshot {object_ref(best[2], '')} differs in {', '.join(best[3])}"
+    newest = max(candidates, key=_newness)
+    recorded = _mapping(newest.get("status")).get("podSpecHash")
+    return (f"newest PodSnapshot {object_ref(newest, '')} has podSpecHash {str(recorded)[:12] if recorded else 'none'}; "
+            "the fields that differ are unknown without its PodSnapshotContent's status.podSpecFields")
+
+
+def check_pod_spec(snapshot: Dict[str, Any], pod: Dict[str, Any], content: Optional[Dict[str, Any]] = None) -> List[str]:
+    """Why ``pod`` (a restore pod, typically pinned) does not match the source pod of ``snapshot``; [] when it does.
+
+    Not checked (returns []) when the pod carries ``snapshot-skip-compat-check: "true"``
+    or the snapshot's scope is rootfs-only. Without a container map (or an
+    identity map) the pod's hash must equal ``status.podSpecHash``; with one,
+    each destination ``containers[dst].*`` is compared with ``containers[src].*``
+    of the content's ``status.podSpecFields`` (needed then), pod-level fields and
+    init containers as they are. ``content`` also lets the reason name the fields.
+    """
+    meta, _spec, what = _pod_parts(pod)
+    annotations = _annotations(meta)
+    if str(annotations.get(ANN_SKIP_COMPAT, "")).lower() == "true":
+        return []
+    if _mapping(snapshot.get("spec")).get("scope") == SCOPE_ROOTFS_ONLY:
+        return []
+    ref = object_ref(snapshot, KIND_SNAPSHOT)
+    pairs, problems = _map_annotation(annotations, what)
+    if problems:
+        return problems
+    recorded = _mapping(_mapping(content).get("status")).get("podSpecFields") if content else None
+    snapshot_fields = {str(k): str(v) for k, v in recorded.items()} if isinstance(recorded, dict) else {}
+    pod_fields = pod_spec_fields(pod)
+    if any(src != dst for src, dst in pairs):
+        if not snapshot_fields:
+            return [f"{what} maps containers ({format_container_map(pairs)}): comparing its spec with {ref} needs "
+                    f"the PodSnapshotContent's status.podSpecFields"]
+        differing = [path for path in sorted(set(pod_fields) | set(snapshot_fields))
+                     if not path.startswith("containers[") and pod_fields.get(path) != snapshot_fields.get(path)]
+        for src, dst in pairs:
+            for field in CONTAINER_FIELDS[1:]:
+                mine, theirs = f"containers[{dst}].{field}", f"containers[{src}].{field}"
+                if theirs not in snapshot_fields:
+                    differing.append(f"containers[{src}] (not in the snapshot)")
+                    break
+                if pod_fields.get(mine) != snapshot_fields[theirs]:
+                    differing.append(f"{mine} (from {src})")
+        if not differing:
+            return []
+        return [f"{what} does not match the pod spec of {ref}: differs in {', '.join(differing)}"]
+    pod_hash = hash_fields(pod_fields)
+    snapshot_hash = _mapping(snapshot.get("status")).get("podSpecHash")
+    if pod_hash == snapshot_hash:
+        return []
+    if not snapshot_hash:
+        return [f"{ref} records no podSpecHash to compare {what} with"]
+    if snapshot_fields:
+        diff = describe_diff(pod_fields, snapshot_fields)
+        detail = "differs in " + ", ".join(diff) if diff else "has the same field digests but another podSpecHash"
+    else:
+        detail = f"podSpecHash {pod_hash[:12]} differs from {snapshot_hash[:12]}"
+    return [f"{what} does not match the pod spec of {ref}: {detail} "
+            f"(annotation {ANN_SKIP_COMPAT}: \"true\" skips this check)"]
+
+
+def check_content_binding(snapshot: Dict[str, Any], content: Dict[str, Any]) -> List[str]:
+    """Reasons to refuse restoring from ``snapshot`` through ``content``; [] when they belong together and are usable."""
+    ref = object_ref(snapshot, KIND_SNAPSHOT)
+    meta = _mapping(snapshot.get("metadata"))
+    content_name = _mapping(content.get("metadata")).get("name")
+    cref = f"{KIND_CONTENT} {content_name}"
+    backlink = _mapping(_mapping(content.get("spec")).get("snapshotRef"))
+    reasons = []
+    for key in ("namespace", "name", "uid"):
+        if backlink.get(key) != meta.get(key):
+            note = " (the PodSnapshot was deleted and created again?)" if key == "uid" else ""
+            reasons.append(f"{cref} points back to {key} {backlink.get(key)!r}, but {ref} has {key} {meta.get(key)!r}{note}")
+    bound = _mapping(snapshot.get("status")).get("boundSnapshotContentName")
+    if not bound:
+        reasons.append(f"{ref} is not bound to any {KIND_CONTENT}")
+    elif bound != content_name:
+        reasons.append(f"{ref} is bound to {KIND_CONTENT} {bound!r}, not to {content_name!r}")
+    reasons.extend(readiness_problems(snapshot))
+    if _mapping(content.get("metadata")).get("deletionTimestamp"):
+        reasons.append(f"{cref} is being deleted")
+    failed = get_condition(content, FAILED_CONDITION)
+    if failed and failed.get("status") == "True":
+        reasons.append(f"{cref} has failed ({failed.get('reason')}: {failed.get('message')})")
+    return reasons
