@@ -24,6 +24,15 @@ A restored copy wakes up where the source was when it was dumped: inside
 belongs to this copy. warmstart's restore writes ``env.json`` (the
 placeholder's environment, mode 0600) into the control dir before
 ``restore-complete``.
+
+Checkpoint hooks (the CANN-style stages, driven over the control dir)::
+
+    control.on_pre_checkpoint(quiesce)   # warmstart wrote checkpoint-requested: finish requests, drop caches, close conns
+    control.on_post_checkpoint(resume)   # the source keeps running after the snapshot (or it was called off)
+    control.on_post_restore(refresh)     # this process is a restored copy (same as on_restore)
+
+A pre-checkpoint callback that raises refuses the checkpoint: warmstart gets
+``checkpoint-refused`` with the exception text and does not dump.
 """
 from __future__ import annotations
 
@@ -32,6 +41,7 @@ import json
 import os
 import socket
 import struct
+import sys
 import threading
 import time
 from typing import Callable, Dict, List, Optional
@@ -40,6 +50,10 @@ ENV_VAR = "SNAPSHOT_CONTROL_DIR"
 READY = "ready-for-snapshot"
 RESTORE_COMPLETE = "restore-complete"
 RESTORE_FAILED = "restore-failed"
+CHECKPOINT_REQUESTED = "checkpoint-requested"
+CHECKPOINT_REFUSED = "checkpoint-refused"
+CHECKPOINT_DONE = "checkpoint-done"
+CHECKPOINT_HOOKS = "checkpoint-hooks"
 ENV_FILE = "env.json"
 SIOCGIFADDR = 0x8915
 
@@ -54,6 +68,26 @@ class RestoreInfo:
 
     def __repr__(self) -> str:
         return f"RestoreInfo({self.fields!r})"
+
+
+class CheckpointRequest:
+    """A ``checkpoint-requested`` (``request`` id, ``deadline``), and after it ``result``: ok, failed, timeout, refused."""
+
+    def __init__(self, fields: Dict[str, str], result: Optional[str] = None) -> None:
+        self.fields = fields
+        self.request = fields.get("request")
+        try:
+            self.deadline: Optional[float] = float(fields["deadline"])
+        except (KeyError, ValueError):
+            self.deadline = None
+        self.result = result
+
+    def remaining(self) -> Optional[float]:
+        """Seconds left before warmstart stops waiting for ``ready-for-snapshot`` (None: no deadline)."""
+        return None if self.deadline is None else self.deadline - time.time()
+
+    def __repr__(self) -> str:
+        return f"CheckpointRequest({self.fields!r}, result={self.result!r})"
 
 
 class Instance:
@@ -88,10 +122,22 @@ def _parse(text: str) -> Dict[str, str]:
 class Control:
     """The control directory of this workload (``SNAPSHOT_CONTROL_DIR``)."""
 
-    def __init__(self, path: Optional[str] = None, poll: float = 0.05) -> None:
+    def __init__(self, path: Optional[str] = None, poll: float = 0.05, watch: bool = True) -> None:
+        """``watch=False``: registering callbacks starts no thread; call ``check()`` from your own loop."""
         self.path = path if path is not None else os.environ.get(ENV_VAR) or None
         self.poll = poll
         self._seen = self._current()
+        self._pre_checkpoint: List[Callable[[CheckpointRequest], None]] = []
+        self._post_checkpoint: List[Callable[[CheckpointRequest], None]] = []
+        self._post_restore: List[Callable[[RestoreInfo], None]] = []
+        self._seen_request: Optional[tuple] = None  # a request already waiting at start is answered (unless expired)
+        self._seen_done = _signature(self._file(CHECKPOINT_DONE)) if self.path else None
+        self._answered: Optional[str] = None
+        self._check_lock = threading.Lock()
+        self._start_lock = threading.Lock()
+        self.watch = watch
+        self._watcher: Optional[threading.Thread] = None
+        self.errors: List[str] = []
 
     @property
     def active(self) -> bool:
@@ -108,13 +154,7 @@ class Control:
         if not self.path:
             return
         self._seen = self._current()
-        target = self._file(READY)
-        tmp = f"{target}.tmp-{os.getpid()}"
-        with open(tmp, "w", encoding="utf-8") as handle:
-            handle.write(note or f"pid={os.getpid()}\n")
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.rename(tmp, target)
+        self._write(READY, note or f"pid={os.getpid()}\n")
 
     def restored(self) -> Optional[RestoreInfo]:
         """The restore this copy has not seen yet (``restore-complete`` newer than at ``ready()``), if any."""
@@ -153,19 +193,138 @@ class Control:
             time.sleep(self.poll)
 
     def on_restore(self, callback: Callable[[RestoreInfo], None]) -> Optional[threading.Thread]:
-        """Call ``callback(info)`` in a daemon thread after every restore of this process."""
+        """Call ``callback(info)`` in the watcher thread after every restore of this process."""
+        return self._register(self._post_restore, callback)
+
+    on_post_restore = on_restore
+
+    def on_pre_checkpoint(self, callback: Callable[[CheckpointRequest], None]) -> Optional[threading.Thread]:
+        """Call ``callback(request)`` when warmstart asks for a snapshot, before ``ready-for-snapshot`` is written.
+
+        Quiesce here: finish in-flight requests, drop what need not be in the
+        snapshot (KV cache, allocator caches), close external connections.
+        Callbacks run in registration order; one that raises refuses the
+        checkpoint (``checkpoint-refused`` with its text) and the
+        post-checkpoint callbacks run with ``result="refused"``.
+        """
+        thread = self._register(self._pre_checkpoint, callback)
+        self._advertise()
+        return thread
+
+    def _advertise(self) -> None:
+        """``checkpoint-hooks``: tells warmstart to ask (checkpoint-requested) before it dumps this process."""
+        if self.path and self._pre_checkpoint:
+            self._write(CHECKPOINT_HOOKS, f"pid={os.getpid()}\nstages=pre_checkpoint,post_checkpoint,post_restore\n")
+
+    def on_post_checkpoint(self, callback: Callable[[CheckpointRequest], None]) -> Optional[threading.Thread]:
+        """Call ``callback(request)`` when the source keeps running after a snapshot it quiesced for.
+
+        ``request.result``: ok, failed, timeout (warmstart gave up waiting) or
+        refused. Undo the pre-checkpoint work: reopen connections, resume
+        serving. Not called in a restored copy (that gets post-restore).
+        """
+        return self._register(self._post_checkpoint, callback)
+
+    def _register(self, hooks: list, callback: Callable) -> Optional[threading.Thread]:
         if not self.path:
             return None
+        hooks.append(callback)
+        if not self.watch:
+            return None
+        with self._start_lock:
+            if self._watcher is None:
+                self._watcher = threading.Thread(target=self._watch, name="warmstart-control-watch", daemon=True)
+                self._watcher.start()
+        return self._watcher
 
-        def watch() -> None:
-            while True:
-                info = self.wait_restored()
-                if info is not None:
-                    callback(info)
+    def _watch(self) -> None:
+        while True:
+            try:
+                self.check()
+            except OSError as exc:  # e.g. the control dir went away: keep watching, say why
+                self._error(f"control dir {self.path}: {exc}")
+            time.sleep(self.poll)
 
-        thread = threading.Thread(target=watch, name="warmstart-restore-watch", daemon=True)
-        thread.start()
-        return thread
+    def _run(self, stage: str, hooks: list, arg: object) -> None:
+        for callback in list(hooks):
+            try:
+                callback(arg)
+            except Exception as exc:  # pylint: disable=broad-except
+                self._error(f"{stage} callback {getattr(callback, '__name__', callback)!s} failed: {type(exc).__name__}: {exc}")
+
+    def _error(self, text: str) -> None:
+        self.errors.append(text)
+        sys.stderr.write(f"warmstart_workload: {text}\n")
+
+    def check(self) -> None:
+        """Handle what is new in the control dir now: a restore, a checkpoint request, a checkpoint's end.
+
+        The watcher thread calls this every ``poll`` s once a callback is
+        registered; a server with its own loop may call it instead.
+        """
+        if not self.path:
+            return
+        with self._check_lock:
+            info = self.restored()
+            if info is not None:
+                # A copy: whatever the source was doing for a checkpoint is over for us.
+                self._answered = None
+                self._seen_done = _signature(self._file(CHECKPOINT_DONE))
+                self._advertise()  # the copy's control dir may be a new one
+                self._run("post_restore", self._post_restore, info)
+            self._check_request()
+            self._check_done()
+
+    def _check_request(self) -> None:
+        sig = _signature(self._file(CHECKPOINT_REQUESTED))
+        if sig is None or sig == self._seen_request:
+            return
+        self._seen_request = sig
+        try:
+            with open(self._file(CHECKPOINT_REQUESTED), "r", encoding="utf-8") as handle:
+                request = CheckpointRequest(_parse(handle.read()))
+        except FileNotFoundError:
+            return
+        left = request.remaining()
+        if left is not None and left <= 0:
+            return  # warmstart stopped waiting for this one
+        note = f"request={request.request or ''}\npid={os.getpid()}\n"
+        for callback in list(self._pre_checkpoint):
+            try:
+                callback(request)
+            except Exception as exc:  # pylint: disable=broad-except
+                error = " ".join(f"{type(exc).__name__}: {exc}".split())
+                self._write(CHECKPOINT_REFUSED, f"{note}error={error}\n")
+                self._run("post_checkpoint", self._post_checkpoint, CheckpointRequest(request.fields, "refused"))
+                return
+        self._answered = request.request or ""
+        self.ready(note)
+
+    def _check_done(self) -> None:
+        sig = _signature(self._file(CHECKPOINT_DONE))
+        if sig == self._seen_done:
+            return
+        self._seen_done = sig
+        if sig is None or self._answered is None:
+            return
+        try:
+            with open(self._file(CHECKPOINT_DONE), "r", encoding="utf-8") as handle:
+                fields = _parse(handle.read())
+        except FileNotFoundError:
+            return
+        if fields.get("request", self._answered) != self._answered:
+            return  # the end of a checkpoint we did not quiesce for
+        self._answered = None
+        self._run("post_checkpoint", self._post_checkpoint, CheckpointRequest(fields, fields.get("result", "ok")))
+
+    def _write(self, name: str, text: str) -> None:
+        target = self._file(name)
+        tmp = f"{target}.tmp-{os.getpid()}"
+        with open(tmp, "w", encoding="utf-8") as handle:
+            handle.write(text)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.rename(tmp, target)
 
     def env(self) -> Dict[str, str]:
         """The environment the restore offered (``env.json``: the placeholder's), or {}."""

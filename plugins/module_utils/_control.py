@@ -7,17 +7,41 @@
 The workload writes ``ready-for-snapshot`` when warm; a restore writes
 ``restore-complete`` (``pid=<pid in the workload's pid namespace>``) or
 ``restore-failed``. Writes are atomic (temp file + rename).
+
+Checkpoint hooks (workloads using ``warmstart_workload``'s ``on_pre_checkpoint``):
+``request_checkpoint`` writes ``checkpoint-requested`` (``request=<id>``,
+``deadline=<epoch s>``) and waits for the workload to quiesce and answer
+``ready-for-snapshot`` (``request=<id>``) or ``checkpoint-refused``
+(``request=<id>``, ``error=<text>``). When the source keeps running after the
+dump (or the checkpoint gave up), ``finish_checkpoint`` writes
+``checkpoint-done`` (``request=<id>``, ``result=ok|failed|timeout``) and the
+workload's ``on_post_checkpoint`` callbacks resume it. A workload with
+pre-checkpoint callbacks advertises them with ``checkpoint-hooks``
+(``has_checkpoint_hooks``): ask only those, the others never answer.
 """
 from __future__ import annotations
 
 import os
 import time
+import uuid
 from typing import Dict, Optional
 
 READY = "ready-for-snapshot"
 RESTORE_COMPLETE = "restore-complete"
 RESTORE_FAILED = "restore-failed"
+CHECKPOINT_REQUESTED = "checkpoint-requested"
+CHECKPOINT_REFUSED = "checkpoint-refused"
+CHECKPOINT_DONE = "checkpoint-done"
+CHECKPOINT_HOOKS = "checkpoint-hooks"
 ENV_VAR = "SNAPSHOT_CONTROL_DIR"
+
+
+class CheckpointRefused(RuntimeError):
+    """The workload's pre-checkpoint callbacks refused (message: its error)."""
+
+    def __init__(self, message: str, request: str) -> None:
+        super().__init__(message)
+        self.request = request
 
 
 def write(control_dir: str, name: str, content: str = "") -> str:
@@ -91,3 +115,67 @@ def parse_kv(text: str) -> Dict[str, str]:
             key, value = line.split("=", 1)
             out[key.strip()] = value.strip()
     return out
+
+
+def _read(path: str) -> Optional[str]:
+    try:
+        with open(path, "r", encoding="utf-8") as handle:
+            return handle.read()
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+
+
+def has_checkpoint_hooks(control_dir: str) -> bool:
+    """True when the workload registered pre-checkpoint callbacks (it wrote ``checkpoint-hooks``)."""
+    return present(control_dir, CHECKPOINT_HOOKS)
+
+
+def request_checkpoint(control_dir: str, timeout: float, alive: Optional[int] = None,
+                       interval: float = 0.05) -> Dict[str, str]:
+    """Ask the workload to quiesce for a snapshot and wait for its answer.
+
+    Clears stale ``ready-for-snapshot`` / ``checkpoint-refused`` /
+    ``checkpoint-done`` first, writes ``checkpoint-requested`` and waits up to
+    ``timeout`` s for ``ready-for-snapshot`` carrying this request's id (or
+    none). Returns ``{"request": id, "waited": seconds as text, ...the
+    answer's key=value}``. Raises CheckpointRefused (the workload's error),
+    TimeoutError, or ProcessLookupError when process ``alive`` exits; in
+    every failure ``checkpoint-requested`` is removed, and on timeout
+    ``checkpoint-done`` (``result=timeout``) tells a late workload to resume.
+    """
+    request = uuid.uuid4().hex[:12]
+    clear(control_dir, READY, CHECKPOINT_REFUSED, CHECKPOINT_DONE, CHECKPOINT_REQUESTED)
+    start = time.monotonic()
+    write(control_dir, CHECKPOINT_REQUESTED,
+          f"request={request}\nrequested_by={os.getpid()}\ndeadline={time.time() + timeout:.3f}\n")
+    ready_path = os.path.join(control_dir, READY)
+    refused_path = os.path.join(control_dir, CHECKPOINT_REFUSED)
+    try:
+        while True:
+            refused = _read(refused_path)
+            if refused is not None and parse_kv(refused).get("request", request) == request:
+                error = parse_kv(refused).get("error") or refused.strip() or "no reason given"
+                raise CheckpointRefused(f"the workload refused the checkpoint ({refused_path}): {error}", request)
+            ready = _read(ready_path)
+            if ready is not None and parse_kv(ready).get("request", request) == request:
+                answer = parse_kv(ready)
+                answer.update(request=request, waited=f"{time.monotonic() - start:.3f}")
+                clear(control_dir, CHECKPOINT_REQUESTED)
+                return answer
+            if alive is not None and not _running(alive):
+                raise ProcessLookupError(f"process {alive} exited before answering {os.path.join(control_dir, CHECKPOINT_REQUESTED)}")
+            if time.monotonic() - start > timeout:
+                finish_checkpoint(control_dir, request, "timeout", f"no answer within {timeout:g} s")
+                raise TimeoutError(f"the workload did not answer {os.path.join(control_dir, CHECKPOINT_REQUESTED)} with "
+                                   f"{READY} or {CHECKPOINT_REFUSED} within {timeout:g} s (does it use on_pre_checkpoint?)")
+            time.sleep(interval)
+    except BaseException:
+        clear(control_dir, CHECKPOINT_REQUESTED)
+        raise
+
+
+def finish_checkpoint(control_dir: str, request: str, result: str = "ok", detail: str = "") -> str:
+    """Tell a source that keeps running that the snapshot is over (``result`` ok / failed / timeout): it resumes."""
+    clear(control_dir, CHECKPOINT_REQUESTED)
+    body = f"request={request}\nresult={result}\n" + (f"detail={' '.join(detail.split())}\n" if detail else "")
+    return write(control_dir, CHECKPOINT_DONE, body)

@@ -77,3 +77,121 @@ def test_failed_and_env_and_instance(tmp_path: Path) -> None:
     assert isinstance(me.ips, list) and all(ip.count(".") == 3 for ip in me.ips)
     (tmp_path / "env.json").write_text("{broken")
     assert control.env() == {}
+
+
+# --- checkpoint hooks (checkpoint-requested -> pre_checkpoint -> ready-for-snapshot | checkpoint-refused) ---------
+
+
+def request(path: Path, request_id: str = "r1", deadline: float = 0.0) -> None:
+    deadline = deadline or time.time() + 60
+    tmp = path / "checkpoint-requested.tmp"
+    tmp.write_text(f"request={request_id}\nrequested_by=1\ndeadline={deadline:.3f}\n")
+    os.rename(tmp, path / "checkpoint-requested")
+
+
+def test_pre_checkpoint_callbacks_run_in_order_then_ready(tmp_path: Path) -> None:
+    control = ws.Control(str(tmp_path), watch=False)
+    seen = []
+    assert control.on_pre_checkpoint(lambda req: seen.append(("drain", req.request))) is None, "watch=False: no thread"
+    control.on_pre_checkpoint(lambda req: seen.append(("drop-cache", req.remaining() > 0)))
+    control.check()
+    assert seen == [] and not (tmp_path / "ready-for-snapshot").exists(), "nothing requested yet"
+    request(tmp_path, "r1")
+    control.check()
+    assert seen == [("drain", "r1"), ("drop-cache", True)]
+    assert (tmp_path / "ready-for-snapshot").read_text() == f"request=r1\npid={os.getpid()}\n"
+    control.check()
+    assert len(seen) == 2, "one request is handled once"
+
+
+def test_a_raising_pre_checkpoint_callback_refuses_and_resumes(tmp_path: Path) -> None:
+    control = ws.Control(str(tmp_path), watch=False)
+    calls = []
+
+    def drain(req):
+        calls.append("drain")
+
+    def busy(req):
+        raise RuntimeError("3 requests still in flight\nafter 30 s")
+
+    control.on_pre_checkpoint(drain)
+    control.on_pre_checkpoint(busy)
+    control.on_pre_checkpoint(lambda req: calls.append("never"))
+    control.on_post_checkpoint(lambda req: calls.append(("resume", req.result, req.request)))
+    request(tmp_path, "r2")
+    control.check()
+    assert (tmp_path / "checkpoint-refused").read_text() == (
+        f"request=r2\npid={os.getpid()}\nerror=RuntimeError: 3 requests still in flight after 30 s\n")
+    assert not (tmp_path / "ready-for-snapshot").exists()
+    assert calls == ["drain", ("resume", "refused", "r2")]
+
+
+def test_post_checkpoint_runs_when_the_source_keeps_running(tmp_path: Path) -> None:
+    control = ws.Control(str(tmp_path), watch=False)
+    results = []
+    control.on_pre_checkpoint(lambda req: None)
+    control.on_post_checkpoint(lambda req: results.append((req.request, req.result)))
+    (tmp_path / "checkpoint-done").write_text("request=r3\nresult=ok\n")
+    control.check()
+    assert results == [], "not the end of a checkpoint this process quiesced for"
+    request(tmp_path, "r3")
+    control.check()
+    (tmp_path / "checkpoint-done.tmp").write_text("request=other\nresult=ok\n")
+    os.rename(tmp_path / "checkpoint-done.tmp", tmp_path / "checkpoint-done")
+    control.check()
+    assert results == [], "another request's end"
+    (tmp_path / "checkpoint-done.tmp").write_text("request=r3\nresult=failed\ndetail=CRIU dump failed\n")
+    os.rename(tmp_path / "checkpoint-done.tmp", tmp_path / "checkpoint-done")
+    control.check()
+    assert results == [("r3", "failed")]
+    control.check()
+    assert results == [("r3", "failed")], "once"
+
+
+def test_an_expired_request_is_ignored_but_a_waiting_one_is_answered(tmp_path: Path) -> None:
+    request(tmp_path, "old", deadline=time.time() - 1)
+    control = ws.Control(str(tmp_path), watch=False)
+    ran = []
+    control.on_pre_checkpoint(lambda req: ran.append(req.request))
+    control.check()
+    assert ran == [] and not (tmp_path / "ready-for-snapshot").exists()
+    request(tmp_path, "new")
+    fresh = ws.Control(str(tmp_path), watch=False)  # started after the request was written
+    fresh.on_pre_checkpoint(lambda req: ran.append(req.request))
+    fresh.check()
+    assert ran == ["new"]
+
+
+def test_a_restored_copy_gets_post_restore_not_post_checkpoint(tmp_path: Path) -> None:
+    control = ws.Control(str(tmp_path), watch=False)
+    events = []
+    control.on_pre_checkpoint(lambda req: events.append("pre"))
+    control.on_post_checkpoint(lambda req: events.append("post_checkpoint"))
+    assert control.on_post_restore == control.on_restore
+    control.on_post_restore(lambda info: events.append(("post_restore", info.pid)))
+    request(tmp_path, "r4")
+    control.check()  # answered: the dump would happen now; the copy wakes up below
+    time.sleep(0.01)
+    (tmp_path / "checkpoint-hooks").unlink()  # restored into another control dir
+    (tmp_path / "restore-complete").write_text("pid=7\n")
+    (tmp_path / "checkpoint-done").write_text("request=r4\nresult=ok\n")
+    control.check()
+    assert events == ["pre", ("post_restore", 7)]
+    assert (tmp_path / "checkpoint-hooks").read_text().startswith(f"pid={os.getpid()}\n"), "the copy advertises again"
+
+
+def test_a_failing_callback_is_reported_and_the_watcher_survives(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    control = ws.Control(str(tmp_path), poll=0.01)
+    done = threading.Event()
+
+    def broken(info):
+        raise ValueError("cannot reach the database")
+
+    thread = control.on_restore(broken)
+    assert control.on_pre_checkpoint(lambda req: done.set()) is thread, "one watcher thread for every hook"
+    control.ready()
+    (tmp_path / "restore-complete").write_text("pid=8\n")
+    request(tmp_path, "r5")
+    assert done.wait(5)
+    assert control.errors == ["post_restore callback broken failed: ValueError: cannot reach the database"]
+    assert "cannot reach the database" in capsys.readouterr().err
