@@ -342,6 +342,17 @@ def run_cleanup(module: Any) -> None:
     decision = ret.plan(listed, staging, pol, now=now, restore_dirs=restore_dirs)
 
     doomed = [dict(entry) for entry in decision.remove]
+    published = {d["id"]: d for d in listed if "error" not in d}
+    missing = []
+    for sid in p.get("snapshot_ids") or []:
+        if sid in {e["id"] for e in doomed}:
+            continue
+        doc = published.get(sid)
+        if doc is None:
+            missing.append(sid)
+            continue
+        doomed.append({"id": sid, "name": doc.get("name"), "labels": doc.get("labels") or {},
+                       "created_at": doc.get("created_at"), "group": None, "reason": "named in snapshot_ids"})
     doomed += [{"id": b["id"], "name": None, "labels": {}, "created_at": None, "group": None,
                 "reason": f"{b['reason']}: {b['error']}"} for b in decision.broken if b["remove"]]
     removed_snapshots: List[Dict[str, Any]] = []
@@ -402,8 +413,9 @@ def run_cleanup(module: Any) -> None:
         removed_staging=removed_staging,
         removed_restore_dirs=removed_restore,
         removed_cache=removed_cache,
+        missing=missing,
         bytes_freed=freed,
-        kept=decision.kept,
+        kept=[k for k in decision.kept if k not in {e["id"] for e in removed_snapshots}],
         broken=[{k: b[k] for k in ("id", "error", "remove", "reason")} for b in decision.broken],
         msg=(f"{verb} {len(removed_snapshots)} snapshot(s), {len(removed_staging)} staging dir(s) and "
              f"{len(removed_restore)} restore work dir(s)"

@@ -106,7 +106,6 @@ class Podman(Runtime):
             rootfs=str(graph.get("MergedDir") or doc.get("Rootfs") or ""), upper_dir=graph.get("UpperDir"),
             hostname=str(cfg.get("Hostname") or ""), mounts=mounts)
 
-
     def pod_containers(self, namespace: str, pod: str, container: str) -> List[str]:
         res = self._run("ps", "--all", "--no-trunc", "--format", "{{.ID}}",
                         "--filter", f"label={POD_NAMESPACE}={namespace}", "--filter", f"label={POD_NAME}={pod}",
@@ -148,10 +147,14 @@ def pod_container(runtime: Runtime, pod: Dict[str, Any]) -> str:
         raise TargetError(f"{what}: no {runtime.name} container on this node carries the labels "
                           f"{POD_NAMESPACE}={namespace}, {POD_NAME}={name}, {POD_CONTAINER}={container} "
                           "(is the pod scheduled on this node?)")
-    running = [cid for cid in found if runtime.inspect(cid).running]
-    if len(running) != 1:
-        raise TargetError(f"{what}: {len(running)} of its {len(found)} containers on this node are running "
-                          f"({', '.join(c[:12] for c in found)}); expected exactly one")
+    infos = [runtime.inspect(cid) for cid in found]
+    running = [i.id for i in infos if i.running]
+    if not running:
+        states = ", ".join(f"{i.id[:12]} {i.status}" for i in infos)
+        raise TargetError(f"{what}: not running on this node (container {states})")
+    if len(running) > 1:
+        raise TargetError(f"{what}: {len(running)} containers on this node carry its labels and run "
+                          f"({', '.join(c[:12] for c in running)}); expected exactly one")
     return running[0]
 
 

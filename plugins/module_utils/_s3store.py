@@ -343,7 +343,7 @@ class S3Store:
             if os.path.lexists(path):
                 os.unlink(path)  # corrupt or truncated cache: fetched again
             fetch.append((entry, path))
-        prog.phase("download", sum(e["size"] for e, _ in fetch))
+        prog.phase("download", sum(entry["size"] for entry, _path in fetch))
         for entry, path in fetch:
             self._download(snapshot_id, entry, path)
         mf.dump(doc, os.path.join(dest, mf.MANIFEST))

@@ -68,7 +68,7 @@ options:
         C(io.kubernetes.container.name)); the node needs no API access. Then it is snapshotted like O(container).
       - The snapshot holds it under the pod's container name, and the manifest records the pod (namespace, name,
         uid, container, spec hash).
-      - The playbook P(warmstart.snapshot.k8s_snapshot#playbook) reads the pod from the API and passes it here.
+      - The playbook C(warmstart.snapshot.k8s_snapshot) reads the pod from the API and passes it here.
     type: dict
     suboptions:
       namespace:

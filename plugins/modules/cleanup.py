@@ -73,6 +73,14 @@ options:
     description: Consider only snapshots that carry all of these labels with these values.
     type: dict
     default: {}
+  snapshot_ids:
+    description:
+      - Also remove these published snapshots by id, whatever the other rules say (for example the ones a
+        Kubernetes grouping retention expired, see M(warmstart.snapshot.pod_snapshot_info)). An id that is not in
+        the store is reported in C(missing), not an error.
+    type: list
+    elements: str
+    default: []
   remove_broken:
     description:
       - Also remove snapshot directories whose manifest cannot be read (missing, malformed, wrong id), whatever
@@ -145,6 +153,12 @@ removed_snapshots:
     group: {description: Its retention group., type: str, returned: always, sample: name=embed}
     reason: {description: Why it goes., type: str, returned: always, sample: keep_last=1 for name=embed (it is the 2nd newest)}
     size: {description: Bytes freed., type: int, returned: always, sample: 3987719}
+missing:
+  description: Ids of O(snapshot_ids) that were not published in the store.
+  returned: success
+  type: list
+  elements: str
+  sample: []
 removed_staging:
   description: Staging directories removed (in check mode - that would be removed).
   returned: success
@@ -219,6 +233,7 @@ def main() -> None:
             name=dict(type="str"),
             labels=dict(type="dict", default={}),
             remove_broken=dict(type="bool", default=False),
+            snapshot_ids=dict(type="list", elements="str", default=[]),
             restore_root=dict(type="path", default="/var/lib/warmstart/restore"),
             prune_node_cache=dict(type="bool", default=False),
         ),

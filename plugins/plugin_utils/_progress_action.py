@@ -128,7 +128,8 @@ class ProgressActionBase(ActionBase):
         # and a become wrapper here would race the module's own become handshake on the same connection.
         try:
             res = self._low_level_execute_command("cat " + shlex.quote(path), sudoable=False)
-        except Exception:  # pylint: disable=broad-except - progress must never fail the task
+        except Exception:  # pylint: disable=broad-except
+            # progress must never fail the task
             return None
         if res.get("rc") != 0:
             return None

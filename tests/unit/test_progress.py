@@ -50,10 +50,10 @@ def test_counting_is_thread_safe(tmp_path: Path) -> None:
     rep.phase("download", 8 * 10000)
 
     def work() -> None:
-        for _ in range(10000):
+        for _i in range(10000):
             rep.add(1)
 
-    threads = [threading.Thread(target=work) for _ in range(8)]
+    threads = [threading.Thread(target=work) for _i in range(8)]
     for t in threads:
         t.start()
     for t in threads:
