@@ -2,7 +2,7 @@
 # Copyright (c) warmstart developers
 # GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
-"""Per-host summaries of the fleet playbooks."""
+"""Per-host (and, for the Kubernetes playbooks, per-pod) summaries of the fleet playbooks."""
 from __future__ import annotations
 
 from typing import Any, Dict, List, Sequence
@@ -39,6 +39,175 @@ def fleet_table(rows: Sequence[Dict[str, Any]], columns: Sequence[str]) -> List[
     return out
 
 
+def k8s_node_map(hosts: Sequence[str], hostvars: Any) -> Dict[str, str]:
+    """Kubernetes node name -> inventory host (a host's warmstart_k8s_node_name, else its inventory name)."""
+    out: Dict[str, str] = {}
+    for host in hosts:
+        try:
+            node = hostvars[host].get("warmstart_k8s_node_name")
+        except (KeyError, AttributeError):
+            node = None
+        out[str(node or host)] = host
+    return out
+
+
+def _pod(target: Dict[str, Any]) -> str:
+    return f"{target.get('namespace')}/{target.get('name')}"
+
+
+def k8s_rows(targets: Sequence[Dict[str, Any]], node_map: Dict[str, str], hostvars: Any, register: str,
+             records: Sequence[Dict[str, Any]] = ()) -> List[Dict[str, Any]]:
+    """One row per pod of ``targets`` (pod_info's summaries).
+
+    ``register`` names the per-host loop result of the node-side step (checkpoint or restore); ``records``
+    are the loop results of the step that recorded each outcome in the cluster (their ``item`` is the node
+    step's result). A pod whose node is not in the inventory, or whose host never reported, says so.
+    """
+    recorded = {}
+    for rec in records or ():
+        item = rec.get("item") or {}
+        key = _pod(item.get("item") or {})
+        recorded[key] = rec
+    rows = []
+    for target in targets:
+        pod, node = _pod(target), target.get("node")
+        row: Dict[str, Any] = {"pod": pod, "host": node_map.get(str(node)), "result": "", "detail": ""}
+        rows.append(row)
+        if not node:
+            row.update(result="skipped", detail="not scheduled on any node")
+            continue
+        if row["host"] is None:
+            row.update(result="skipped", detail=f"node {node} is not in the inventory")
+            continue
+        try:
+            results = (hostvars[row["host"]].get(register) or {}).get("results") or []
+        except (KeyError, AttributeError):
+            results = []
+        mine = [r for r in results if _pod(r.get("item") or {}) == pod]
+        if not mine:
+            row.update(result="unreachable", detail=f"no result from {row['host']}: unreachable or failed earlier")
+            continue
+        res = mine[0]
+        if res.get("failed"):
+            row.update(result="failed", detail=str(res.get("msg") or "failed"))
+            continue
+        snap = res.get("snapshot") or {}
+        restored = res.get("restore") or {}
+        row.update(snapshot=snap.get("id") or restored.get("id"), bytes=snap.get("size"),
+                   dump_s=(snap.get("timings") or {}).get("dump"),
+                   restore_s=(restored.get("timings") or {}).get("total"),
+                   result="snapshotted" if snap else "restored")
+        rec = recorded.get(pod)
+        if rec is not None and rec.get("failed"):
+            row.update(result="failed", detail="recording it in the cluster failed: " + str(rec.get("msg")))
+        elif rec is not None and rec.get("state") and rec.get("state") != "succeeded" and not snap:
+            row.update(result=str(rec.get("state")))
+    return rows
+
+
+def k8s_restore_work(begun: Sequence[Dict[str, Any]]) -> List[Dict[str, Any]]:
+    """One work item per (pod, destination container) from the loop results of restore_pod action=begin."""
+    out = []
+    for res in begun or ():
+        if res.get("failed") or res.get("skipped") or not res.get("pairs"):
+            continue
+        meta = (res.get("pod") or {}).get("metadata") or {}
+        store = res.get("store") or {}
+        for pair in res["pairs"]:
+            out.append({"namespace": meta.get("namespace"), "name": meta.get("name"), "node": res.get("node"),
+                        "source": pair.get("source"), "container": pair.get("container"),
+                        "container_id": pair.get("container_id"), "snapshot": res.get("snapshot"),
+                        "snapshot_id": store.get("snapshotId"), "store_url": store.get("url"),
+                        "skip_compat_check": bool(res.get("skip_compat_check"))})
+    return out
+
+
+def _restore_result(node_map: Dict[str, str], hostvars: Any, register: str, work: Dict[str, Any]) -> Dict[str, Any]:
+    host = node_map.get(str(work.get("node")))
+    if host is None:
+        return {"failed": True, "msg": f"node {work.get('node')} is not in the inventory", "host": None}
+    try:
+        results = (hostvars[host].get(register) or {}).get("results") or []
+    except (KeyError, AttributeError):
+        results = []
+    for res in results:
+        item = res.get("item") or {}
+        if all(item.get(k) == work.get(k) for k in ("namespace", "name", "container")):
+            return dict(res, host=host)
+    return {"failed": True, "msg": f"no result from {host}: unreachable or failed earlier", "host": host}
+
+
+def k8s_restore_outcomes(work: Sequence[Dict[str, Any]], node_map: Dict[str, str], hostvars: Any,
+                         register: str) -> List[Dict[str, Any]]:
+    """Per restore pod: succeeded / failed / partially_succeeded / incompatible over its destinations."""
+    pods: Dict[str, Dict[str, Any]] = {}
+    for item in work or ():
+        key = _pod(item)
+        entry = pods.setdefault(key, {"namespace": item.get("namespace"), "name": item.get("name"), "ok": [],
+                                      "bad": [], "refused": False})
+        res = _restore_result(node_map, hostvars, register, item)
+        if res.get("failed"):
+            entry["bad"].append(f"{item.get('container')}: {res.get('msg')}")
+            # refused before anything ran (compatibility / checksums): the snapshot does not fit this node
+            entry["refused"] = entry["refused"] or (bool(res.get("reasons")) and not res.get("restore"))
+        else:
+            entry["ok"].append(str(item.get("container")))
+    out = []
+    for entry in pods.values():
+        if not entry["bad"]:
+            outcome, message = "succeeded", "restored " + ", ".join(entry["ok"])
+        elif entry["ok"]:
+            outcome = "partially_succeeded"
+            message = f"restored {', '.join(entry['ok'])}; failed " + "; ".join(entry["bad"])
+        else:
+            outcome = "incompatible" if entry["refused"] else "failed"
+            message = "; ".join(entry["bad"])
+        out.append({"namespace": entry["namespace"], "name": entry["name"], "outcome": outcome,
+                    "message": message[:1000]})
+    return out
+
+
+def k8s_restore_rows(pods: Sequence[Dict[str, Any]], node_map: Dict[str, str], scheduled: Sequence[Dict[str, Any]],
+                     begun: Sequence[Dict[str, Any]], finished: Sequence[Dict[str, Any]]) -> List[Dict[str, Any]]:
+    """One row per restore pod the playbook created."""
+    def by_name(results: Sequence[Dict[str, Any]], path: Any) -> Dict[str, Dict[str, Any]]:
+        out = {}
+        for res in results or ():
+            out[path(res.get("item") or {})] = res
+        return out
+
+    waited = by_name(scheduled, lambda i: (i.get("metadata") or {}).get("name"))
+    started = by_name(begun, lambda i: ((i.get("item") or {}).get("metadata") or {}).get("name"))
+    ended = by_name(finished, lambda i: i.get("name"))
+    rows = []
+    for pod in pods or ():
+        meta = pod.get("metadata") or {}
+        name = meta.get("name")
+        row: Dict[str, Any] = {"pod": f"{meta.get('namespace')}/{name}", "host": None, "result": "", "detail": "",
+                               "snapshot": (meta.get("annotations") or {}).get("snapshot.warmstart.io/restore-from")}
+        rows.append(row)
+        wait = waited.get(name) or {}
+        target = (wait.get("targets") or [{}])[0]
+        row["host"] = node_map.get(str(target.get("node"))) or target.get("node")
+        if wait.get("failed"):
+            row.update(result="not started", detail=str(wait.get("msg")))
+            continue
+        begin = started.get(name) or {}
+        if begin.get("failed"):
+            row.update(result="refused", detail=str(begin.get("msg")))
+            continue
+        end = ended.get(name) or {}
+        if end.get("failed") or not end:
+            row.update(result="failed", detail=str(end.get("msg") or "no outcome recorded"))
+            continue
+        outcome = (end.get("item") or {}).get("outcome")
+        row.update(result={"succeeded": "restored"}.get(str(outcome), str(outcome)),
+                   detail="" if outcome == "succeeded" else str((end.get("item") or {}).get("message")))
+    return rows
+
+
 class FilterModule:
     def filters(self) -> Dict[str, Any]:
-        return {"fleet_rows": fleet_rows, "fleet_table": fleet_table}
+        return {"fleet_rows": fleet_rows, "fleet_table": fleet_table, "k8s_node_map": k8s_node_map,
+                "k8s_rows": k8s_rows, "k8s_restore_work": k8s_restore_work,
+                "k8s_restore_outcomes": k8s_restore_outcomes, "k8s_restore_rows": k8s_restore_rows}

@@ -63,6 +63,34 @@ def _children(pid: int) -> List[int]:
     return sorted(set(out))
 
 
+def _ppid(pid: int) -> int:
+    try:
+        with open(f"/proc/{pid}/stat", "r", encoding="utf-8", errors="replace") as handle:
+            return int(handle.read().rsplit(")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return 0
+
+
+def _restored_roots(pid1: int) -> List[int]:
+    """Workload trees beside PID 1 of its PID namespace: what a restore into a placeholder leaves (CRIU restores
+    the workload as a sibling of the placeholder's inert PID 1), so that a restored container can be snapshotted
+    again. Their parent is outside the namespace."""
+    members = {host for host, _name in nsu.pid_ns_members(nsu.ns_inode(pid1, "pid")).values()}
+    return sorted(h for h in members if h != pid1 and _ppid(h) not in members)
+
+
+def _session_outside(pid: int) -> bool:
+    """True when the session leader of ``pid`` is outside its PID namespace (NSsid 0 there)."""
+    try:
+        with open(f"/proc/{pid}/status", "r", encoding="utf-8", errors="replace") as handle:
+            for line in handle:
+                if line.startswith("NSsid:"):
+                    return line.split()[-1] == "0"
+    except OSError:
+        pass
+    return False
+
+
 def _stdio(pid: int) -> List[str]:
     out = []
     for fd in (0, 1, 2):
@@ -101,6 +129,7 @@ class ContainerCapture:
     pid_ns: int
     control_path: Optional[str]
     lock_tables: Optional[List[str]] = None
+    control_host: Optional[str] = None
 
     def criu_setup(self, opts: Any) -> None:
         # CRIU locks the whole network namespace while it dumps and, for a tree it leaves stopped, keeps it
@@ -147,6 +176,8 @@ class ContainerCapture:
             "external_mounts": self.external,
             "stdio": self.stdio,
             "control_dir": self.control_path,
+            # a workload that said it was warm is as warm in every copy: its restores say so again
+            "ready_for_snapshot": bool(self.control_host and os.path.exists(os.path.join(self.control_host, ctl.READY))),
         }
 
 
@@ -158,7 +189,7 @@ def resolve(runtime_name: str, container: str, name: Optional[str] = None) -> sn
     """
     runtime = get_runtime(runtime_name)
     info = runtime.running(container)
-    kids = _children(info.pid)
+    kids = _children(info.pid) or _restored_roots(info.pid)
     if not kids:
         raise proc.TargetError(
             f"container {info.name} runs its workload as PID 1 of its PID namespace ({' '.join(proc.cmdline(info.pid))!r}); "
@@ -170,6 +201,12 @@ def resolve(runtime_name: str, container: str, name: Optional[str] = None) -> sn
                                "warmstart snapshots one workload tree per container")
     root = kids[0]
     proc.check_target(root)
+    if _session_outside(root):
+        raise proc.TargetError(
+            f"container {info.name}: its workload (pid {root}, {' '.join(proc.cmdline(root))[:60]!r}) belongs to a "
+            "session whose leader is outside the container's PID namespace - a workload restored into a placeholder "
+            "keeps the session of the restore - and CRIU cannot dump a process whose session leader is outside its "
+            "PID namespace: snapshot the original container (or pod) instead")
     tree = proc.descendants(root)
     ns_pids = [proc.ns_pids(p)[-1] for p in tree]
     mounts = nsu.mountinfo(root)
@@ -183,7 +220,8 @@ def resolve(runtime_name: str, container: str, name: Optional[str] = None) -> sn
     target = snap.Target(pid=root, name=name or info.name, control_dir=control_host)
     target.capture = ContainerCapture(info=info, root_pid=root, ns_pids=ns_pids, external=external,
                                       stdio=_stdio(root), net_ns=nsu.ns_inode(root, "net"),
-                                      pid_ns=nsu.ns_inode(root, "pid"), control_path=control)
+                                      pid_ns=nsu.ns_inode(root, "pid"), control_path=control,
+                                      control_host=control_host)
     return target
 
 
@@ -399,6 +437,8 @@ def restore_one(criu: str, snap_dir: str, doc: Dict[str, Any], d: Destination, o
         ns_pid = proc.ns_pids(pid)[-1]
         if control:
             _offer_env(control, info.pid, pid)
+            if d.source.get("ready_for_snapshot"):
+                ctl.write(control, ctl.READY, f"restored from {doc['id']}\n")
             ctl.write(control, ctl.RESTORE_COMPLETE, f"pid={ns_pid}\nhost_pid={pid}\nsnapshot={doc['id']}\n")
         timings["total"] = time.monotonic() - t_start
         out.update(result="succeeded", pid=pid, ns_pid=ns_pid, pids=proc.descendants(pid),

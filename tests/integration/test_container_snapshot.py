@@ -104,10 +104,12 @@ class Pod:
         return path
 
     def run(self, name: str, *cmd: str, init: bool = True, env: Optional[Dict[str, str]] = None,
-            image: Optional[str] = None, create_only: bool = False) -> str:
+            image: Optional[str] = None, create_only: bool = False, labels: Optional[Dict[str, str]] = None) -> str:
         full = f"{name}-{self.tag}"
         args = ["create" if create_only else "run"] + ([] if create_only else ["-d"]) + ["--name", full]
         args += ["--init"] if init else []
+        for key, value in (labels or {}).items():
+            args += ["--label", f"{key}={value}"]
         args += ["-v", f"{self.app}:/app:ro", "-v", f"{self.control(name)}:/snapshot-control",
                  "-e", "SNAPSHOT_CONTROL_DIR=/snapshot-control"]
         for key, value in (env or {}).items():

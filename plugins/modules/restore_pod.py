@@ -1,0 +1,301 @@
+#!/usr/bin/python
+# -*- coding: utf-8 -*-
+# Copyright (c) warmstart developers
+# GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+module: restore_pod
+short_description: Build, check, place and classify pods that restore from a PodSnapshot
+version_added: 0.1.0
+description:
+  - The restore-pod contract as a module. A restore pod is an ordinary pod that carries the annotation
+    C(snapshot.warmstart.io/restore-from) (the PodSnapshot), an C(emptyDir) volume C(snapshot-control) mounted in
+    each container at C(/snapshot-control) by C(subPath), the env C(SNAPSHOT_CONTROL_DIR), the inert command
+    C(/bin/sh -c 'exec sleep infinity') and the Localhost seccomp profile C(profiles/block-iouring.json);
+    optionally a container map, the skip-compat annotation and a startup probe on C(restore-complete).
+    A node agent then restores the snapshot into the running placeholder.
+  - O(action=build) returns that pod for O(pod) or O(template) (a deep copy; idempotent; anything that conflicts
+    with the contract - another restore-from, a different C(snapshot-control) volume, another
+    C(SNAPSHOT_CONTROL_DIR), another seccomp profile - fails with every reason instead of being overwritten).
+    No API server is needed.
+  - O(action=validate) fails with every way O(pod) falls short of a restore pod. No API server is needed.
+  - O(action=classify) tells where a restore pod stands - V(pending), V(succeeded), V(failed) or V(partial) -
+    from its C(Restored) condition and container states; O(pod), or the pod O(namespace)/O(name) read from the API.
+  - O(action=select) finds the PodSnapshot to restore O(pod) or O(template) from - the newest Ready one in
+    O(namespace) whose condensed pod-spec hash and O(grouping_labels) match, or the one its C(restore-from)
+    annotation pins - and checks its PodSnapshotContent (bound, backlink uid). When none fits it fails with the
+    reasons, naming the fields in which the nearest snapshot differs.
+  - O(action=create) builds the restore pod (from O(snapshot), else from the one O(action=select) finds) and
+    creates O(count) of them in O(namespace) - named C(<name_prefix>-<i>), idempotent by name, or with
+    C(generateName) when O(name_prefix) is not given.
+  - O(action=begin), once the pod O(namespace)/O(name) is scheduled and its placeholder runs - checks that its
+    PodSnapshot is bound to its content (backlink uid, Ready) and works out the (source, destination container)
+    pairs to restore; then adds the finalizer C(snapshot.warmstart.io/restore) and sets the C(Restored) condition
+    to C(Unknown), reason C(RestoreInProgress). Returns what the node needs (RV(store), RV(pairs), RV(node)). A
+    pod whose restore already ran is refused - a restore is never replayed; a new pod is needed.
+  - O(action=finish) records the node's O(outcome) in the C(Restored) condition (C(RestoreSucceeded),
+    C(RestoreFailed), C(RestorePartiallySucceeded), C(RestoreIncompatible)) with O(message), and removes the
+    finalizer.
+author:
+  - warmstart developers (!UNKNOWN)
+extends_documentation_fragment:
+  - warmstart.snapshot.k8s_auth
+attributes:
+  check_mode:
+    support: full
+    description: O(action=create) reports the pods it would create and creates none; the other actions only read.
+  diff_mode:
+    support: none
+    description: No diff is produced.
+  platform:
+    support: full
+    platforms: posix
+    description: Any node; O(action=select), O(action=create) and O(action=classify) by name need the API server.
+options:
+  action:
+    description: What to do (see the description).
+    type: str
+    choices: [build, validate, classify, select, create, begin, finish]
+    required: true
+  pod:
+    description: A Pod (as the API returns it, or as a manifest).
+    type: dict
+  template:
+    description: A pod template (C(metadata) and C(spec)), or a workload whose C(spec.template) is one.
+    type: dict
+  snapshot:
+    description:
+      - Name of the PodSnapshot to restore from (O(action=build) needs it; O(action=create) selects one without it).
+    type: str
+  container_map:
+    description:
+      - Which snapshotted container restores into which container of the pod, as V(src=dst,...) or a dict
+        a dict mapping each source to its destination; one source may fill several destinations. Default the same
+        names.
+    type: raw
+  skip_compat_check:
+    description: Annotate the pod so that the node agent skips the compatibility check (the restore may then fail late).
+    type: bool
+    default: false
+  startup_probe:
+    description: Add a startup probe C(cat /snapshot-control/restore-complete) to each destination container.
+    type: bool
+    default: true
+  seccomp_profile:
+    description: The Localhost seccomp profile (relative to the kubelet's seccomp root) that blocks io_uring.
+    type: str
+    default: profiles/block-iouring.json
+  namespace:
+    description:
+      - Namespace to select snapshots in, create pods in, or read the pod to classify from; default the pod's or
+        template's C(metadata.namespace).
+    type: str
+  name:
+    description: Name of the pod to classify (O(action=classify) without O(pod)), or to begin or finish.
+    type: str
+  outcome:
+    description: The result of the node's restore, for O(action=finish).
+    type: str
+    choices: [succeeded, failed, partially_succeeded, incompatible]
+  message:
+    description: Message of the C(Restored) condition, for O(action=begin) and O(action=finish).
+    type: str
+    default: ""
+  grouping_labels:
+    description: Pod label keys whose values a snapshot must share (a PodSnapshotPolicy's grouping labels).
+    type: list
+    elements: str
+    default: []
+  scope:
+    description: V(rootfs-only) does not compare the pod-spec hash when selecting.
+    type: str
+    choices: [whole-pod, rootfs-only]
+    default: whole-pod
+  count:
+    description: How many restore pods O(action=create) makes.
+    type: int
+    default: 1
+  name_prefix:
+    description:
+      - Pods are named C(<name_prefix>-0) ... C(<name_prefix>-<count-1>); an existing pod of that name that restores
+        from the same snapshot is kept (idempotent), one that restores from another is refused.
+      - Without it each run creates O(count) new pods with C(generateName) (C(<snapshot>-restore-)).
+    type: str
+  skip_binding_check:
+    description:
+      - With O(snapshot) given, do not check that it is Ready and bound to a PodSnapshotContent pointing back to it.
+    type: bool
+    default: false
+seealso:
+  - module: warmstart.snapshot.pod_snapshot
+  - module: warmstart.snapshot.restore
+"""
+
+EXAMPLES = r"""
+- name: Turn a deployment's pod template into a restore pod
+  warmstart.snapshot.restore_pod:
+    action: build
+    template: "{{ lookup('ansible.builtin.file', 'embed-deployment.yaml') | ansible.builtin.from_yaml }}"
+    snapshot: embed-20261202
+  register: built
+
+- name: Which snapshot would a new replica restore from?
+  warmstart.snapshot.restore_pod:
+    action: select
+    namespace: inference
+    template: "{{ deployment.spec.template }}"
+    grouping_labels: [model]
+  register: chosen
+
+- name: Three restore pods from the newest matching snapshot
+  warmstart.snapshot.restore_pod:
+    action: create
+    namespace: inference
+    template: "{{ deployment.spec.template }}"
+    grouping_labels: [model]
+    count: 3
+    name_prefix: embed-restore
+  register: created
+
+- name: How did the restore of embed-restore-0 go?
+  warmstart.snapshot.restore_pod:
+    action: classify
+    namespace: inference
+    name: embed-restore-0
+  register: restored
+"""
+
+RETURN = r"""
+pod:
+  description: The built restore pod (O(action=build), O(action=create)).
+  returned: when O(action) is build or create
+  type: dict
+  sample: {metadata: {annotations: {snapshot.warmstart.io/restore-from: embed-20261202}}}
+problems:
+  description: Ways the pod falls short of the contract (empty on success; the failure lists them in RV(reasons)).
+  returned: when O(action=validate)
+  type: list
+  elements: str
+  sample: []
+state:
+  description: Where the restore pod stands.
+  returned: when O(action) is classify, begin or finish
+  type: str
+  sample: succeeded
+  choices: [pending, succeeded, failed, partial]
+condition:
+  description: The pod's C(Restored) condition, null when it has none.
+  returned: when O(action=classify)
+  type: dict
+  sample: {type: Restored, status: "True", reason: RestoreSucceeded}
+pod_name:
+  description: Name of the classified pod.
+  returned: when O(action=classify)
+  type: str
+  sample: embed-restore-0
+snapshot:
+  description: The PodSnapshot chosen (O(action=select)) or restored from (O(action=create)).
+  returned: when O(action) is select or create
+  type: dict
+  sample: {metadata: {name: embed-20261202, namespace: inference}}
+content:
+  description: Its PodSnapshotContent (store, node, source).
+  returned: when O(action) is select or create
+  type: dict
+  sample: {spec: {store: {url: s3://snapshots/prod, snapshotId: 20261202T124302Z-f6ccdab5}}}
+pods:
+  description: The restore pods (created, kept, or would be created in check mode).
+  returned: when O(action=create)
+  type: list
+  elements: dict
+  sample: [{metadata: {name: embed-restore-0}}]
+actions:
+  description: What was created.
+  returned: when O(action=create)
+  type: list
+  elements: str
+  sample: ["created Pod inference/embed-restore-0"]
+store:
+  description: Where the artifact lives (the PodSnapshotContent's C(spec.store)).
+  returned: when O(action=begin)
+  type: dict
+  sample: {url: /mnt/snapshots, snapshotId: 20261202T124302Z-f6ccdab5}
+pairs:
+  description: What to restore into which container of the pod, with its runtime id from the pod's status.
+  returned: when O(action=begin)
+  type: list
+  elements: dict
+  sample: [{source: main, container: main, container_id: "containerd://0f3a"}]
+node:
+  description: The node the pod runs on.
+  returned: when O(action=begin)
+  type: str
+  sample: gpu-01
+skip_compat_check:
+  description: Whether the pod asks to skip the compatibility check (its C(snapshot-skip-compat-check) annotation).
+  returned: when O(action=begin)
+  type: bool
+  sample: false
+reasons:
+  description: Every reason of a failure (contract conflicts, validation problems, why no snapshot fits).
+  returned: on failure
+  type: list
+  elements: str
+  sample: ["1 Ready PodSnapshot(s) of the pod's group were taken from another pod spec (podSpecHash differs from 5f2c0c7b9e0b)"]
+"""
+
+from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.warmstart.snapshot.plugins.module_utils import _k8s
+
+
+def main() -> None:
+    module = AnsibleModule(
+        argument_spec=dict(
+            **_k8s.auth_argument_spec(),
+            action=dict(type="str", choices=["build", "validate", "classify", "select", "create", "begin", "finish"],
+                        required=True),
+            pod=dict(type="dict"),
+            template=dict(type="dict"),
+            snapshot=dict(type="str"),
+            container_map=dict(type="raw"),
+            skip_compat_check=dict(type="bool", default=False),
+            startup_probe=dict(type="bool", default=True),
+            seccomp_profile=dict(type="str", default="profiles/block-iouring.json"),
+            namespace=dict(type="str"),
+            name=dict(type="str"),
+            grouping_labels=dict(type="list", elements="str", default=[]),
+            scope=dict(type="str", choices=["whole-pod", "rootfs-only"], default="whole-pod"),
+            count=dict(type="int", default=1),
+            name_prefix=dict(type="str"),
+            skip_binding_check=dict(type="bool", default=False),
+            outcome=dict(type="str", choices=["succeeded", "failed", "partially_succeeded", "incompatible"]),
+            message=dict(type="str", default=""),
+        ),
+        mutually_exclusive=[("pod", "template")],
+        required_if=[
+            ("action", "build", ["snapshot"]),
+            ("action", "build", ["pod", "template"], True),
+            ("action", "validate", ["pod", "template"], True),
+            ("action", "classify", ["pod", "name"], True),
+            ("action", "select", ["pod", "template"], True),
+            ("action", "create", ["pod", "template"], True),
+            ("action", "begin", ["namespace", "name"]),
+            ("action", "finish", ["namespace", "name", "outcome"]),
+        ],
+        supports_check_mode=True,
+    )
+    if module.params["count"] < 1:
+        module.fail_json(msg="count must be at least 1")
+    try:
+        result = _k8s.run_restore_pod(module.params, module.check_mode)
+    except _k8s.K8sError as exc:
+        extra = {"problems": exc.reasons} if module.params["action"] == "validate" else {}
+        module.fail_json(msg=str(exc) + (": " + "; ".join(exc.reasons) if exc.reasons else ""), reasons=exc.reasons,
+                         **extra)
+    module.exit_json(**result)
+
+
+if __name__ == "__main__":
+    main()

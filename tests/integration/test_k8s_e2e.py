@@ -1,0 +1,233 @@
+"""Kubernetes end to end: the k8s playbooks against a fake API server, with real podman containers as pods.
+
+The fake API server (tests/support/fake_apiserver.py) holds the pods and our custom objects; the real
+``kubernetes`` client of the modules talks to it over HTTP. A fake kubelet thread plays the node: each restore
+pod the playbook creates gets a real podman placeholder container - the pod's inert command, its
+snapshot-control volume, the CRI labels - and the pod's status says where it runs. So the checkpoint of the
+source pod and the restores into the placeholders behind the playbooks are real CRIU work on real containers.
+"""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+import time
+from typing import Any, Dict, Iterator, List
+
+import pytest
+
+from ansible_collections.warmstart.snapshot.plugins.module_utils import _podcontract as pc
+
+from .ansible_run import REPO, VENV_BIN
+from .test_container_snapshot import Pod, ask
+from .test_cross_node import SUPPORT, _podman_env
+
+sys.path.insert(0, str(REPO / "tests" / "support"))
+from fake_apiserver import FakeApiServer  # noqa: E402  pylint: disable=wrong-import-position,import-error
+
+pytestmark = pytest.mark.integration
+
+NS = "ml"
+POD_LABELS = {"app": "embed", "model": "minilm"}
+COMMAND = ("python3", "/app/app.py")
+
+
+def cri_labels(namespace: str, pod: str, container: str) -> Dict[str, str]:
+    return {"io.kubernetes.pod.namespace": namespace, "io.kubernetes.pod.name": pod,
+            "io.kubernetes.container.name": container}
+
+
+class Kubelet(threading.Thread):
+    """Starts a podman placeholder for every restore pod that appears, and reports it in the pod's status."""
+
+    def __init__(self, api: FakeApiServer, lab: Pod, node: str = "localhost") -> None:
+        super().__init__(daemon=True, name="fake-kubelet")
+        self.api, self.lab, self.node = api, lab, node
+        self.started: Dict[str, str] = {}  # pod name -> podman container
+        self.stop = threading.Event()
+        self.errors: List[str] = []
+
+    def run(self) -> None:
+        while not self.stop.is_set():
+            try:
+                for pod in self.api.store.list("pods", NS, group=""):
+                    meta = pod["metadata"]
+                    if pc.ANN_RESTORE_FROM in (meta.get("annotations") or {}) and meta["name"] not in self.started:
+                        self.start_pod(pod)
+            except Exception as exc:  # pylint: disable=broad-except
+                self.errors.append(repr(exc))
+            self.stop.wait(0.2)
+
+    def start_pod(self, pod: Dict[str, Any]) -> None:
+        name = pod["metadata"]["name"]
+        (container,) = pod["spec"]["containers"]
+        env = {e["name"]: e["value"] for e in container.get("env") or []}
+        assert env.get("SNAPSHOT_CONTROL_DIR") == "/snapshot-control", env
+        # the pod's own inert command as PID 1; its snapshot-control emptyDir as a host dir per pod
+        full = self.lab.run(f"k8s-{name}", *container["command"], init=False, env={"ROLE": name},
+                            labels=cri_labels(NS, name, container["name"]))
+        self.started[name] = full
+        cid = self.lab.inspect(full)["Id"]
+        with self.api.store.lock:
+            stored = self.api.store.get("pods", name, NS, group="")
+            stored["spec"]["nodeName"] = self.node
+            stored["status"] = {"phase": "Running", "podIP": self.lab.ip(full), "containerStatuses": [{
+                "name": container["name"], "image": container["image"], "containerID": f"podman://{cid}",
+                "ready": False, "restartCount": 0, "state": {"running": {"startedAt": "2026-12-02T00:00:00Z"}}}]}
+            self.api.store.put("pods", stored, group="")
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Dict[str, Any]]:
+    tmp = tmp_path_factory.mktemp("k8s")
+    subprocess.run([str(SUPPORT / "build_node_image.sh")], env=_podman_env(), check=True)  # cached: no-op when built
+    lab = Pod(tmp)
+    api = FakeApiServer(token="k8s-e2e-token").start()
+    api.store.put("namespaces", {"metadata": {"name": NS}, "status": {"phase": "Active"}}, group="")
+    kubeconfig = api.write_kubeconfig(tmp / "kubeconfig")
+    kubelet = Kubelet(api, lab)
+    kubelet.start()
+    try:
+        yield {"tmp": tmp, "lab": lab, "api": api, "kubeconfig": kubeconfig, "kubelet": kubelet,
+               "auth": {"kubeconfig": str(kubeconfig)}}
+    finally:
+        kubelet.stop.set()
+        kubelet.join(5)
+        api.stop()
+        lab.cleanup()
+
+
+def run_playbook(c: Dict[str, Any], name: str, extra: Dict[str, Any], ok: bool = True) -> Dict[str, Any]:
+    summary = c["tmp"] / f"{name}-{time.monotonic_ns()}.json"
+    args = dict(extra, warmstart_k8s_auth=c["auth"], warmstart_summary_file=str(summary),
+                warmstart_store=str(c["lab"].store))
+    env = dict(c["lab"].env, ANSIBLE_STDOUT_CALLBACK="ansible.builtin.default")
+    proc = subprocess.run([str(VENV_BIN / "ansible-playbook"), f"warmstart.snapshot.{name}", "-i", "localhost,",
+                           "-c", "local", "-e", json.dumps(args)], cwd=REPO, env=env, capture_output=True,
+                          text=True, timeout=1200, check=False)
+    if ok:
+        assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-2000:]
+    rows = json.loads(summary.read_text())["rows"] if summary.exists() else []
+    return {"rc": proc.returncode, "out": proc.stdout + proc.stderr, "rows": {r.get("pod"): r for r in rows}}
+
+
+def source_pod(c: Dict[str, Any], name: str, node: str = "localhost") -> str:
+    """A running source pod: the API object, and its container as a real podman container."""
+    lab: Pod = c["lab"]
+    full = lab.run(f"src-{name}", *COMMAND, labels=cri_labels(NS, name, "main"))
+    cid = lab.inspect(full)["Id"]
+    c["api"].add_pod(name, NS, containers=[{"name": "main", "image": lab.image, "command": list(COMMAND)}],
+                     labels=POD_LABELS, node=node)
+    with c["api"].store.lock:
+        pod = c["api"].store.get("pods", name, NS, group="")
+        pod["status"]["containerStatuses"][0]["containerID"] = f"podman://{cid}"
+        c["api"].store.put("pods", pod, group="")
+    return full
+
+
+def template(image: str) -> Dict[str, Any]:
+    return {"metadata": {"labels": dict(POD_LABELS)},
+            "spec": {"containers": [{"name": "main", "image": image, "command": list(COMMAND)}]}}
+
+
+def snapshots(c: Dict[str, Any]) -> List[Dict[str, Any]]:
+    return c["api"].store.list("podsnapshots", NS, group=pc.GROUP)
+
+
+@pytest.fixture(scope="module")
+def captured(cluster: Dict[str, Any]) -> Dict[str, Any]:
+    run_playbook(cluster, "k8s_crds", {})
+    src = source_pod(cluster, "embed-0")
+    # a pod of the same app on a node outside the inventory: reported, left alone
+    cluster["api"].add_pod("embed-9", NS, labels=POD_LABELS, node="gpu-far-away")
+    before = ask(cluster["lab"].ip(src))
+    res = run_playbook(cluster, "k8s_snapshot", {"warmstart_k8s_namespace": NS, "warmstart_k8s_selector": "app=embed"})
+    return {"src": src, "before": before, "res": res}
+
+
+def test_snapshot_playbook_records_a_bound_ready_podsnapshot(cluster: Dict[str, Any], captured: Dict[str, Any]) -> None:
+    rows = captured["res"]["rows"]
+    assert rows[f"{NS}/embed-0"]["result"] == "snapshotted", rows
+    assert rows[f"{NS}/embed-9"]["result"] == "skipped" and "gpu-far-away is not in the inventory" in \
+        rows[f"{NS}/embed-9"]["detail"]
+    (snap,) = snapshots(cluster)
+    assert pc.is_ready(snap), snap["status"]
+    content = cluster["api"].store.get("podsnapshotcontents", snap["status"]["boundSnapshotContentName"],
+                                       group=pc.GROUP)
+    assert content["spec"]["snapshotRef"]["uid"] == snap["metadata"]["uid"]
+    assert pc.check_content_binding(snap, content) == []
+    pod = cluster["api"].store.get("pods", "embed-0", NS, group="")
+    assert snap["status"]["podSpecHash"] == pc.pod_spec_hash(pod)
+    sid = content["spec"]["store"]["snapshotId"]
+    assert rows[f"{NS}/embed-0"]["snapshot"] == sid
+    assert (cluster["lab"].store / "snapshots" / sid / "manifest.json").is_file()
+    manifest = json.loads((cluster["lab"].store / "snapshots" / sid / "manifest.json").read_text())
+    assert manifest["pod"]["name"] == "embed-0" and manifest["pod"]["uid"] == pod["metadata"]["uid"]
+    assert manifest["targets"][0]["name"] == "main", "the snapshot names the container by its pod name"
+    # the source pod keeps serving
+    after = ask(cluster["lab"].ip(captured["src"]))
+    assert after["token"] == captured["before"]["token"] and after["counter"] > captured["before"]["counter"]
+
+
+def test_restore_playbook_starts_restored_pods_through_the_contract(
+        cluster: Dict[str, Any], captured: Dict[str, Any]) -> None:
+    lab: Pod = cluster["lab"]
+    res = run_playbook(cluster, "k8s_restore", {"warmstart_k8s_namespace": NS, "warmstart_k8s_count": 2,
+                                                "warmstart_k8s_name_prefix": "embed-r",
+                                                "warmstart_k8s_template": template(lab.image)})
+    token = captured["before"]["token"]
+    for name in ("embed-r-0", "embed-r-1"):
+        assert res["rows"][f"{NS}/{name}"]["result"] == "restored", res["rows"]
+        pod = cluster["api"].store.get("pods", name, NS, group="")
+        assert pc.validate(pod) == [], "the created pod follows the contract"
+        cond = pc.get_condition(pod, pc.RESTORE_CONDITION)
+        assert (cond["status"], cond["reason"]) == ("True", pc.REASON_SUCCEEDED), cond
+        assert pc.FINALIZER not in (pod["metadata"].get("finalizers") or []), "the finalizer is released"
+        assert pc.classify(pod) == "succeeded"
+        full = cluster["kubelet"].started[name]
+        answer = ask(lab.ip(full))
+        assert answer["token"] == token and answer["sha256"] == answer["digest"], answer
+        assert (lab.control(f"k8s-{name}") / "restore-complete").read_text().startswith("pid=")
+    assert cluster["kubelet"].errors == []
+
+
+def test_no_snapshot_fits_a_template_of_another_image(cluster: Dict[str, Any], captured: Dict[str, Any]) -> None:
+    other = template("localhost/other-image:2")
+    res = run_playbook(cluster, "k8s_restore", {"warmstart_k8s_namespace": NS, "warmstart_k8s_template": other,
+                                                "warmstart_k8s_name_prefix": "embed-x"}, ok=False)
+    assert res["rc"] != 0
+    assert "no PodSnapshot in namespace ml fits" in res["out"] and "containers[main].image" in res["out"], \
+        res["out"][-4000:]
+    assert cluster["api"].store.get("pods", "embed-x-0", NS, group="") is None, "no pod created"
+
+
+def test_grouping_retention_keeps_the_newest_per_group(cluster: Dict[str, Any], captured: Dict[str, Any]) -> None:
+    (first,) = snapshots(cluster)
+    first_content = cluster["api"].store.get("podsnapshotcontents", first["status"]["boundSnapshotContentName"],
+                                             group=pc.GROUP)
+    first_id = first_content["spec"]["store"]["snapshotId"]
+    time.sleep(1.1)  # snapshot ids and createdAt are to the second
+    # the restored replicas carry the template's labels too: a JMESPath filter keeps the original only
+    res = run_playbook(cluster, "k8s_snapshot", {"warmstart_k8s_namespace": NS, "warmstart_k8s_selector": "app=embed",
+                                                 "warmstart_k8s_filter": "metadata.name == 'embed-0'",
+                                                 "warmstart_k8s_group_by": ["model"],
+                                                 "warmstart_k8s_max_per_group": 1})
+    assert set(res["rows"]) == {f"{NS}/embed-0"}, res["rows"]
+    assert res["rows"][f"{NS}/embed-0"]["result"] == "snapshotted"
+    left = snapshots(cluster)
+    assert [s["metadata"]["name"] for s in left] != [first["metadata"]["name"]] and len(left) == 1, left
+    assert cluster["api"].store.get("podsnapshotcontents", first_content["metadata"]["name"], group=pc.GROUP) is None
+    assert not (cluster["lab"].store / "snapshots" / first_id).exists(), "its store snapshot went too"
+
+
+def test_a_restored_pod_is_found_and_refused_with_the_cause(cluster: Dict[str, Any], captured: Dict[str, Any]) -> None:
+    """Its workload runs beside the placeholder's PID 1 and is found there; it keeps the restore's session,
+    whose leader is outside the pod's PID namespace, which CRIU cannot dump: refused, saying so, left serving."""
+    res = run_playbook(cluster, "k8s_snapshot", {"warmstart_k8s_namespace": NS, "warmstart_k8s_selector": "app=embed",
+                                                 "warmstart_k8s_filter": "metadata.name == 'embed-r-1'"}, ok=False)
+    row = res["rows"][f"{NS}/embed-r-1"]
+    assert row["result"] == "failed" and "session whose leader is outside the container's PID namespace" in \
+        row["detail"] and "snapshot the original container" in row["detail"], row
+    answer = ask(cluster["lab"].ip(cluster["kubelet"].started["embed-r-1"]))
+    assert answer["token"] == captured["before"]["token"], "the restored replica keeps serving"

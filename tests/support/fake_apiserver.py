@@ -1,0 +1,1045 @@
+"""A small, in-memory Kubernetes API server for tests: the real ``kubernetes`` client talks to it over HTTP.
+
+It speaks the REST protocol for what warmstart uses, with the semantics that matter for correctness:
+
+* core ``v1`` pods (namespaced, ``/status`` subresource) and namespaces (cluster-scoped);
+* ``apiextensions.k8s.io/v1`` CustomResourceDefinitions; creating one serves its custom objects
+  (namespaced or cluster-scoped per ``spec.scope``; ``/status`` when the version declares it), pruned and
+  type-checked against the version's ``openAPIV3Schema`` (``type``, ``enum``, ``required``, unknown fields
+  dropped unless ``x-kubernetes-preserve-unknown-fields``; ``default``, ``pattern``, ``minLength``, ``maxLength``,
+  ``minimum``, ``maximum``, ``maxItems`` applied), with transition rules of exactly the form
+  ``self == oldSelf`` (``x-kubernetes-validations``) enforced on update (422 Invalid with the rule's message);
+  other CEL rules are ignored;
+* verbs: GET, LIST (``labelSelector``: ``k=v``, ``k==v``, ``k!=v``, ``k in (a,b)``, ``k notin (a,b)``, ``k``,
+  ``!k``; ``fieldSelector``: ``metadata.name``, ``metadata.namespace``, ``spec.nodeName``, ``status.phase``),
+  POST (``generateName``; 409 AlreadyExists; 422 Invalid), PUT (409 Conflict on a stale
+  ``metadata.resourceVersion``; custom objects must carry one), PATCH, DELETE (finalizers: ``deletionTimestamp``
+  is set and the object goes when its finalizers list becomes empty; ``preconditions`` uid/resourceVersion);
+  ``dryRun=All`` on writes;
+* PATCH content types: ``application/merge-patch+json`` (RFC 7386), ``application/json-patch+json`` (RFC 6902)
+  and, for core objects only (custom objects answer 415 like the real server),
+  ``application/strategic-merge-patch+json`` - a documented subset: a merge patch in which the lists
+  ``conditions`` (key ``type``), ``containers`` / ``initContainers`` / ``volumes`` / ``env`` /
+  ``containerStatuses`` (key ``name``) merge by key and ``finalizers`` merges as a set; every other list is
+  replaced; ``$patch`` directives are not supported;
+* status subresource: writes to the main resource keep the stored ``.status``; writes to ``/status`` change only
+  ``.status``; ``metadata.generation`` bumps when anything outside ``metadata`` and ``status`` changes;
+* a global ``resourceVersion``; ``uid`` and ``creationTimestamp`` assigned on create;
+* errors are ``Status`` objects with the real reasons and messages (``pods "x" not found``);
+* discovery: ``/version``, ``/api``, ``/api/v1``, ``/apis``, ``/apis/<group>``, ``/apis/<group>/<version>``;
+* optional bearer token (``FakeApiServer(token=...)`` answers 401 without it).
+
+No watch, no server-side apply, no pagination. Every request is recorded in ``server.requests`` (method, path,
+query, content type) so a test can assert that check mode wrote nothing.
+"""
+from __future__ import annotations
+
+import copy
+import json
+import random
+import re
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any, Dict, Iterator, List, Optional, Tuple
+from urllib.parse import parse_qs, unquote, urlsplit
+
+JSON = Dict[str, Any]
+
+CORE_GROUP = ""
+CRD_GROUP = "apiextensions.k8s.io"
+WRITE_VERBS = ("POST", "PUT", "PATCH", "DELETE")
+DNS1123_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+SMP_LIST_KEYS = {"conditions": "type", "containers": "name", "initContainers": "name", "volumes": "name",
+                 "env": "name", "containerStatuses": "name"}
+SMP_SET_LISTS = ("finalizers",)
+
+
+class ApiError(Exception):
+    """An error answer: becomes a ``Status`` object."""
+
+    def __init__(self, code: int, reason: str, message: str, details: Optional[JSON] = None) -> None:
+        super().__init__(message)
+        self.code, self.reason, self.message, self.details = code, reason, message, details or {}
+
+    def status(self) -> JSON:
+        return {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure", "message": self.message,
+                "reason": self.reason, "details": self.details, "code": self.code}
+
+
+@dataclass
+class Resource:
+    """One served resource type."""
+
+    group: str
+    version: str
+    plural: str
+    kind: str
+    namespaced: bool
+    status: bool
+    singular: str = ""
+    short_names: List[str] = field(default_factory=list)
+    schema: Optional[JSON] = None  # openAPIV3Schema of custom resources
+    rules: List[Tuple[Tuple[str, ...], str]] = field(default_factory=list)  # (path, message) of self == oldSelf
+
+    @property
+    def api_version(self) -> str:
+        return f"{self.group}/{self.version}" if self.group else self.version
+
+    @property
+    def qualified(self) -> str:
+        """``pods`` or ``podsnapshots.snapshot.warmstart.io``, as the real messages name a resource."""
+        return f"{self.plural}.{self.group}" if self.group else self.plural
+
+    @property
+    def custom(self) -> bool:
+        return self.group not in (CORE_GROUP, CRD_GROUP)
+
+
+def _now() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+
+# --- label and field selectors --------------------------------------------------
+
+_REQ_SET = re.compile(r"^\s*([A-Za-z0-9._/-]+)\s+(in|notin)\s+\(([^)]*)\)\s*$")
+_REQ_CMP = re.compile(r"^\s*([A-Za-z0-9._/-]+)\s*(==|!=|=)\s*([A-Za-z0-9._-]*)\s*$")
+_REQ_EXISTS = re.compile(r"^\s*(!?)\s*([A-Za-z0-9._/-]+)\s*$")
+
+
+def _split_requirements(selector: str) -> List[str]:
+    """Split on commas outside parentheses."""
+    parts, depth, cur = [], 0, ""
+    for ch in selector:
+        if ch == "(":
+            depth += 1
+        elif ch == ")":
+            depth -= 1
+        if ch == "," and depth == 0:
+            parts.append(cur)
+            cur = ""
+        else:
+            cur += ch
+    parts.append(cur)
+    return [p for p in parts if p.strip()]
+
+
+def parse_label_selector(selector: str) -> List[Tuple[str, str, List[str]]]:
+    """``[(key, op, values)]`` with op one of ``=``, ``!=``, ``in``, ``notin``, ``exists``, ``!``."""
+    reqs = []
+    for part in _split_requirements(selector or ""):
+        m = _REQ_SET.match(part)
+        if m:
+            values = [v.strip() for v in m.group(3).split(",") if v.strip()]
+            reqs.append((m.group(1), m.group(2), values))
+            continue
+        m = _REQ_CMP.match(part)
+        if m:
+            reqs.append((m.group(1), "=" if m.group(2) in ("=", "==") else "!=", [m.group(3)]))
+            continue
+        m = _REQ_EXISTS.match(part)
+        if m:
+            reqs.append((m.group(2), "!" if m.group(1) else "exists", []))
+            continue
+        raise ApiError(400, "BadRequest", f"unable to parse requirement: {part.strip()!r}")
+    return reqs
+
+
+def label_match(labels: Dict[str, str], reqs: List[Tuple[str, str, List[str]]]) -> bool:
+    for key, op, values in reqs:
+        present = key in labels
+        value = labels.get(key)
+        if op == "=" and value != values[0]:
+            return False
+        if op == "!=" and value == values[0]:
+            return False
+        if op == "in" and value not in values:
+            return False
+        if op == "notin" and present and value in values:
+            return False
+        if op == "exists" and not present:
+            return False
+        if op == "!" and present:
+            return False
+    return True
+
+
+FIELD_PATHS = {"metadata.name": ("metadata", "name"), "metadata.namespace": ("metadata", "namespace"),
+               "spec.nodeName": ("spec", "nodeName"), "status.phase": ("status", "phase")}
+
+
+def field_match(obj: JSON, selector: str, res: Resource) -> bool:
+    for part in _split_requirements(selector or ""):
+        m = re.match(r"^\s*([A-Za-z.]+)\s*(==|!=|=)\s*(.*?)\s*$", part)
+        if not m:
+            raise ApiError(400, "BadRequest", f"invalid field selector: {part.strip()!r}")
+        key, op, want = m.groups()
+        if res.plural == "pods":
+            allowed = FIELD_PATHS
+        else:
+            allowed = {k: v for k, v in FIELD_PATHS.items() if k.startswith("metadata.")}
+        if key not in allowed:
+            raise ApiError(400, "BadRequest", f'"{key}" is not a known field selector: only "'
+                           + '", "'.join(sorted(allowed)) + '"')
+        have: Any = obj
+        for step in allowed[key]:
+            have = (have or {}).get(step) if isinstance(have, dict) else None
+        have = "" if have is None else str(have)
+        if (op == "!=") == (have == want):
+            return False
+    return True
+
+
+# --- patches --------------------------------------------------------------------
+
+def merge_patch(target: Any, patch: Any) -> Any:
+    """RFC 7386 JSON merge patch."""
+    if not isinstance(patch, dict):
+        return copy.deepcopy(patch)
+    result = copy.deepcopy(target) if isinstance(target, dict) else {}
+    for key, value in patch.items():
+        if value is None:
+            result.pop(key, None)
+        else:
+            result[key] = merge_patch(result.get(key), value)
+    return result
+
+
+def strategic_merge_patch(target: Any, patch: Any) -> Any:
+    """Merge patch, but the lists in SMP_LIST_KEYS merge by key and SMP_SET_LISTS as sets (see module doc)."""
+    if not isinstance(patch, dict):
+        return copy.deepcopy(patch)
+    result = copy.deepcopy(target) if isinstance(target, dict) else {}
+    for key, value in patch.items():
+        if value is None:
+            result.pop(key, None)
+        elif key in SMP_LIST_KEYS and isinstance(value, list) and isinstance(result.get(key), list):
+            merge_key = SMP_LIST_KEYS[key]
+            merged = [copy.deepcopy(x) for x in result[key]]
+            for item in value:
+                idx = next((i for i, old in enumerate(merged) if isinstance(old, dict) and isinstance(item, dict)
+                            and old.get(merge_key) == item.get(merge_key)), None)
+                if idx is None:
+                    merged.append(copy.deepcopy(item))
+                else:
+                    merged[idx] = strategic_merge_patch(merged[idx], item)
+            result[key] = merged
+        elif key in SMP_SET_LISTS and isinstance(value, list) and isinstance(result.get(key), list):
+            result[key] = result[key] + [v for v in value if v not in result[key]]
+        else:
+            result[key] = strategic_merge_patch(result.get(key), value)
+    return result
+
+
+def _pointer(path: str) -> List[str]:
+    if path == "":
+        return []
+    if not path.startswith("/"):
+        raise ApiError(422, "Invalid", f"invalid JSON pointer {path!r}")
+    return [p.replace("~1", "/").replace("~0", "~") for p in path[1:].split("/")]
+
+
+def _resolve(doc: Any, tokens: List[str]) -> Any:
+    for tok in tokens:
+        if isinstance(doc, list):
+            doc = doc[int(tok)]
+        else:
+            doc = doc[tok]
+    return doc
+
+
+def json_patch(doc: Any, ops: Any) -> Any:
+    """RFC 6902 JSON patch: add, remove, replace, move, copy, test."""
+    if not isinstance(ops, list):
+        raise ApiError(400, "BadRequest", "json: cannot unmarshal object into Go value of type jsonpatch.Patch")
+    doc = copy.deepcopy(doc)
+    for op in ops:
+        kind, path = op.get("op"), op.get("path", "")
+        try:
+            tokens = _pointer(path)
+            if kind == "test":
+                if _resolve(doc, tokens) != op.get("value"):
+                    raise ApiError(422, "Invalid", f"the server rejected our request due to an error in our "
+                                   f"request: testing value {path} failed")
+                continue
+            if kind in ("move", "copy"):
+                value = copy.deepcopy(_resolve(doc, _pointer(op["from"])))
+                if kind == "move":
+                    doc = json_patch(doc, [{"op": "remove", "path": op["from"]}])
+                kind, op = "add", {"op": "add", "path": path, "value": value}
+            if not tokens:
+                if kind in ("add", "replace"):
+                    doc = copy.deepcopy(op["value"])
+                    continue
+                raise ApiError(422, "Invalid", "cannot remove the whole document")
+            parent = _resolve(doc, tokens[:-1])
+            last = tokens[-1]
+            if kind == "add":
+                if isinstance(parent, list):
+                    parent.insert(len(parent) if last == "-" else int(last), copy.deepcopy(op["value"]))
+                else:
+                    parent[last] = copy.deepcopy(op["value"])
+            elif kind == "remove":
+                del parent[int(last) if isinstance(parent, list) else last]
+            elif kind == "replace":
+                if isinstance(parent, list):
+                    parent[int(last)] = copy.deepcopy(op["value"])
+                else:
+                    if last not in parent:
+                        raise KeyError(last)
+                    parent[last] = copy.deepcopy(op["value"])
+            else:
+                raise ApiError(422, "Invalid", f"unexpected kind of JSON patch operation: {kind!r}")
+        except (KeyError, IndexError, ValueError, TypeError) as exc:
+            raise ApiError(422, "Invalid", f"the server rejected our request due to an error in our request: "
+                           f"{kind} operation does not apply: doc is missing path: {path!r} ({exc})") from None
+    return doc
+
+
+# --- schemas of custom resources --------------------------------------------------
+
+def collect_rules(schema: JSON, path: Tuple[str, ...] = ()) -> List[Tuple[Tuple[str, ...], str]]:
+    """Transition rules of the form ``self == oldSelf`` in an openAPIV3Schema: ``[(path, message)]``."""
+    out: List[Tuple[Tuple[str, ...], str]] = []
+    for rule in schema.get("x-kubernetes-validations") or []:
+        if re.sub(r"\s+", "", str(rule.get("rule", ""))) == "self==oldSelf":
+            out.append((path, str(rule.get("message") or "Invalid value: failed rule: self == oldSelf")))
+    for name, sub in (schema.get("properties") or {}).items():
+        if isinstance(sub, dict):
+            out.extend(collect_rules(sub, path + (name,)))
+    return out
+
+
+_TYPES = {"string": (str,), "boolean": (bool,), "object": (dict,), "array": (list,)}
+
+
+def _type_ok(value: Any, want: str) -> bool:
+    if want == "integer":
+        return isinstance(value, int) and not isinstance(value, bool)
+    if want == "number":
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    return isinstance(value, _TYPES.get(want, (object,)))
+
+
+def _type_name(value: Any) -> str:
+    for name in ("boolean", "integer", "number", "string", "object", "array"):
+        if _type_ok(value, name):
+            return name
+    return "null"
+
+
+def prune_and_check(value: Any, schema: JSON, path: str, errors: List[str]) -> Any:
+    """Drop unknown fields (structural pruning) and collect type / enum / required errors."""
+    if value is None:
+        return None
+    want = schema.get("type")
+    if schema.get("x-kubernetes-int-or-string"):
+        if not isinstance(value, (int, str)) or isinstance(value, bool):
+            errors.append(f"{path}: Invalid value: \"{_type_name(value)}\": {path} in body must be of type "
+                          "int-or-string")
+        return value
+    if want and not _type_ok(value, want):
+        errors.append(f"{path}: Invalid value: \"{_type_name(value)}\": {path} in body must be of type {want}: "
+                      f"\"{_type_name(value)}\"")
+        return value
+    if "enum" in schema and value not in schema["enum"]:
+        supported = ", ".join(json.dumps(v) for v in schema["enum"])
+        errors.append(f"{path}: Unsupported value: {json.dumps(value)}: supported values: {supported}")
+    if isinstance(value, str):
+        if "pattern" in schema and not re.search(schema["pattern"], value):
+            errors.append(f"{path}: Invalid value: {json.dumps(value)}: {path} in body should match "
+                          f"'{schema['pattern']}'")
+        if len(value) < schema.get("minLength", 0):
+            errors.append(f"{path}: Invalid value: {json.dumps(value)}: {path} in body should be at least "
+                          f"{schema['minLength']} chars long")
+        if "maxLength" in schema and len(value) > schema["maxLength"]:
+            errors.append(f"{path}: Too long: may not be more than {schema['maxLength']} bytes")
+    if _type_ok(value, "number"):
+        if "minimum" in schema and value < schema["minimum"]:
+            errors.append(f"{path}: Invalid value: {value}: {path} in body should be greater than or equal to "
+                          f"{schema['minimum']}")
+        if "maximum" in schema and value > schema["maximum"]:
+            errors.append(f"{path}: Invalid value: {value}: {path} in body should be less than or equal to "
+                          f"{schema['maximum']}")
+    if isinstance(value, list) and "maxItems" in schema and len(value) > schema["maxItems"]:
+        errors.append(f"{path}: Too many: {len(value)}: must have at most {schema['maxItems']} items")
+    if isinstance(value, dict):
+        props = schema.get("properties") or {}
+        extra = schema.get("additionalProperties")
+        preserve = schema.get("x-kubernetes-preserve-unknown-fields")
+        value = dict(value)
+        for key, sub_schema in props.items():
+            if key not in value and isinstance(sub_schema, dict) and "default" in sub_schema:
+                value[key] = copy.deepcopy(sub_schema["default"])  # structural defaulting
+        out = {}
+        for key, sub in value.items():
+            sub_path = f"{path}.{key}" if path else key
+            sub_schema = props.get(key) if key in props else extra if isinstance(extra, dict) else None
+            if sub_schema is not None:
+                if sub is None and not sub_schema.get("nullable"):
+                    continue  # null in a non-nullable field is pruned
+                out[key] = prune_and_check(sub, sub_schema, sub_path, errors)
+            elif extra is True or preserve:
+                out[key] = sub
+            # anything else is an unknown field: pruned, as the real server does
+        for req in schema.get("required") or []:
+            if req not in out:
+                errors.append(f"{path + '.' if path else ''}{req}: Required value")
+        return out
+    if isinstance(value, list) and isinstance(schema.get("items"), dict):
+        return [prune_and_check(item, schema["items"], f"{path}[{i}]", errors) for i, item in enumerate(value)]
+    return value
+
+
+def _at(obj: Any, path: Tuple[str, ...]) -> Tuple[bool, Any]:
+    for step in path:
+        if not isinstance(obj, dict) or step not in obj:
+            return False, None
+        obj = obj[step]
+    return True, obj
+
+
+# --- the store ------------------------------------------------------------------
+
+class Store:
+    """Objects by (group, plural) and (namespace, name); one lock for all of it."""
+
+    def __init__(self) -> None:
+        self.lock = threading.RLock()
+        self.resources: Dict[Tuple[str, str, str], Resource] = {}
+        self.objects: Dict[Tuple[str, str], Dict[Tuple[str, str], JSON]] = {}
+        self.rv = 0
+        for res in (Resource(CORE_GROUP, "v1", "pods", "Pod", True, True, "pod", ["po"]),
+                    Resource(CORE_GROUP, "v1", "namespaces", "Namespace", False, True, "namespace", ["ns"]),
+                    Resource(CRD_GROUP, "v1", "customresourcedefinitions", "CustomResourceDefinition", False, True,
+                             "customresourcedefinition", ["crd", "crds"])):
+            self.resources[(res.group, res.version, res.plural)] = res
+        for ns in ("default", "kube-system"):
+            self._insert(self.resource("", "v1", "namespaces"), {"metadata": {"name": ns},
+                                                                 "spec": {"finalizers": ["kubernetes"]},
+                                                                 "status": {"phase": "Active"}})
+
+    # assertions helpers --------------------------------------------------------
+
+    def resource(self, group: str, version: str, plural: str) -> Resource:
+        res = self.resources.get((group, version, plural))
+        if res is None:
+            raise ApiError(404, "NotFound", "the server could not find the requested resource",
+                           {"group": group, "kind": plural})
+        return res
+
+    def find_resource(self, plural: str, group: Optional[str] = None) -> Resource:
+        for res in self.resources.values():
+            if res.plural == plural and (group is None or res.group == group):
+                return res
+        raise KeyError(plural)
+
+    def get(self, plural: str, name: str, namespace: str = "", group: Optional[str] = None) -> Optional[JSON]:
+        """A deep copy of one stored object, or None."""
+        res = self.find_resource(plural, group)
+        with self.lock:
+            obj = self.objects.get((res.group, plural), {}).get((namespace if res.namespaced else "", name))
+            return copy.deepcopy(obj)
+
+    def list(self, plural: str, namespace: Optional[str] = None, group: Optional[str] = None) -> List[JSON]:
+        res = self.find_resource(plural, group)
+        with self.lock:
+            objs = self.objects.get((res.group, plural), {})
+            return [copy.deepcopy(o) for (ns, _name), o in sorted(objs.items())
+                    if namespace is None or ns == namespace]
+
+    def put(self, plural: str, obj: JSON, group: Optional[str] = None) -> JSON:
+        """Store ``obj`` as given (status included), creating or overwriting it: for test set-up."""
+        res = self.find_resource(plural, group)
+        with self.lock:
+            meta = obj.setdefault("metadata", {})
+            if res.namespaced:
+                meta.setdefault("namespace", "default")
+            key = (meta.get("namespace", "") if res.namespaced else "", meta["name"])
+            old = self.objects.get((res.group, plural), {}).get(key)
+            if old is not None:
+                for keep in ("uid", "creationTimestamp"):
+                    meta.setdefault(keep, old["metadata"][keep])
+            return copy.deepcopy(self._insert(res, obj))
+
+    def remove(self, plural: str, name: str, namespace: str = "", group: Optional[str] = None) -> None:
+        """Drop an object at once, finalizers or not."""
+        res = self.find_resource(plural, group)
+        with self.lock:
+            self.objects.get((res.group, plural), {}).pop((namespace if res.namespaced else "", name), None)
+
+    # internals -------------------------------------------------------------------
+
+    def next_rv(self) -> str:
+        self.rv += 1
+        return str(self.rv)
+
+    def _insert(self, res: Resource, obj: JSON) -> JSON:
+        meta = obj.setdefault("metadata", {})
+        meta.setdefault("uid", str(uuid.uuid4()))
+        meta.setdefault("creationTimestamp", _now())
+        meta.setdefault("generation", 1)
+        meta["resourceVersion"] = self.next_rv()
+        obj["apiVersion"], obj["kind"] = res.api_version, res.kind
+        key = (meta.get("namespace", "") if res.namespaced else "", meta["name"])
+        self.objects.setdefault((res.group, res.plural), {})[key] = obj
+        if res.plural == "customresourcedefinitions":
+            self._serve_crd(obj)
+        return obj
+
+    def _drop(self, res: Resource, key: Tuple[str, str]) -> None:
+        obj = self.objects.get((res.group, res.plural), {}).pop(key, None)
+        if obj is not None and res.plural == "customresourcedefinitions":
+            spec = obj.get("spec") or {}
+            group, plural = spec.get("group", ""), (spec.get("names") or {}).get("plural", "")
+            for k in [k for k in self.resources if k[0] == group and k[2] == plural]:
+                del self.resources[k]
+            self.objects.pop((group, plural), None)
+
+    def _serve_crd(self, crd: JSON) -> None:
+        spec = crd.get("spec") or {}
+        names = spec.get("names") or {}
+        group, plural = spec["group"], names["plural"]
+        for k in [k for k in self.resources if k[0] == group and k[2] == plural]:
+            del self.resources[k]
+        for ver in spec.get("versions") or []:
+            if not ver.get("served", True):
+                continue
+            schema = ((ver.get("schema") or {}).get("openAPIV3Schema")) or None
+            self.resources[(group, ver["name"], plural)] = Resource(
+                group, ver["name"], plural, names.get("kind", ""), spec.get("scope") == "Namespaced",
+                "status" in (ver.get("subresources") or {}), names.get("singular", ""),
+                list(names.get("shortNames") or []), schema, collect_rules(schema or {}))
+        storage = [v["name"] for v in spec.get("versions") or [] if v.get("storage")]
+        crd["status"] = {"acceptedNames": copy.deepcopy(names), "storedVersions": storage,
+                         "conditions": [{"type": "NamesAccepted", "status": "True", "reason": "NoConflicts",
+                                         "message": "no conflicts found", "lastTransitionTime": _now()},
+                                        {"type": "Established", "status": "True", "reason": "InitialNamesAccepted",
+                                         "message": "the initial names have been accepted",
+                                         "lastTransitionTime": _now()}]}
+
+
+# --- request handling -------------------------------------------------------------
+
+def _not_found(res: Resource, name: str) -> ApiError:
+    return ApiError(404, "NotFound", f'{res.qualified} "{name}" not found',
+                    {"name": name, "group": res.group, "kind": res.plural})
+
+
+def _invalid(res: Resource, name: str, causes: List[str]) -> ApiError:
+    return ApiError(422, "Invalid", f'{res.kind}{"." + res.group if res.group else ""} "{name}" is invalid: '
+                    + ("[" + ", ".join(causes) + "]" if len(causes) > 1 else causes[0]),
+                    {"name": name, "group": res.group, "kind": res.kind,
+                     "causes": [{"reason": "FieldValueInvalid", "message": c, "field": c.split(":", 1)[0]}
+                                for c in causes]})
+
+
+def _conflict(res: Resource, name: str, why: str = "the object has been modified; please apply your changes "
+              "to the latest version and try again") -> ApiError:
+    return ApiError(409, "Conflict", f'Operation cannot be fulfilled on {res.qualified} "{name}": {why}',
+                    {"name": name, "group": res.group, "kind": res.plural})
+
+
+def _without_rv(obj: JSON) -> JSON:
+    out = dict(obj, metadata=dict(obj.get("metadata") or {}))
+    out["metadata"].pop("resourceVersion", None)
+    return out
+
+
+def _spec_part(obj: JSON) -> JSON:
+    return {k: v for k, v in obj.items() if k not in ("metadata", "status", "apiVersion", "kind")}
+
+
+class Api:
+    """The verbs, over a Store."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+
+    def _key(self, res: Resource, namespace: str, name: str) -> Tuple[str, str]:
+        return (namespace if res.namespaced else "", name)
+
+    def _bucket(self, res: Resource) -> Dict[Tuple[str, str], JSON]:
+        return self.store.objects.setdefault((res.group, res.plural), {})
+
+    def _validate(self, res: Resource, obj: JSON, old: Optional[JSON]) -> JSON:
+        """Schema pruning/type checks, immutability rules, built-in checks; returns the object to store."""
+        name = obj["metadata"].get("name", "")
+        errors: List[str] = []
+        if not DNS1123_SUBDOMAIN.match(name) or len(name) > 253:
+            errors.append(f'metadata.name: Invalid value: "{name}": a lowercase RFC 1123 subdomain must consist of '
+                          "lower case alphanumeric characters, '-' or '.', and must start and end with an "
+                          "alphanumeric character (e.g. 'example.com', regex used for validation is "
+                          "'[a-z0-9]([-a-z0-9]*[a-z0-9])?(\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*')")
+        for key in ("labels", "annotations"):
+            for k, v in ((obj["metadata"].get(key) or {}).items()):
+                if not isinstance(v, str):
+                    errors.append(f"metadata.{key}: Invalid value: {json.dumps(v)}: {key} values must be strings")
+        if res.custom and res.schema:
+            meta = obj.get("metadata")
+            body = {k: v for k, v in obj.items() if k not in ("metadata", "apiVersion", "kind")}
+            pruned = prune_and_check(body, res.schema, "", errors)
+            obj = dict(pruned or {}, metadata=meta, apiVersion=obj.get("apiVersion"), kind=obj.get("kind"))
+        if res.plural == "pods":
+            spec = obj.get("spec") or {}
+            if not spec.get("containers"):
+                errors.append("spec.containers: Required value")
+            for i, ctr in enumerate(spec.get("containers") or []):
+                if not (ctr or {}).get("name"):
+                    errors.append(f"spec.containers[{i}].name: Required value")
+                if not (ctr or {}).get("image"):
+                    errors.append(f"spec.containers[{i}].image: Required value")
+        if res.plural == "customresourcedefinitions":
+            spec = obj.get("spec") or {}
+            plural, group = (spec.get("names") or {}).get("plural", ""), spec.get("group", "")
+            if name != f"{plural}.{group}":
+                errors.append(f'metadata.name: Invalid value: "{name}": must be spec.names.plural+"."+spec.group')
+            if spec.get("scope") not in ("Namespaced", "Cluster"):
+                errors.append(f'spec.scope: Unsupported value: "{spec.get("scope")}": supported values: '
+                              '"Cluster", "Namespaced"')
+            if not (spec.get("names") or {}).get("kind"):
+                errors.append("spec.names.kind: Required value")
+            if not spec.get("versions"):
+                errors.append("spec.versions: Invalid value: null: must have exactly one version marked as "
+                              "storage version")
+        if old is not None:
+            for path, message in res.rules:
+                had, before = _at(old, path)
+                has, after = _at(obj, path)
+                if had and has and before != after:
+                    errors.append(f'{".".join(path) or "<nil>"}: Invalid value: "{_type_name(after)}": {message}')
+            new_fin = set(obj["metadata"].get("finalizers") or [])
+            if old["metadata"].get("deletionTimestamp") and new_fin - set(old["metadata"].get("finalizers") or []):
+                errors.append("metadata.finalizers: Forbidden: no new finalizers can be added if the object is "
+                              "being deleted, found new finalizers " + json.dumps(sorted(new_fin - set(
+                                  old["metadata"].get("finalizers") or []))))
+        if errors:
+            raise _invalid(res, name, errors)
+        return obj
+
+    # verbs -------------------------------------------------------------------------
+
+    def get(self, res: Resource, namespace: str, name: str) -> JSON:
+        with self.store.lock:
+            obj = self._bucket(res).get(self._key(res, namespace, name))
+            if obj is None:
+                raise _not_found(res, name)
+            return copy.deepcopy(obj)
+
+    def list(self, res: Resource, namespace: Optional[str], query: Dict[str, str]) -> JSON:
+        reqs = parse_label_selector(query.get("labelSelector", ""))
+        with self.store.lock:
+            items = []
+            for (ns, _name), obj in sorted(self._bucket(res).items()):
+                if namespace is not None and res.namespaced and ns != namespace:
+                    continue
+                if not label_match(obj["metadata"].get("labels") or {}, reqs):
+                    continue
+                if not field_match(obj, query.get("fieldSelector", ""), res):
+                    continue
+                items.append(copy.deepcopy(obj))
+            return {"kind": res.kind + "List", "apiVersion": res.api_version,
+                    "metadata": {"resourceVersion": str(self.store.rv)}, "items": items}
+
+    def create(self, res: Resource, namespace: str, body: Any, dry_run: bool) -> JSON:
+        if not isinstance(body, dict):
+            raise ApiError(400, "BadRequest", "the body of the request was in an unknown format")
+        obj = copy.deepcopy(body)
+        meta = obj.setdefault("metadata", {})
+        if res.namespaced:
+            if meta.get("namespace") and meta["namespace"] != namespace:
+                raise ApiError(400, "BadRequest", "the namespace of the provided object does not match the "
+                               "namespace sent on the request")
+            meta["namespace"] = namespace
+        else:
+            meta.pop("namespace", None)
+        want_kind = obj.get("kind")
+        if want_kind and want_kind != res.kind:
+            raise ApiError(400, "BadRequest", f"the kind of the object ({want_kind}) does not match the resource "
+                           f"({res.kind})")
+        with self.store.lock:
+            if not meta.get("name"):
+                if meta.get("generateName"):
+                    chars = "bcdfghjklmnpqrstvwxz2456789"
+                    meta["name"] = meta["generateName"] + "".join(random.choice(chars) for _i in range(5))
+                else:
+                    raise _invalid(res, "", ["metadata.name: Required value: name or generateName is required"])
+            for drop in ("uid", "resourceVersion", "creationTimestamp", "deletionTimestamp", "generation"):
+                meta.pop(drop, None)
+            if res.status:
+                obj.pop("status", None)
+                if res.plural == "pods":
+                    obj["status"] = {"phase": "Pending", "qosClass": "BestEffort"}
+            obj["apiVersion"], obj["kind"] = res.api_version, res.kind
+            obj = self._validate(res, obj, None)
+            if self._key(res, namespace, meta["name"]) in self._bucket(res):
+                raise ApiError(409, "AlreadyExists", f'{res.qualified} "{meta["name"]}" already exists',
+                               {"name": meta["name"], "group": res.group, "kind": res.plural})
+            if dry_run:
+                obj["metadata"].update(uid=str(uuid.uuid4()), creationTimestamp=_now(), generation=1)
+                return obj
+            return copy.deepcopy(self.store._insert(res, obj))
+
+    def _write(self, res: Resource, namespace: str, name: str, new: JSON, old: JSON, status_only: bool,
+               dry_run: bool, require_rv: bool) -> JSON:
+        """Store ``new`` as the next version of ``old`` (the common tail of update and patch)."""
+        new = copy.deepcopy(new)
+        meta = new.setdefault("metadata", {})
+        if meta.get("name", name) != name:
+            raise ApiError(400, "BadRequest", f'the name of the object ({meta.get("name")}) does not match the '
+                           f"name on the URL ({name})")
+        rv = meta.get("resourceVersion")
+        if rv and rv != old["metadata"]["resourceVersion"]:
+            raise _conflict(res, name)
+        if require_rv and not rv:
+            raise _invalid(res, name, ['metadata.resourceVersion: Invalid value: 0x0: must be specified for an '
+                                       "update"])
+        if status_only:
+            merged = copy.deepcopy(old)
+            if "status" in new:
+                merged["status"] = new["status"]
+            else:
+                merged.pop("status", None)
+            new = merged
+        else:
+            meta["name"] = name
+            if res.namespaced:
+                meta["namespace"] = namespace
+            for keep in ("uid", "creationTimestamp", "deletionTimestamp", "deletionGracePeriodSeconds",
+                         "generation"):
+                if keep in old["metadata"]:
+                    meta[keep] = old["metadata"][keep]
+                else:
+                    meta.pop(keep, None)
+            if res.status:
+                if "status" in old:
+                    new["status"] = copy.deepcopy(old["status"])
+                else:
+                    new.pop("status", None)
+        new["apiVersion"], new["kind"] = res.api_version, res.kind
+        new = self._validate(res, new, old)
+        if _spec_part(new) != _spec_part(old):
+            new["metadata"]["generation"] = int(old["metadata"].get("generation", 1)) + 1
+        if _without_rv(new) == _without_rv(old):
+            return copy.deepcopy(old)  # a no-op write: the real server keeps the resourceVersion
+        if dry_run:
+            return new
+        key = self._key(res, namespace, name)
+        if new["metadata"].get("deletionTimestamp") and not new["metadata"].get("finalizers"):
+            self.store._drop(res, key)
+            return new
+        new["metadata"]["resourceVersion"] = self.store.next_rv()
+        self._bucket(res)[key] = new
+        if res.plural == "customresourcedefinitions":
+            self.store._serve_crd(new)
+        return copy.deepcopy(new)
+
+    def replace(self, res: Resource, namespace: str, name: str, body: Any, status_only: bool,
+                dry_run: bool) -> JSON:
+        if not isinstance(body, dict):
+            raise ApiError(400, "BadRequest", "the body of the request was in an unknown format")
+        with self.store.lock:
+            old = self.get(res, namespace, name)
+            return self._write(res, namespace, name, body, old, status_only, dry_run, require_rv=res.custom)
+
+    def patch(self, res: Resource, namespace: str, name: str, body: Any, content_type: str, status_only: bool,
+              dry_run: bool) -> JSON:
+        with self.store.lock:
+            old = self.get(res, namespace, name)
+            if content_type == "application/json-patch+json":
+                new = json_patch(old, body)
+            elif content_type == "application/merge-patch+json":
+                new = merge_patch(old, body)
+            elif content_type == "application/strategic-merge-patch+json" and not res.custom:
+                new = strategic_merge_patch(old, body)
+            else:
+                accepted = "application/json-patch+json, application/merge-patch+json" + (
+                    "" if res.custom else ", application/strategic-merge-patch+json")
+                raise ApiError(415, "UnsupportedMediaType", "the body of the request was in an unknown format - "
+                               f"accepted media types include: {accepted}")
+            if not isinstance(new, dict):
+                raise ApiError(400, "BadRequest", "the patch does not produce an object")
+            return self._write(res, namespace, name, new, old, status_only, dry_run, require_rv=False)
+
+    def delete(self, res: Resource, namespace: str, name: str, body: Any, dry_run: bool) -> JSON:
+        with self.store.lock:
+            old = self.get(res, namespace, name)
+            pre = (body or {}).get("preconditions") or {} if isinstance(body, dict) else {}
+            if pre.get("uid") and pre["uid"] != old["metadata"]["uid"]:
+                raise _conflict(res, name, f"Precondition failed: UID in precondition: {pre['uid']}, UID in "
+                                f"object meta: {old['metadata']['uid']}")
+            if pre.get("resourceVersion") and pre["resourceVersion"] != old["metadata"]["resourceVersion"]:
+                raise _conflict(res, name, f"Precondition failed: ResourceVersion in precondition: "
+                                f"{pre['resourceVersion']}, ResourceVersion in object meta: "
+                                f"{old['metadata']['resourceVersion']}")
+            if dry_run:
+                return old
+            key = self._key(res, namespace, name)
+            if old["metadata"].get("finalizers"):
+                obj = self._bucket(res)[key]
+                if not obj["metadata"].get("deletionTimestamp"):
+                    obj["metadata"]["deletionTimestamp"] = _now()
+                    obj["metadata"]["deletionGracePeriodSeconds"] = 0
+                    obj["metadata"]["resourceVersion"] = self.store.next_rv()
+                return copy.deepcopy(obj)
+            self.store._drop(res, key)
+            if res.custom:
+                return {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success",
+                        "details": {"name": name, "group": res.group, "kind": res.plural, "uid": old["metadata"]["uid"]}}
+            return old
+
+
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    server: "_HttpServer"
+
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - BaseHTTPRequestHandler's signature
+        pass
+
+    def _send(self, code: int, doc: Any) -> None:
+        data = json.dumps(doc).encode()
+        self.send_response(code)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def _body(self) -> Any:
+        length = int(self.headers.get("Content-Length") or 0)
+        raw = self.rfile.read(length) if length else b""
+        if not raw:
+            return None
+        try:
+            return json.loads(raw)
+        except ValueError:
+            raise ApiError(400, "BadRequest", "the body of the request could not be decoded as JSON") from None
+
+    def _handle(self) -> None:
+        fake: FakeApiServer = self.server.fake
+        parts = urlsplit(self.path)
+        query = {k: v[-1] for k, v in parse_qs(parts.query).items()}
+        ctype = (self.headers.get("Content-Type") or "").split(";")[0].strip()
+        try:
+            body = self._body()
+            with fake.store.lock:
+                fake.requests.append({"method": self.command, "path": parts.path, "query": query,
+                                      "content_type": ctype})
+            if fake.token is not None and self.headers.get("Authorization") != f"Bearer {fake.token}":
+                raise ApiError(401, "Unauthorized", "Unauthorized")
+            code, doc = fake.route(self.command, parts.path, query, body, ctype)
+        except ApiError as exc:
+            code, doc = exc.code, exc.status()
+        except Exception as exc:  # noqa: BLE001 - a bug in the fake must show as 500, not hang the client
+            code, doc = 500, ApiError(500, "InternalError", f"fake apiserver: {type(exc).__name__}: {exc}").status()
+        self._send(code, doc)
+
+    do_GET = do_POST = do_PUT = do_PATCH = do_DELETE = _handle
+
+
+class _HttpServer(ThreadingHTTPServer):
+    daemon_threads = True
+    allow_reuse_address = True
+    fake: "FakeApiServer"
+
+
+class FakeApiServer:
+    """``with FakeApiServer() as api: ...``; ``api.url``, ``api.write_kubeconfig(path)``, ``api.store``."""
+
+    VERSION = {"major": "1", "minor": "34", "gitVersion": "v1.34.0-warmstart-fake", "gitCommit": "0" * 40,
+               "gitTreeState": "clean", "buildDate": "2026-01-01T00:00:00Z", "goVersion": "go1.24.0",
+               "compiler": "gc", "platform": "linux/amd64"}
+
+    def __init__(self, token: Optional[str] = None) -> None:
+        self.token = token
+        self.store = Store()
+        self.api = Api(self.store)
+        self.requests: List[JSON] = []
+        self.kubeconfig: Optional[Path] = None
+        self._httpd: Optional[_HttpServer] = None
+        self._thread: Optional[threading.Thread] = None
+
+    # lifecycle ---------------------------------------------------------------------
+
+    def start(self) -> "FakeApiServer":
+        self._httpd = _HttpServer(("127.0.0.1", 0), _Handler)
+        self._httpd.fake = self
+        self._thread = threading.Thread(target=self._httpd.serve_forever, kwargs={"poll_interval": 0.05},
+                                        name="fake-apiserver", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        if self._httpd is not None:
+            self._httpd.shutdown()
+            self._httpd.server_close()
+            self._httpd = None
+
+    def __enter__(self) -> "FakeApiServer":
+        return self.start()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()
+
+    @property
+    def url(self) -> str:
+        assert self._httpd is not None, "server not started"
+        return f"http://127.0.0.1:{self._httpd.server_address[1]}"
+
+    def write_kubeconfig(self, path: Path, context: str = "fake", namespace: str = "default",
+                         token: Optional[str] = None) -> Path:
+        """Write a kubeconfig whose context ``context`` points here (with the server's token unless given).
+
+        The first one written becomes ``.kubeconfig``."""
+        token = self.token if token is None else token
+        user: JSON = {"token": token} if token else {}
+        doc = {"apiVersion": "v1", "kind": "Config", "preferences": {},
+               "clusters": [{"name": context, "cluster": {"server": self.url}}],
+               "users": [{"name": f"{context}-user", "user": user}],
+               "contexts": [{"name": context, "context": {"cluster": context, "user": f"{context}-user",
+                                                          "namespace": namespace}}],
+               "current-context": context}
+        path.write_text(json.dumps(doc, indent=2))
+        if self.kubeconfig is None:
+            self.kubeconfig = path
+        return path
+
+    # test helpers ------------------------------------------------------------------
+
+    def add_pod(self, name: str, namespace: str = "default", containers: Optional[List[JSON]] = None,
+                labels: Optional[Dict[str, str]] = None, node: str = "node-1", phase: str = "Running",
+                spec: Optional[JSON] = None, status: Optional[JSON] = None,
+                annotations: Optional[Dict[str, str]] = None) -> JSON:
+        """Store a scheduled pod with a status (as if the scheduler and kubelet had run); returns it."""
+        containers = containers or [{"name": "main", "image": "registry.local/embed:1.0",
+                                     "command": ["python", "/app/server.py"]}]
+        pod_spec = dict(spec or {}, containers=containers) if "containers" not in (spec or {}) else dict(spec or {})
+        pod_spec.setdefault("nodeName", node)
+        pod_status = status if status is not None else {
+            "phase": phase, "podIP": "10.0.0.7", "hostIP": "192.168.0.10",
+            "conditions": [{"type": "PodScheduled", "status": "True"},
+                           {"type": "Ready", "status": "True" if phase == "Running" else "False"}],
+            "containerStatuses": [{"name": c["name"], "image": c.get("image", ""),
+                                   "imageID": f"{c.get('image', '')}@sha256:{'ab' * 32}",
+                                   "containerID": f"containerd://{uuid.uuid4().hex}{uuid.uuid4().hex}",
+                                   "ready": phase == "Running", "restartCount": 0,
+                                   "state": {"running": {"startedAt": _now()}} if phase == "Running" else
+                                   {"waiting": {"reason": "ContainerCreating"}}} for c in pod_spec["containers"]]}
+        meta: JSON = {"name": name, "namespace": namespace, "labels": dict(labels or {})}
+        if annotations:
+            meta["annotations"] = dict(annotations)
+        return self.store.put("pods", {"metadata": meta, "spec": pod_spec, "status": pod_status}, group="")
+
+    def writes(self) -> List[JSON]:
+        """The requests that could change something (POST, PUT, PATCH, DELETE), in order."""
+        with self.store.lock:
+            return [r for r in self.requests if r["method"] in WRITE_VERBS]
+
+    # routing -----------------------------------------------------------------------
+
+    def _discovery(self, path: str) -> Optional[JSON]:
+        store = self.store
+        if path in ("/version", "/version/"):
+            return self.VERSION
+        if path == "/api":
+            return {"kind": "APIVersions", "versions": ["v1"],
+                    "serverAddressByClientCIDRs": [{"clientCIDR": "0.0.0.0/0", "serverAddress": self.url[7:]}]}
+        if path == "/apis":
+            groups: Dict[str, List[str]] = {}
+            for (group, version, _plural) in store.resources:
+                if group and version not in groups.setdefault(group, []):
+                    groups[group].append(version)
+            return {"kind": "APIGroupList", "apiVersion": "v1", "groups": [
+                {"name": g, "versions": [{"groupVersion": f"{g}/{v}", "version": v} for v in vs],
+                 "preferredVersion": {"groupVersion": f"{g}/{vs[0]}", "version": vs[0]}}
+                for g, vs in sorted(groups.items())]}
+        m = re.match(r"^/apis/([^/]+)/?$", path)
+        if m:
+            versions = sorted({v for (g, v, _plural) in store.resources if g == m.group(1)})
+            if not versions:
+                raise ApiError(404, "NotFound", "the server could not find the requested resource")
+            return {"kind": "APIGroup", "apiVersion": "v1", "name": m.group(1),
+                    "versions": [{"groupVersion": f"{m.group(1)}/{v}", "version": v} for v in versions],
+                    "preferredVersion": {"groupVersion": f"{m.group(1)}/{versions[0]}", "version": versions[0]}}
+        m = re.match(r"^/api/(v1)/?$", path) or re.match(r"^/apis/([^/]+/[^/]+)/?$", path)
+        if m:
+            gv = m.group(1)
+            group, version = gv.split("/") if "/" in gv else ("", gv)
+            resources = []
+            for (g, v, _plural), res in sorted(store.resources.items()):
+                if g != group or v != version:
+                    continue
+                verbs = ["create", "delete", "get", "list", "patch", "update"]
+                resources.append({"name": res.plural, "singularName": res.singular, "namespaced": res.namespaced,
+                                  "kind": res.kind, "verbs": verbs, "shortNames": res.short_names})
+                if res.status:
+                    resources.append({"name": f"{res.plural}/status", "singularName": "", "namespaced":
+                                      res.namespaced, "kind": res.kind, "verbs": ["get", "patch", "update"]})
+            if not resources:
+                raise ApiError(404, "NotFound", "the server could not find the requested resource")
+            return {"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": gv, "resources": resources}
+        return None
+
+    def route(self, method: str, path: str, query: Dict[str, str], body: Any, ctype: str) -> Tuple[int, Any]:
+        if method == "GET":
+            doc = self._discovery(path.rstrip("/") or "/")
+            if doc is not None:
+                return 200, doc
+        if query.get("watch") in ("true", "1"):
+            raise ApiError(400, "BadRequest", "watch is not supported by the fake API server")
+        m = re.match(r"^/api/v1/(.*)$", path) or re.match(r"^/apis/([^/]+)/([^/]+)/(.*)$", path)
+        if not m:
+            raise ApiError(404, "NotFound", "the server could not find the requested resource")
+        if path.startswith("/api/v1/"):
+            group, version, rest = "", "v1", m.group(1)
+        else:
+            group, version, rest = m.group(1), m.group(2), m.group(3)
+        segs = [unquote(s) for s in rest.strip("/").split("/")]
+        namespace: Optional[str] = None
+        if len(segs) >= 3 and segs[0] == "namespaces" and (group, version, segs[2]) in self.store.resources \
+                and self.store.resources[(group, version, segs[2])].namespaced:
+            namespace, segs = segs[1], segs[2:]
+        res = self.store.resource(group, version, segs[0])
+        name = segs[1] if len(segs) > 1 else None
+        sub = segs[2] if len(segs) > 2 else None
+        if len(segs) > 3 or (sub is not None and (sub != "status" or not res.status)):
+            raise ApiError(404, "NotFound", "the server could not find the requested resource")
+        if res.namespaced and namespace is None and (name is not None or method != "GET"):
+            raise ApiError(404, "NotFound", "the server could not find the requested resource")
+        ns = namespace or ""
+        dry_run = query.get("dryRun") == "All"
+        if name is None:
+            if method == "GET":
+                return 200, self.api.list(res, namespace, query)
+            if method == "POST":
+                return 201, self.api.create(res, ns, body, dry_run)
+            raise ApiError(405, "MethodNotAllowed", f"the server does not allow this method on the requested "
+                           f"resource ({method} on a collection)")
+        if method == "GET":
+            return 200, self.api.get(res, ns, name)
+        if method == "PUT":
+            return 200, self.api.replace(res, ns, name, body, sub == "status", dry_run)
+        if method == "PATCH":
+            return 200, self.api.patch(res, ns, name, body, ctype, sub == "status", dry_run)
+        if method == "DELETE" and sub is None:
+            return 200, self.api.delete(res, ns, name, body, dry_run)
+        raise ApiError(405, "MethodNotAllowed", "the server does not allow this method on the requested resource")
+
+
+try:
+    import pytest
+except ImportError:  # pragma: no cover - the server itself needs only the standard library
+    pytest = None  # type: ignore[assignment]
+
+if pytest is not None:
+    @pytest.fixture
+    def fake_apiserver(tmp_path: Path) -> Iterator[FakeApiServer]:
+        """A started fake API server with ``.kubeconfig`` (a file; context ``fake``, namespace default)."""
+        server = FakeApiServer().start()
+        server.write_kubeconfig(tmp_path / "kubeconfig")
+        try:
+            yield server
+        finally:
+            server.stop()

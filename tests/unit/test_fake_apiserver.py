@@ -1,0 +1,369 @@
+"""The fake API server, driven by the real kubernetes client: the fixture the Kubernetes tests rely on is proven here."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Dict
+
+import pytest
+
+kubernetes = pytest.importorskip("kubernetes")
+
+from kubernetes import client, config  # noqa: E402
+from kubernetes.client.exceptions import ApiException  # noqa: E402
+
+from tests.support import fake_apiserver as fake_server_module  # noqa: E402
+from tests.support.fake_apiserver import FakeApiServer  # noqa: E402
+
+fake_apiserver = fake_server_module.fake_apiserver  # the pytest fixture
+
+GROUP, VERSION = "example.warmstart.io", "v1"
+
+WIDGET_CRD: Dict[str, Any] = {
+    "apiVersion": "apiextensions.k8s.io/v1",
+    "kind": "CustomResourceDefinition",
+    "metadata": {"name": f"widgets.{GROUP}"},
+    "spec": {
+        "group": GROUP,
+        "scope": "Namespaced",
+        "names": {"kind": "Widget", "plural": "widgets", "singular": "widget", "listKind": "WidgetList"},
+        "versions": [{
+            "name": VERSION, "served": True, "storage": True, "subresources": {"status": {}},
+            "schema": {"openAPIV3Schema": {
+                "type": "object",
+                "properties": {
+                    "spec": {
+                        "type": "object",
+                        "required": ["size"],
+                        "properties": {
+                            "size": {"type": "integer", "minimum": 0},
+                            "colour": {"type": "string", "enum": ["red", "blue"], "default": "red"},
+                            "source": {"type": "object",
+                                       "x-kubernetes-validations": [{"rule": "self == oldSelf",
+                                                                     "message": "source is immutable"}],
+                                       "properties": {"pod": {"type": "string"}}},
+                        },
+                    },
+                    "status": {"type": "object", "properties": {"phase": {"type": "string"},
+                                                                "free": {"type": "object",
+                                                                         "x-kubernetes-preserve-unknown-fields":
+                                                                             True}}},
+                },
+            }},
+        }],
+    },
+}
+GADGET_CRD: Dict[str, Any] = {
+    "apiVersion": "apiextensions.k8s.io/v1",
+    "kind": "CustomResourceDefinition",
+    "metadata": {"name": f"gadgets.{GROUP}"},
+    "spec": {"group": GROUP, "scope": "Cluster", "names": {"kind": "Gadget", "plural": "gadgets"},
+             "versions": [{"name": VERSION, "served": True, "storage": True,
+                           "schema": {"openAPIV3Schema": {"type": "object",
+                                                          "x-kubernetes-preserve-unknown-fields": True}}}]},
+}
+
+
+def _api(server: FakeApiServer) -> Any:
+    return config.new_client_from_config(config_file=str(server.kubeconfig), context="fake", persist_config=False)
+
+
+def _status(exc: ApiException) -> Dict[str, Any]:
+    return json.loads(exc.body)
+
+
+def _pod(name: str, labels: Dict[str, str] | None = None, **spec: Any) -> Dict[str, Any]:
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "labels": labels or {}},
+            "spec": dict({"containers": [{"name": "main", "image": "busybox:1"}]}, **spec)}
+
+
+@pytest.fixture
+def core(fake_apiserver: FakeApiServer) -> Any:
+    return client.CoreV1Api(_api(fake_apiserver))
+
+
+@pytest.fixture
+def crds(fake_apiserver: FakeApiServer) -> Any:
+    """CustomObjectsApi with the Widget (namespaced, status) and Gadget (cluster) CRDs created."""
+    api = _api(fake_apiserver)
+    ext = client.ApiextensionsV1Api(api)
+    ext.create_custom_resource_definition(WIDGET_CRD)
+    ext.create_custom_resource_definition(GADGET_CRD)
+    return client.CustomObjectsApi(api)
+
+
+def _widget(name: str, size: int = 1, **extra: Any) -> Dict[str, Any]:
+    return {"apiVersion": f"{GROUP}/{VERSION}", "kind": "Widget", "metadata": {"name": name},
+            "spec": dict({"size": size, "source": {"pod": "a"}}, **extra)}
+
+
+# --- core pods ---------------------------------------------------------------------
+
+def test_pod_create_get_assigns_identity_and_404_409(core: Any) -> None:
+    created = core.create_namespaced_pod("default", _pod("web"))
+    assert created.metadata.uid and created.metadata.resource_version and created.metadata.creation_timestamp
+    assert created.status.phase == "Pending"
+    got = core.read_namespaced_pod("web", "default")
+    assert got.metadata.uid == created.metadata.uid
+    with pytest.raises(ApiException) as missing:
+        core.read_namespaced_pod("nope", "default")
+    assert missing.value.status == 404
+    assert _status(missing.value)["message"] == 'pods "nope" not found'
+    assert _status(missing.value)["reason"] == "NotFound" and _status(missing.value)["kind"] == "Status"
+    with pytest.raises(ApiException) as dup:
+        core.create_namespaced_pod("default", _pod("web"))
+    assert dup.value.status == 409 and _status(dup.value)["reason"] == "AlreadyExists"
+    assert _status(dup.value)["message"] == 'pods "web" already exists'
+
+
+def test_pod_invalid_and_generate_name(core: Any) -> None:
+    with pytest.raises(ApiException) as nameless:
+        core.create_namespaced_pod("default", {"metadata": {}, "spec": {"containers": [{"name": "c", "image": "i"}]}})
+    assert nameless.value.status == 422 and "name or generateName is required" in _status(nameless.value)["message"]
+    with pytest.raises(ApiException) as bad:
+        core.create_namespaced_pod("default", _pod("Bad_Name"))
+    assert bad.value.status == 422 and _status(bad.value)["reason"] == "Invalid"
+    made = core.create_namespaced_pod("default", {"metadata": {"generateName": "restore-"},
+                                                  "spec": {"containers": [{"name": "c", "image": "i"}]}})
+    assert made.metadata.name.startswith("restore-") and len(made.metadata.name) == len("restore-") + 5
+
+
+def test_list_label_and_field_selectors(fake_apiserver: FakeApiServer, core: Any) -> None:
+    fake_apiserver.add_pod("a", labels={"app": "embed", "tier": "gpu"}, node="n1")
+    fake_apiserver.add_pod("b", labels={"app": "embed"}, node="n2", phase="Pending")
+    fake_apiserver.add_pod("c", labels={"app": "chat", "tier": "cpu"}, node="n1")
+    fake_apiserver.add_pod("d", namespace="other", labels={"app": "embed"})
+
+    def names(**kw: Any) -> list:
+        return sorted(p.metadata.name for p in core.list_namespaced_pod("default", **kw).items)
+
+    assert names(label_selector="app=embed") == ["a", "b"]
+    assert names(label_selector="app==embed,tier") == ["a"]
+    assert names(label_selector="app!=embed") == ["c"]
+    assert names(label_selector="tier in (gpu, cpu)") == ["a", "c"]
+    assert names(label_selector="tier notin (gpu)") == ["b", "c"]
+    assert names(label_selector="!tier") == ["b"]
+    assert names(field_selector="spec.nodeName=n1") == ["a", "c"]
+    assert names(field_selector="status.phase!=Running") == ["b"]
+    assert names(field_selector="metadata.name=c", label_selector="app") == ["c"]
+    assert sorted(p.metadata.name for p in core.list_pod_for_all_namespaces(label_selector="app=embed").items) == \
+        ["a", "b", "d"]
+    with pytest.raises(ApiException) as bad:
+        core.list_namespaced_pod("default", label_selector="app in (x")
+    assert bad.value.status == 400
+
+
+def test_patch_kinds_and_replace_conflict(fake_apiserver: FakeApiServer, core: Any) -> None:
+    fake_apiserver.add_pod("p", labels={"a": "1"})
+    merged = core.patch_namespaced_pod("p", "default", {"metadata": {"labels": {"b": "2", "a": None}}},
+                                       _content_type="application/merge-patch+json")
+    assert merged.metadata.labels == {"b": "2"}
+    jp = core.patch_namespaced_pod("p", "default", [{"op": "add", "path": "/metadata/annotations",
+                                                     "value": {"x": "y"}}],
+                                   _content_type="application/json-patch+json")
+    assert jp.metadata.annotations == {"x": "y"}
+    with pytest.raises(ApiException) as failed_test:
+        core.patch_namespaced_pod("p", "default", [{"op": "test", "path": "/metadata/labels/b", "value": "9"}],
+                                  _content_type="application/json-patch+json")
+    assert failed_test.value.status == 422
+    stale = core.read_namespaced_pod("p", "default")
+    core.patch_namespaced_pod("p", "default", {"metadata": {"labels": {"c": "3"}}})  # someone else writes
+    stale.metadata.labels = {"mine": "1"}
+    with pytest.raises(ApiException) as conflict:
+        core.replace_namespaced_pod("p", "default", stale)
+    assert conflict.value.status == 409 and _status(conflict.value)["reason"] == "Conflict"
+    assert "the object has been modified" in _status(conflict.value)["message"]
+    fresh = core.read_namespaced_pod("p", "default")
+    fresh.metadata.labels = {"mine": "1"}
+    assert core.replace_namespaced_pod("p", "default", fresh).metadata.labels == {"mine": "1"}
+
+
+def test_strategic_merge_merges_conditions_by_type(fake_apiserver: FakeApiServer, core: Any) -> None:
+    fake_apiserver.add_pod("p")
+    core.patch_namespaced_pod_status("p", "default", {"status": {"conditions": [
+        {"type": "Restored", "status": "True", "reason": "RestoreSucceeded"}]}})
+    conditions = {c.type: c.status for c in core.read_namespaced_pod_status("p", "default").status.conditions}
+    assert conditions == {"PodScheduled": "True", "Ready": "True", "Restored": "True"}
+
+
+def test_status_subresource_semantics(fake_apiserver: FakeApiServer, core: Any) -> None:
+    fake_apiserver.add_pod("p")
+    before = core.read_namespaced_pod("p", "default")
+    # the main resource ignores status; /status ignores everything else
+    core.patch_namespaced_pod("p", "default", {"status": {"phase": "Failed"}, "metadata": {"labels": {"x": "1"}}},
+                              _content_type="application/merge-patch+json")
+    after_main = core.read_namespaced_pod("p", "default")
+    assert after_main.status.phase == "Running" and after_main.metadata.labels == {"x": "1"}
+    core.patch_namespaced_pod_status("p", "default", {"status": {"phase": "Succeeded"},
+                                                      "metadata": {"labels": {"y": "2"}}},
+                                     _content_type="application/merge-patch+json")
+    after_status = core.read_namespaced_pod("p", "default")
+    assert after_status.status.phase == "Succeeded" and after_status.metadata.labels == {"x": "1"}
+    assert int(after_status.metadata.resource_version) > int(before.metadata.resource_version)
+    assert after_status.metadata.generation == before.metadata.generation
+
+
+def test_delete_with_finalizers_waits_for_them(fake_apiserver: FakeApiServer, core: Any) -> None:
+    fake_apiserver.add_pod("p")
+    core.patch_namespaced_pod("p", "default", {"metadata": {"finalizers": ["example.io/hold"]}},
+                              _content_type="application/merge-patch+json")
+    answer = core.delete_namespaced_pod("p", "default")
+    assert answer.metadata.deletion_timestamp is not None
+    held = core.read_namespaced_pod("p", "default")
+    assert held.metadata.deletion_timestamp is not None and held.metadata.finalizers == ["example.io/hold"]
+    with pytest.raises(ApiException) as late:
+        core.patch_namespaced_pod("p", "default", {"metadata": {"finalizers": ["example.io/hold", "new"]}},
+                                  _content_type="application/merge-patch+json")
+    assert late.value.status == 422 and "no new finalizers" in _status(late.value)["message"]
+    core.patch_namespaced_pod("p", "default", [{"op": "remove", "path": "/metadata/finalizers/0"}],
+                              _content_type="application/json-patch+json")
+    with pytest.raises(ApiException) as gone:
+        core.read_namespaced_pod("p", "default")
+    assert gone.value.status == 404
+    assert fake_apiserver.store.get("pods", "p", "default") is None
+
+
+def test_delete_precondition_uid(fake_apiserver: FakeApiServer, core: Any) -> None:
+    fake_apiserver.add_pod("p")
+    with pytest.raises(ApiException) as wrong:
+        core.delete_namespaced_pod("p", "default", body={"preconditions": {"uid": "not-this-one"}})
+    assert wrong.value.status == 409 and "Precondition failed" in _status(wrong.value)["message"]
+    uid = core.read_namespaced_pod("p", "default").metadata.uid
+    core.delete_namespaced_pod("p", "default", body={"preconditions": {"uid": uid}})
+    assert fake_apiserver.store.get("pods", "p", "default") is None
+
+
+# --- CRDs and custom objects ------------------------------------------------------------
+
+def test_crd_serves_custom_objects_with_discovery(fake_apiserver: FakeApiServer, crds: Any) -> None:
+    api = _api(fake_apiserver)
+    crd = client.ApiextensionsV1Api(api).read_custom_resource_definition(f"widgets.{GROUP}")
+    assert {c.type: c.status for c in crd.status.conditions}["Established"] == "True"
+    groups = [g.name for g in client.ApisApi(api).get_api_versions().groups]
+    assert GROUP in groups and "apiextensions.k8s.io" in groups
+    resources = client.CustomObjectsApi(api).get_api_resources(GROUP, VERSION)
+    assert {r.name for r in resources.resources} == {"widgets", "widgets/status", "gadgets"}
+    assert client.VersionApi(api).get_code().git_version.startswith("v1.")
+    created = crds.create_namespaced_custom_object(GROUP, VERSION, "default", "widgets", _widget("w1", junk=1))
+    assert created["metadata"]["uid"] and created["spec"]["colour"] == "red"  # defaulted
+    assert "junk" not in created["spec"]  # pruned
+    gadget_body = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "Gadget", "metadata": {"name": "g"},
+                   "anything": {"goes": True}}
+    gadget = crds.create_cluster_custom_object(GROUP, VERSION, "gadgets", gadget_body)
+    assert "namespace" not in gadget["metadata"] and gadget["anything"] == {"goes": True}
+    with pytest.raises(ApiException) as missing:
+        crds.get_namespaced_custom_object(GROUP, VERSION, "default", "widgets", "nope")
+    assert _status(missing.value)["message"] == f'widgets.{GROUP} "nope" not found'
+
+
+def test_crd_schema_rejects_wrong_types_and_enum(crds: Any) -> None:
+    with pytest.raises(ApiException) as bad:
+        crds.create_namespaced_custom_object(GROUP, VERSION, "default", "widgets",
+                                             _widget("w", size="big", colour="green"))
+    message = _status(bad.value)["message"]
+    assert bad.value.status == 422
+    assert "spec.size" in message and "must be of type integer" in message and 'supported values: "red"' in message
+    with pytest.raises(ApiException) as required:
+        crds.create_namespaced_custom_object(GROUP, VERSION, "default", "widgets",
+                                             {"apiVersion": f"{GROUP}/{VERSION}", "kind": "Widget",
+                                              "metadata": {"name": "w"}, "spec": {}})
+    assert "spec.size: Required value" in _status(required.value)["message"]
+
+
+def test_immutable_rule_and_generation(crds: Any) -> None:
+    w = crds.create_namespaced_custom_object(GROUP, VERSION, "default", "widgets", _widget("w"))
+    assert w["metadata"]["generation"] == 1
+    bigger = crds.patch_namespaced_custom_object(GROUP, VERSION, "default", "widgets", "w", {"spec": {"size": 5}})
+    assert bigger["metadata"]["generation"] == 2
+    labelled = crds.patch_namespaced_custom_object(GROUP, VERSION, "default", "widgets", "w",
+                                                   {"metadata": {"labels": {"x": "y"}}})
+    assert labelled["metadata"]["generation"] == 2
+    with pytest.raises(ApiException) as immutable:
+        crds.patch_namespaced_custom_object(GROUP, VERSION, "default", "widgets", "w",
+                                            {"spec": {"source": {"pod": "b"}}})
+    assert immutable.value.status == 422
+    assert "spec.source: Invalid value" in _status(immutable.value)["message"]
+    assert "source is immutable" in _status(immutable.value)["message"]
+
+
+def test_custom_replace_needs_current_resource_version(crds: Any) -> None:
+    w = crds.create_namespaced_custom_object(GROUP, VERSION, "default", "widgets", _widget("w"))
+    stale = dict(w, spec=dict(w["spec"], size=3))
+    crds.patch_namespaced_custom_object(GROUP, VERSION, "default", "widgets", "w", {"spec": {"size": 2}})
+    with pytest.raises(ApiException) as conflict:
+        crds.replace_namespaced_custom_object(GROUP, VERSION, "default", "widgets", "w", stale)
+    assert conflict.value.status == 409
+    unversioned = dict(stale)
+    unversioned["metadata"] = {"name": "w"}
+    with pytest.raises(ApiException) as no_rv:
+        crds.replace_namespaced_custom_object(GROUP, VERSION, "default", "widgets", "w", unversioned)
+    assert no_rv.value.status == 422 and "must be specified for an update" in _status(no_rv.value)["message"]
+
+
+def test_custom_status_subresource_and_strategic_merge_refused(crds: Any) -> None:
+    crds.create_namespaced_custom_object(GROUP, VERSION, "default", "widgets",
+                                         dict(_widget("w"), status={"phase": "ignored-on-create"}))
+    w = crds.get_namespaced_custom_object(GROUP, VERSION, "default", "widgets", "w")
+    assert "status" not in w
+    crds.patch_namespaced_custom_object(GROUP, VERSION, "default", "widgets", "w", {"status": {"phase": "main"}})
+    assert "status" not in crds.get_namespaced_custom_object(GROUP, VERSION, "default", "widgets", "w")
+    done = crds.patch_namespaced_custom_object_status(GROUP, VERSION, "default", "widgets", "w",
+                                                      {"status": {"phase": "Done", "free": {"any": [1]}},
+                                                       "spec": {"size": 99}})
+    assert done["status"] == {"phase": "Done", "free": {"any": [1]}} and done["spec"]["size"] == 1
+    with pytest.raises(ApiException) as smp:
+        crds.patch_namespaced_custom_object(GROUP, VERSION, "default", "widgets", "w", {"spec": {"size": 2}},
+                                            _content_type="application/strategic-merge-patch+json")
+    assert smp.value.status == 415
+
+
+def test_custom_finalizers_and_delete_status(crds: Any) -> None:
+    crds.create_namespaced_custom_object(GROUP, VERSION, "default", "widgets",
+                                         dict(_widget("w"), metadata={"name": "w", "finalizers": ["hold"]}))
+    pending = crds.delete_namespaced_custom_object(GROUP, VERSION, "default", "widgets", "w")
+    assert pending["metadata"]["deletionTimestamp"]
+    listed = crds.list_namespaced_custom_object(GROUP, VERSION, "default", "widgets")
+    assert [i["metadata"]["name"] for i in listed["items"]] == ["w"] and listed["kind"] == "WidgetList"
+    crds.patch_namespaced_custom_object(GROUP, VERSION, "default", "widgets", "w", {"metadata": {"finalizers": None}})
+    assert crds.list_namespaced_custom_object(GROUP, VERSION, "default", "widgets")["items"] == []
+    crds.create_namespaced_custom_object(GROUP, VERSION, "default", "widgets", _widget("x"))
+    answer = crds.delete_namespaced_custom_object(GROUP, VERSION, "default", "widgets", "x")
+    assert answer["kind"] == "Status" and answer["status"] == "Success"
+
+
+def test_deleting_crd_removes_its_objects(fake_apiserver: FakeApiServer, crds: Any) -> None:
+    crds.create_namespaced_custom_object(GROUP, VERSION, "default", "widgets", _widget("w"))
+    client.ApiextensionsV1Api(_api(fake_apiserver)).delete_custom_resource_definition(f"widgets.{GROUP}")
+    with pytest.raises(ApiException) as unserved:
+        crds.list_namespaced_custom_object(GROUP, VERSION, "default", "widgets")
+    assert unserved.value.status == 404
+    assert fake_apiserver.store.objects.get((GROUP, "widgets")) is None
+
+
+def test_crd_name_must_match_plural_and_group(fake_apiserver: FakeApiServer) -> None:
+    bad = json.loads(json.dumps(WIDGET_CRD))
+    bad["metadata"]["name"] = "widgets.elsewhere.io"
+    with pytest.raises(ApiException) as err:
+        client.ApiextensionsV1Api(_api(fake_apiserver)).create_custom_resource_definition(bad)
+    assert err.value.status == 422 and "must be spec.names.plural" in _status(err.value)["message"]
+
+
+def test_bearer_token_is_required_when_configured(tmp_path: Path) -> None:
+    with FakeApiServer(token="s3cret") as server:
+        good = server.write_kubeconfig(tmp_path / "good")
+        bad = server.write_kubeconfig(tmp_path / "bad", token="wrong")
+        ok = client.CoreV1Api(config.new_client_from_config(config_file=str(good), persist_config=False))
+        assert ok.list_namespaced_pod("default").items == []
+        refused = client.CoreV1Api(config.new_client_from_config(config_file=str(bad), persist_config=False))
+        with pytest.raises(ApiException) as denied:
+            refused.list_namespaced_pod("default")
+        assert denied.value.status == 401 and _status(denied.value)["reason"] == "Unauthorized"
+        assert server.requests[-1]["path"] == "/api/v1/namespaces/default/pods"
+
+
+def test_dry_run_stores_nothing_and_writes_are_recorded(fake_apiserver: FakeApiServer, core: Any) -> None:
+    core.create_namespaced_pod("default", _pod("p"), dry_run="All")
+    assert fake_apiserver.store.get("pods", "p", "default") is None
+    core.list_namespaced_pod("default")
+    assert [w["method"] for w in fake_apiserver.writes()] == ["POST"]
+    assert fake_apiserver.writes()[0]["query"] == {"dryRun": "All"}
