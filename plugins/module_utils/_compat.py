@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import os
 import socket
-from typing import Any, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
+from ansible_collections.warmstart.snapshot.plugins.module_utils import _cuda as cu
+from ansible_collections.warmstart.snapshot.plugins.module_utils import _gpu
 from ansible_collections.warmstart.snapshot.plugins.module_utils._criu import criu_version, find_criu
 from ansible_collections.warmstart.snapshot.plugins.module_utils._node import read_cpuinfo, read_os_release
 from ansible_collections.warmstart.snapshot.plugins.module_utils._version import compare_versions
@@ -60,4 +62,83 @@ def incompatibilities(source: Dict[str, Any], target: Dict[str, Any]) -> List[st
     if missing:
         shown = ", ".join(missing[:12]) + (f" and {len(missing) - 12} more" if len(missing) > 12 else "")
         reasons.append(f"cpu flags: this node lacks {shown}")
+    return reasons
+
+
+CUDA_MODES = ("auto", "required", "off")
+
+
+class GpuNode:
+    """This node's CUDA checkpoint backend and GPUs, probed once and only when asked (CPU-only restores never ask)."""
+
+    def __init__(self, availability: Optional[Callable[[], Tuple[Optional[cu.Backend], str]]] = None,
+                 inventory: Optional[Callable[[], Tuple[List[Dict[str, Any]], Optional[str]]]] = None) -> None:
+        self._availability = availability or cu.availability
+        self._inventory = inventory or _gpu.node_gpus
+        self._backend: Optional[Tuple[Optional[cu.Backend], str]] = None
+        self._gpus: Optional[Tuple[List[Dict[str, Any]], Optional[str]]] = None
+
+    def backend(self) -> Tuple[Optional[cu.Backend], str]:
+        if self._backend is None:
+            self._backend = self._availability()
+        return self._backend
+
+    def gpus(self) -> Tuple[List[Dict[str, Any]], Optional[str]]:
+        if self._gpus is None:
+            self._gpus = self._inventory()
+        return self._gpus
+
+
+def _gpu_text(gpus: List[Dict[str, Any]]) -> str:
+    return "[" + ", ".join(f"{g.get('uuid')} {g.get('name')}" for g in gpus) + "]"
+
+
+def gpu_incompatibilities(gpu: Optional[Dict[str, Any]], node: GpuNode, cuda: str = "auto",
+                          hard_only: bool = False) -> List[str]:
+    """Every reason this node cannot restore the GPU state of a snapshot (its manifest's ``gpu`` section, or None).
+
+    ``cuda``: V(off) refuses a snapshot holding GPU state; V(required) refuses one without; V(auto) takes both.
+    With GPU state: a usable CUDA checkpoint backend, a CUDA driver not older than the source's, and the same
+    GPU models and count (``_cuda.device_map``; remapping onto other UUIDs needs CUDA 13.0 / r580).
+    ``hard_only`` (skip_compat_check) keeps only what no restore can do without: the mode and a backend.
+    """
+    if cuda not in CUDA_MODES:
+        return [f"cuda: {cuda!r} is not one of {', '.join(CUDA_MODES)}"]
+    if not gpu:
+        return ["cuda: required, but the snapshot holds no GPU state (it was taken CPU-only)"] if cuda == "required" else []
+    pids = ", ".join(str(p.get("pid")) for p in gpu.get("pids") or [])
+    if cuda == "off":
+        return [f"cuda: off, but the snapshot holds the GPU state of CUDA pid(s) {pids}: restoring it without "
+                "restoring that state would leave them locked (use cuda auto or required)"]
+    reasons = []
+    backend, why = node.backend()
+    if backend is None:
+        reasons.append(f"cuda: the snapshot holds GPU state (CUDA pid(s) {pids}), but this node cannot restore it: {why}")
+    if hard_only:
+        return reasons
+    have = backend.driver_version() if backend is not None else None
+    need = gpu.get("cuda_version")
+    if have and need and int(have) < int(need):
+        reasons.append(f"cuda driver: this node's CUDA driver is {_gpu.cuda_version_string(int(have))}, older than "
+                       f"the source's {_gpu.cuda_version_string(int(need))}")
+    source = list(gpu.get("gpus") or [])
+    if not source:
+        return reasons
+    target, inv_reason = node.gpus()
+    if _older(str(target[0].get("driver_version") or "") if target else None, gpu.get("driver_version")):
+        reasons.append(f"nvidia driver: this node has {target[0].get('driver_version')}, older than the source's "
+                       f"{gpu.get('driver_version')}")
+    if not target:
+        reasons.append(f"gpu: the snapshot used {len(source)} GPU(s) {_gpu_text(source)}, this node has none "
+                       f"that warmstart can see ({inv_reason})")
+        return reasons
+    try:
+        pairs = cu.device_map(source, target)
+    except cu.GpuMismatch as exc:
+        reasons.append(f"gpu: {exc}")
+        return reasons
+    moved = [f"{old} -> {new}" for old, new in pairs if old != new]
+    if moved and have and int(have) < cu.REMAP_CUDA_VERSION:
+        reasons.append(f"gpu: restoring onto other GPUs ({', '.join(moved)}) needs {cu.REMAP_DRIVER}; this node's "
+                       f"CUDA driver is {_gpu.cuda_version_string(int(have))}")
     return reasons

@@ -477,6 +477,10 @@ def _select(store: st.FsStore, snapshot_id: Optional[str], name: Optional[str], 
     targets = doc.get("targets") or []
     if not targets or any(t.get("kind") != "container" for t in targets):
         problems.append("snapshot: it is not a container snapshot (restore a process snapshot without into)")
+    if doc.get("gpu"):
+        pids = ", ".join(str(p.get("ns_pid")) for p in doc["gpu"].get("pids") or [])
+        problems.append(f"gpu: the snapshot holds the GPU state of CUDA process(es) {pids}; restoring GPU state into "
+                        "placeholder containers is not supported yet")
     if problems:
         raise snap.SnapshotError(f"refusing to restore snapshot {doc['id']} ({doc['name']}) on this node", reasons=problems)
     return doc

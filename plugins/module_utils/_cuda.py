@@ -634,6 +634,16 @@ def _rollback(backend: Backend, touched: Sequence[int]) -> Tuple[List[int], List
     return undone, problems
 
 
+def rollback(pids: Sequence[int], backend: Optional[Backend] = None) -> Tuple[List[int], List[str]]:
+    """Bring every pid back to RUNNING, whatever step it reached (restore if checkpointed, then unlock).
+
+    ``(pids undone, problems)``; never raises for a single pid (a pid that is
+    not, or no longer, a CUDA process is skipped). For callers that locked
+    through ``lock_and_checkpoint`` and then failed on their own side.
+    """
+    return _rollback(_backend(backend), list(pids))
+
+
 def lock_and_checkpoint(pids: Sequence[int], timeout_ms: int = DEFAULT_LOCK_TIMEOUT_MS,
                         backend: Optional[Backend] = None) -> Dict[str, float]:
     """Lock every pid, then checkpoint every pid; ``{"cuda_lock": s, "cuda_checkpoint": s}``.

@@ -11,6 +11,8 @@ imported lazily; tests pass a fake module as ``nvml``.
 from __future__ import annotations
 
 import ctypes
+import shutil
+import subprocess
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 LIBCUDA = "libcuda.so.1"
@@ -90,3 +92,51 @@ def gpu_inventory(
             nvml.nvmlShutdown()
         except Exception:  # pylint: disable=broad-except
             pass
+
+
+NVIDIA_SMI = "nvidia-smi"
+SMI_FIELDS = "index,uuid,name,memory.total,driver_version"
+
+
+def smi_inventory(binary: Optional[str] = None, timeout: float = 30.0) -> Tuple[List[Dict[str, Any]], Optional[str]]:
+    """The same list as ``gpu_inventory`` from ``nvidia-smi --query-gpu`` (for nodes without pynvml). Never raises."""
+    found = shutil.which(binary or NVIDIA_SMI)
+    if not found:
+        return [], f"{binary or NVIDIA_SMI} not found"
+    try:
+        done = subprocess.run([found, f"--query-gpu={SMI_FIELDS}", "--format=csv,noheader,nounits"],
+                              capture_output=True, text=True, timeout=timeout, check=False)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return [], f"{found} failed: {exc}"
+    if done.returncode != 0:
+        lines = (done.stdout + done.stderr).strip().splitlines()
+        return [], f"{found} failed: {lines[-1] if lines else f'exit status {done.returncode}'}"
+    gpus = []
+    for line in done.stdout.splitlines():
+        fields = [f.strip() for f in line.split(",")]
+        if len(fields) != 5:
+            continue
+        try:
+            index, memory = int(fields[0]), int(float(fields[3])) << 20  # MiB
+        except ValueError:
+            continue
+        gpus.append({"index": index, "uuid": fields[1], "name": fields[2], "memory_total": memory,
+                     "driver_version": fields[4]})
+    if not gpus:
+        return [], f"{found} listed no GPU"
+    return gpus, None
+
+
+def node_gpus(nvml: Optional[Any] = None, smi: Optional[str] = None) -> Tuple[List[Dict[str, Any]], Optional[str]]:
+    """This node's GPUs for snapshots: NVML, else ``nvidia-smi``; ``(gpus, reason)`` as ``gpu_inventory``.
+
+    Only what a snapshot records and a restore compares (index, uuid, name,
+    memory_total, driver_version): the checkpoint-API probe is not repeated.
+    """
+    gpus, reason = gpu_inventory(nvml, checkpoint_api=lambda: True)
+    if gpus or nvml is not None:
+        return [{k: g[k] for k in ("index", "uuid", "name", "memory_total", "driver_version")} for g in gpus], reason
+    more, smi_reason = smi_inventory(smi)
+    if more:
+        return more, None
+    return [], f"{reason}; {smi_reason}"

@@ -97,13 +97,19 @@ def _run_checkpoint(module: Any) -> None:
         target_info = {"pid": target.pid, "name": target.name, "workload": target.workload,
                        "container": target.name if target.capture else None, "control_dir": target.control_dir}
         name = p["name"] or target.workload or (target.name if target.capture else "process")
+        cuda = p.get("cuda") or "auto"
+        lock_ms = p.get("cuda_lock_timeout", snap.cu.DEFAULT_LOCK_TIMEOUT_MS)
         if module.check_mode:
             store.ensure()
+            plan = snap.cuda_plan(cuda, snap.GpuNode(), lock_ms)
+            snap.find_cuda(plan, target.pid)
             what = f"container {target.name} (workload pid {target.pid})" if target.capture else f"pid {target.pid}"
-            module.exit_json(changed=True, target=target_info, msg=f"would snapshot {what} as {name}")
+            module.exit_json(changed=True, target=target_info, cuda=plan.result(),
+                             msg=f"would snapshot {what} as {name}" + (" with its GPU state" if plan.used else ""))
         result = snap.checkpoint(store, target, name, p["labels"], criu_options(p), leave_running=p["leave_running"],
                                  wait_ready=p["wait_ready"], ready_timeout=p["ready_timeout"],
-                                 criu_path=p["criu_path"], pod=_pod_record(pod, target) if pod else None)
+                                 criu_path=p["criu_path"], pod=_pod_record(pod, target) if pod else None,
+                                 cuda=cuda, cuda_lock_timeout=lock_ms)
     except ENGINE_ERRORS as exc:
         fail(module, exc, target=target_info)
     if getattr(store, "transfer", None):
@@ -164,11 +170,12 @@ def _run_restore(module: Any) -> None:
         store = open_store(p["store"], p.get("store_options"))
         if module.check_mode:
             plan = snap.plan_restore(store, p["snapshot"], p["name"], p["labels"], verify=p["verify"],
-                                     skip_compat=p["skip_compat_check"], criu_path=p["criu_path"])
+                                     skip_compat=p["skip_compat_check"], criu_path=p["criu_path"],
+                                     cuda=p.get("cuda") or "auto")
             module.exit_json(changed=True, restore=plan, msg=f"would restore snapshot {plan['id']}")
         result = snap.restore(store, snapshot_id=p["snapshot"], name=p["name"], labels=p["labels"],
                               verify=p["verify"], skip_compat=p["skip_compat_check"], criu_path=p["criu_path"],
-                              restore_root=p["restore_root"])
+                              restore_root=p["restore_root"], cuda=p.get("cuda") or "auto")
     except ENGINE_ERRORS as exc:
         fail(module, exc)
     module.exit_json(changed=True, restore=result)

@@ -9,26 +9,45 @@ Guarantees:
   published snapshot (staging is removed, or left for ``cleanup`` when the
   checkpointing process itself is killed);
 - a restore touches no process before checksums and compatibility pass.
+
+GPU state (option ``cuda``): warmstart itself locks and checkpoints the CUDA
+processes of the tree through the driver API (``_cuda``) before the CRIU dump,
+and restores and unlocks them after the CRIU restore. CRIU's own
+``cuda_plugin.so`` (in the bundle's plugin dir, loaded by every ``criu swrk``)
+must not act too: whenever warmstart handles CUDA, CRIU runs with
+``CRIU_LIBS_DIR`` pointing at an empty directory, so it loads no plugin and
+the images do not ask for one at restore. With ``cuda: off`` warmstart leaves
+CRIU as it is.
 """
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
 import shutil
 import signal
+import tempfile
 import time
 import uuid
-from dataclasses import dataclass
-from typing import Any, Callable, Dict, List, Optional, Protocol
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, Iterator, List, Optional, Protocol
 
 from ansible_collections.warmstart.snapshot.plugins.module_utils import _control as ctl
+from ansible_collections.warmstart.snapshot.plugins.module_utils import _cuda as cu
 from ansible_collections.warmstart.snapshot.plugins.module_utils import _manifest as mf
 from ansible_collections.warmstart.snapshot.plugins.module_utils import _progress as prog
 from ansible_collections.warmstart.snapshot.plugins.module_utils import _proc as proc
 from ansible_collections.warmstart.snapshot.plugins.module_utils import _store as st
 from ansible_collections.warmstart.snapshot.plugins.module_utils import _workload as wl
-from ansible_collections.warmstart.snapshot.plugins.module_utils._compat import describe_node, incompatibilities
+from ansible_collections.warmstart.snapshot.plugins.module_utils._compat import (
+    CUDA_MODES,
+    GpuNode,
+    describe_node,
+    gpu_incompatibilities,
+    incompatibilities,
+)
 from ansible_collections.warmstart.snapshot.plugins.module_utils._criu import CriuError, find_criu
+from ansible_collections.warmstart.snapshot.plugins.module_utils._gpu import cuda_version_string
 from ansible_collections.warmstart.snapshot.plugins.module_utils._criu_rpc import CriuOptions, dump, read_stats
 from ansible_collections.warmstart.snapshot.plugins.module_utils._criu_rpc import restore as criu_restore
 
@@ -88,13 +107,145 @@ def resolve_target(pid: Optional[int], pidfile: Optional[str], workload: Optiona
     return Target(pid, "process", None, workloads_root, ctl.process_control_dir(pid))
 
 
+# --- CUDA: which processes hold GPU state, and what to do about it -------------
+
+CRIU_LIBS_DIR = "CRIU_LIBS_DIR"
+
+
+@dataclass
+class CudaPlan:
+    """The ``cuda`` decision of one checkpoint: the backend, the CUDA pids of the tree, and why."""
+
+    mode: str = "auto"
+    backend: Optional[cu.Backend] = None
+    reason: str = ""
+    pids: List[int] = field(default_factory=list)
+    lock_timeout_ms: int = cu.DEFAULT_LOCK_TIMEOUT_MS
+    request: Optional[str] = None   # the checkpoint-requested id while the workload waits for checkpoint-done
+    hooks: bool = False             # the workload's pre-checkpoint hooks were asked
+
+    @property
+    def used(self) -> bool:
+        return bool(self.pids) and self.backend is not None
+
+    def result(self) -> Dict[str, Any]:
+        out: Dict[str, Any] = {"mode": self.mode, "used": self.used, "reason": self.reason}
+        if self.used:
+            out.update(pids=list(self.pids), backend=self.backend.describe() if self.backend else None,
+                       hooks=self.hooks)
+        return out
+
+
+def cuda_plan(mode: str, gpu_node: GpuNode, lock_timeout_ms: int = cu.DEFAULT_LOCK_TIMEOUT_MS) -> CudaPlan:
+    """Step 1, before anything is touched: is there a CUDA checkpoint backend? ``required`` without one fails here."""
+    if mode not in CUDA_MODES:
+        raise SnapshotError(f"cuda: {mode!r} is not one of {', '.join(CUDA_MODES)}")
+    if lock_timeout_ms < 0:
+        raise SnapshotError(f"cuda_lock_timeout: {lock_timeout_ms} ms is negative (0 waits without limit)")
+    if mode == "off":
+        return CudaPlan(mode, reason="cuda: off - GPU state is not checkpointed by warmstart", lock_timeout_ms=lock_timeout_ms)
+    backend, why = gpu_node.backend()
+    if backend is None:
+        if mode == "required":
+            raise SnapshotError("cuda: required, but this node cannot checkpoint GPU state: " + why
+                                + f" (needs {cu.MIN_DRIVER}); nothing was touched")
+        return CudaPlan(mode, reason=f"no CUDA checkpoint support on this node: {why}", lock_timeout_ms=lock_timeout_ms)
+    return CudaPlan(mode, backend, reason=backend.describe(), lock_timeout_ms=lock_timeout_ms)
+
+
+def find_cuda(plan: CudaPlan, root: int) -> None:
+    """Step 2, after wait_ready and before anything is touched: the CUDA processes of the tree of ``root``."""
+    if plan.backend is None:
+        return
+    tree = proc.descendants(root)
+    try:
+        plan.pids = cu.find_cuda_pids(tree, plan.backend)
+    except cu.CudaError as exc:
+        raise SnapshotError(f"cuda: cannot tell which processes of pid {root}'s tree use CUDA: {exc}; "
+                            "nothing was touched") from None
+    shown = ", ".join(map(str, tree[:16])) + (f" and {len(tree) - 16} more" if len(tree) > 16 else "")
+    if plan.pids:
+        plan.reason = f"CUDA process(es) {', '.join(map(str, plan.pids))} checkpointed through {plan.backend.describe()}"
+    elif plan.mode == "required":
+        raise SnapshotError(f"cuda: required, but pid {root} is not a CUDA process (no process of its tree - {shown} - "
+                            "has CUDA state); nothing was touched")
+    else:
+        plan.reason = f"no CUDA process in the tree ({shown})"
+
+
+def _gpu_section(plan: CudaPlan, gpu_node: GpuNode) -> Dict[str, Any]:
+    """The manifest's ``gpu`` section: driver, CUDA pids (host and namespace) and the source node's GPUs."""
+    gpus, why = gpu_node.gpus()
+    pids = []
+    for pid in plan.pids:
+        try:
+            chain = proc.ns_pids(pid)
+        except OSError:
+            chain = [pid]
+        pids.append({"pid": pid, "ns_pid": chain[-1]})
+    version = plan.backend.driver_version() if plan.backend else None
+    return {
+        "backend": plan.backend.describe() if plan.backend else None,
+        "cuda_version": version,
+        "cuda_version_text": cuda_version_string(version) if version else None,
+        "driver_version": next((g.get("driver_version") for g in gpus if g.get("driver_version")), None),
+        "pids": pids,
+        "gpus": [{"index": g.get("index"), "uuid": g.get("uuid"), "name": g.get("name"),
+                  "memory_total": g.get("memory_total")} for g in gpus],
+        "inventory_error": why,
+    }
+
+
+@contextlib.contextmanager
+def criu_plugins_off(active: bool = True) -> Iterator[None]:
+    """CRIU started inside loads no plugin (``CRIU_LIBS_DIR`` = an empty directory): its cuda_plugin stays out."""
+    if not active:
+        yield
+        return
+    empty = tempfile.mkdtemp(prefix="warmstart-criu-plugins-off-")
+    old = os.environ.get(CRIU_LIBS_DIR)
+    os.environ[CRIU_LIBS_DIR] = empty
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop(CRIU_LIBS_DIR, None)
+        else:
+            os.environ[CRIU_LIBS_DIR] = old
+        shutil.rmtree(empty, ignore_errors=True)
+
+
+def _quiesce(plan: CudaPlan, target: "Target", timeout: float, timings: Dict[str, float]) -> None:
+    """Ask a workload with pre-checkpoint hooks to quiesce (checkpoint-requested) and wait for its answer."""
+    if not plan.used or not target.control_dir or not ctl.has_checkpoint_hooks(target.control_dir):
+        return
+    prog.phase("quiesce")
+    try:
+        answer = ctl.request_checkpoint(target.control_dir, timeout, alive=target.pid)
+    except (ctl.CheckpointRefused, TimeoutError, ProcessLookupError) as exc:
+        raise SnapshotError(f"checkpoint hooks: {exc}") from None
+    plan.request = answer["request"]
+    plan.hooks = True
+    timings["quiesce"] = float(answer.get("waited") or 0.0)
+
+
+def _finish_hooks(plan: Optional[CudaPlan], target: "Target", result: str, detail: str = "") -> None:
+    if plan is None or plan.request is None or not target.control_dir:
+        return
+    try:
+        ctl.finish_checkpoint(target.control_dir, plan.request, result, detail)
+    except OSError:
+        pass
+    plan.request = None
+
+
 # --- the guardian: resumes a stopped source if we die mid-checkpoint ------
 
 GUARDIAN_DONE = b"done"
 GUARDIAN_GRACE = 5.0  # seconds the tree must stay untraced before the guardian leaves
 
 
-def _start_guardian(pid: int) -> int:
+def _start_guardian(pid: int, on_abandon: Optional[Callable[[], Any]] = None) -> int:
     """Fork a detached watcher; returns the write end of its pipe.
 
     ``_release_guardian`` (the source is resumed or ended) lets it go at once.
@@ -103,7 +254,8 @@ def _start_guardian(pid: int) -> int:
     CRIU's parasite runs, traced tasks show as S/R, not only 't'), sends SIGCONT
     to every stopped task, and keeps doing so until the tree has stayed
     untraced for GUARDIAN_GRACE s, so the source is never left frozen - not even
-    by a CRIU that finishes its dump after we died.
+    by a CRIU that finishes its dump after we died. Then it runs ``on_abandon``
+    (the CUDA rollback: restore + unlock of the processes locked for the dump).
     """
     rfd, wfd = os.pipe()
     child = os.fork()
@@ -122,6 +274,8 @@ def _start_guardian(pid: int) -> int:
                 said += data
             if GUARDIAN_DONE not in said:
                 _guard(pid)
+                if on_abandon is not None:
+                    on_abandon()
         finally:
             os._exit(0)
     os.close(rfd)
@@ -219,7 +373,9 @@ def _copy_workload_files(target: Target, dest: str) -> List[Dict[str, Any]]:
 
 def checkpoint(store: st.FsStore, target: Target, name: str, labels: Dict[str, str], options: CriuOptions,
                leave_running: bool = True, wait_ready: bool = False, ready_timeout: float = 300.0,
-               criu_path: Optional[str] = None, pod: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
+               criu_path: Optional[str] = None, pod: Optional[Dict[str, Any]] = None, cuda: str = "auto",
+               cuda_lock_timeout: int = cu.DEFAULT_LOCK_TIMEOUT_MS, gpu_node: Optional[GpuNode] = None) -> Dict[str, Any]:
+    """Snapshot ``target`` into ``store``; ``cuda`` (auto | required | off) decides about GPU state (see CudaPlan)."""
     timings: Dict[str, float] = {}
     t_start = time.monotonic()
     mf.check_name(name)
@@ -227,6 +383,8 @@ def checkpoint(store: st.FsStore, target: Target, name: str, labels: Dict[str, s
     criu = find_criu(criu_path)
     if not criu:
         raise CriuError("no CRIU found on this node; prepare it with warmstart.snapshot.node_prep")
+    gpu_node = gpu_node or GpuNode()
+    plan = cuda_plan(cuda, gpu_node, cuda_lock_timeout)
     if wait_ready:
         if not target.control_dir:
             raise SnapshotError(f"wait_ready: pid {target.pid} has no SNAPSHOT_CONTROL_DIR to signal readiness in")
@@ -236,42 +394,63 @@ def checkpoint(store: st.FsStore, target: Target, name: str, labels: Dict[str, s
         except (TimeoutError, ProcessLookupError) as exc:
             raise SnapshotError(f"wait_ready: {exc}") from None
     proc.check_target(target.pid)
+    find_cuda(plan, target.pid)
     if target.capture:
         what = f"container {target.name}"
     else:
         what = f"workload {target.workload}" if target.workload else f"pid {target.pid}"
     lock = lock_target(target.pid, what)
     try:
-        return _checkpoint_locked(store, target, name, labels, options, leave_running, criu, timings, t_start, pod)
+        _quiesce(plan, target, ready_timeout, timings)
+        return _checkpoint_locked(store, target, name, labels, options, leave_running, criu, timings, t_start, pod,
+                                  plan, gpu_node)
     finally:
         os.close(lock)
 
 
 def _checkpoint_locked(store: st.FsStore, target: Target, name: str, labels: Dict[str, str], options: CriuOptions,
                        leave_running: bool, criu: str, timings: Dict[str, float], t_start: float,
-                       pod: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
-    source = describe_node(criu)
-    snapshot_id = mf.new_id()
-    manifest = mf.new_manifest(snapshot_id, name, labels, source)
+                       pod: Optional[Dict[str, Any]] = None, plan: Optional[CudaPlan] = None,
+                       gpu_node: Optional[GpuNode] = None) -> Dict[str, Any]:
+    plan = plan or CudaPlan("off", reason="cuda: off")
+    try:
+        source = describe_node(criu)
+        snapshot_id = mf.new_id()
+        manifest = mf.new_manifest(snapshot_id, name, labels, source)
+        if plan.used:
+            manifest["gpu"] = _gpu_section(plan, gpu_node or GpuNode())
+        staging = store.stage(snapshot_id)
+    except BaseException as exc:
+        _finish_hooks(plan, target, "failed", str(exc))
+        raise
     if pod:
         manifest["pod"] = {k: v for k, v in pod.items() if v is not None}
-    staging = store.stage(snapshot_id)
     tdir = os.path.join(staging.path, "containers", target.name)
     images = os.path.join(tdir, "criu")
     os.makedirs(images, mode=0o700)
     cmd = proc.cmdline(target.pid)
     ns_chain = proc.ns_pids(target.pid)
     own_dir = wl.paths(target.workloads_root, target.workload)["dir"] + "/" if target.workload else None
-    guardian = _start_guardian(target.pid)
+    abandon: Optional[Callable[[], Any]] = (lambda: cu.rollback(plan.pids, plan.backend)) if plan.used else None
+    guardian = _start_guardian(target.pid, abandon)
     resumed = False
+    cuda_held = False  # the CUDA processes are locked / checkpointed by us and not yet given back
     try:
+        if plan.used:
+            prog.phase("cuda checkpoint")
+            try:
+                timings.update(cu.lock_and_checkpoint(plan.pids, plan.lock_timeout_ms, plan.backend))
+            except cu.CudaError as exc:  # lock_and_checkpoint rolled back what it touched
+                raise SnapshotError(f"cuda: {exc}") from None
+            cuda_held = True
         t0 = time.monotonic()
         hasher = st.StreamingHasher(images, os.path.relpath(images, staging.path))
         prog.phase("dump")
         hasher.start()
         setup: Optional[Callable[[Any], None]] = target.capture.criu_setup if target.capture else None
         try:
-            dump(criu, target.pid, images, options, leave_stopped=True, setup=setup)
+            with criu_plugins_off(plan.used):
+                dump(criu, target.pid, images, options, leave_stopped=True, setup=setup)
         finally:
             hashed = hasher.finish()
         timings["dump"] = time.monotonic() - t0
@@ -293,6 +472,13 @@ def _checkpoint_locked(store: st.FsStore, target: Target, name: str, labels: Dic
                 target.capture.before_resume()
             proc.signal_tree(target.pid, signal.SIGCONT)
             resumed = True
+            if cuda_held:  # after SIGCONT: the driver's restore thread in each process must run
+                t0 = time.monotonic()
+                prog.phase("cuda resume")
+                cu.restore_and_unlock(plan.pids, None, plan.backend)
+                cuda_held = False
+                timings["cuda_resume"] = time.monotonic() - t0
+            _finish_hooks(plan, target, "ok")
         t0 = time.monotonic()
         prog.phase("checksum")
         manifest["files"] = st.record_files(staging.path, progress=prog.add, known=hashed)
@@ -323,11 +509,22 @@ def _checkpoint_locked(store: st.FsStore, target: Target, name: str, labels: Dic
         t0 = time.monotonic()
         staging.publish(manifest)
         timings["publish"] = time.monotonic() - t0
-    except BaseException:
+    except BaseException as exc:
         staging.abort()
         if not resumed:
             proc.signal_tree(target.pid, signal.SIGCONT)
+        note = ""
+        if cuda_held:  # SIGCONT first: the restore needs the process's own restore thread running
+            undone, problems = cu.rollback(plan.pids, plan.backend)
+            note = (f"; rolling back CUDA failed, these may stay locked: {'; '.join(problems)}" if problems else
+                    f"; CUDA pid(s) {', '.join(map(str, undone or plan.pids))} restored and unlocked, running again")
+        _finish_hooks(plan, target, "failed", str(exc))
         os.close(guardian)
+        if isinstance(exc, cu.CudaError):
+            raise SnapshotError(f"cuda: {exc}{note}") from None
+        if note and isinstance(exc, (CriuError, SnapshotError)):
+            raise SnapshotError(f"{exc}{note}", reasons=getattr(exc, "reasons", None),
+                                log_tail=getattr(exc, "log_tail", None)) from None
         raise
     if not leave_running:
         os.kill(target.pid, signal.SIGKILL)
@@ -351,14 +548,24 @@ def _checkpoint_locked(store: st.FsStore, target: Target, name: str, labels: Dic
         "criu_stats": manifest["targets"][0]["stats"],
         "source_node": {k: v for k, v in source.items() if k != "cpu_flags"},
         "pod": manifest.get("pod"),
+        "cuda": plan.result(),
+        "gpu": manifest.get("gpu"),
     }
 
 
 # --- restore ------------------------------------------------------------------
 
+def _gpu_reasons(doc: Dict[str, Any], gpu_node: Optional[GpuNode], cuda: str, skip_compat: bool) -> List[str]:
+    """GPU reasons against this node; probes it only for a snapshot with GPU state (or cuda=required)."""
+    if gpu_node is None or (not doc.get("gpu") and cuda != "required"):
+        return []
+    return gpu_incompatibilities(doc.get("gpu"), gpu_node, cuda, hard_only=skip_compat)
+
+
 def select(store: st.FsStore, snapshot_id: Optional[str], name: Optional[str], labels: Optional[Dict[str, str]],
-           node: Dict[str, Any], skip_compat: bool) -> Dict[str, Any]:
-    """The manifest to restore: by id, or the newest compatible one matching name/labels."""
+           node: Dict[str, Any], skip_compat: bool, gpu_node: Optional[GpuNode] = None,
+           cuda: str = "auto") -> Dict[str, Any]:
+    """The manifest to restore: by id, or the newest compatible one matching name/labels (GPUs too, given ``gpu_node``)."""
     if snapshot_id:
         return store.load(mf.check_id(snapshot_id))
     if name:
@@ -368,8 +575,9 @@ def select(store: st.FsStore, snapshot_id: Optional[str], name: Optional[str], l
         raise SnapshotError(f"no published snapshot in {store.root} matches name={name!r} labels={labels or {}}")
     rejected = []
     for doc in sorted(candidates, key=lambda d: d["created_at"], reverse=True):
-        reasons = incompatibilities(doc["source"], node)
-        if skip_compat or not reasons:
+        reasons = [] if skip_compat else incompatibilities(doc["source"], node)
+        reasons += _gpu_reasons(doc, gpu_node, cuda, skip_compat)
+        if not reasons:
             return doc
         rejected.append(f"{doc['id']}: " + "; ".join(reasons))
     raise SnapshotError(f"no snapshot matching name={name!r} labels={labels or {}} is compatible with this node",
@@ -377,11 +585,13 @@ def select(store: st.FsStore, snapshot_id: Optional[str], name: Optional[str], l
 
 
 def preflight(store: st.FsStore, doc: Dict[str, Any], node: Dict[str, Any], verify: bool,
-              skip_compat: bool, fetch: bool = True) -> List[str]:
-    """Everything that stops this restore, before any process is touched."""
+              skip_compat: bool, fetch: bool = True, gpu_node: Optional[GpuNode] = None,
+              cuda: str = "auto") -> List[str]:
+    """Everything that stops this restore, before any process is touched (GPU checks with ``gpu_node``)."""
     problems = []
     if not skip_compat:
         problems += incompatibilities(doc["source"], node)
+    problems += _gpu_reasons(doc, gpu_node, cuda, skip_compat)
     if verify:
         problems += [f"checksum: {p}" for p in st.verify_local(store, doc, fetch=fetch)]
     if not skip_compat:
@@ -429,19 +639,58 @@ def _put_back_files(target: Dict[str, Any], snap_dir: str) -> None:
         os.rename(tmp, dst)
 
 
+def _restored_cuda_pids(root: int, recorded: List[Dict[str, Any]]) -> List[int]:
+    """Host pids of the restored CUDA processes: the snapshot's namespace pids looked up in the restored tree."""
+    by_ns: Dict[int, int] = {}
+    for pid in proc.descendants(root):
+        try:
+            by_ns.setdefault(proc.ns_pids(pid)[-1], pid)
+        except OSError:
+            continue
+    missing = [str(p["ns_pid"]) for p in recorded if int(p["ns_pid"]) not in by_ns]
+    if missing:
+        raise SnapshotError(f"cuda: the restored tree of pid {root} has no process with namespace pid(s) "
+                            f"{', '.join(missing)} (CUDA processes at checkpoint)")
+    return [by_ns[int(p["ns_pid"])] for p in recorded]
+
+
+def _resume_cuda(root: int, gpu: Dict[str, Any], gpu_node: GpuNode, timings: Dict[str, float]) -> Dict[str, Any]:
+    """After the CRIU restore: map the CUDA pids, restore them onto this node's GPUs, unlock them."""
+    backend, why = gpu_node.backend()
+    if backend is None:
+        raise SnapshotError(f"cuda: this node cannot restore GPU state: {why}")
+    t0 = time.monotonic()
+    pids = _restored_cuda_pids(root, list(gpu.get("pids") or []))
+    pairs: Optional[List[Any]] = None
+    if gpu.get("gpus"):
+        try:
+            pairs = cu.device_map(gpu["gpus"], gpu_node.gpus()[0])
+        except cu.GpuMismatch:
+            pairs = None  # skip_compat_check: let the driver try the same GPUs
+    timings["cuda_map"] = time.monotonic() - t0
+    prog.phase("cuda restore")
+    timings.update(cu.restore_and_unlock(pids, pairs, backend))
+    return {"used": True, "pids": pids, "gpu_pairs": [list(p) for p in pairs or []], "backend": backend.describe()}
+
+
 def restore(store: st.FsStore, snapshot_id: Optional[str] = None, name: Optional[str] = None,
             labels: Optional[Dict[str, str]] = None, verify: bool = True, skip_compat: bool = False,
             options: Optional[CriuOptions] = None, criu_path: Optional[str] = None,
-            restore_root: str = DEFAULT_RESTORE_ROOT) -> Dict[str, Any]:
+            restore_root: str = DEFAULT_RESTORE_ROOT, cuda: str = "auto",
+            gpu_node: Optional[GpuNode] = None) -> Dict[str, Any]:
+    """Restore a process snapshot; with GPU state (``cuda`` auto or required) the CUDA processes are restored too."""
     timings: Dict[str, float] = {}
     t_start = time.monotonic()
+    if cuda not in CUDA_MODES:
+        raise SnapshotError(f"cuda: {cuda!r} is not one of {', '.join(CUDA_MODES)}")
     criu = find_criu(criu_path)
     if not criu:
         raise CriuError("no CRIU found on this node; prepare it with warmstart.snapshot.node_prep")
     node = describe_node(criu)
-    doc = select(store, snapshot_id, name, labels, node, skip_compat)
+    gpu_node = gpu_node or GpuNode()
+    doc = select(store, snapshot_id, name, labels, node, skip_compat, gpu_node, cuda)
     t0 = time.monotonic()
-    problems = preflight(store, doc, node, verify, skip_compat)
+    problems = preflight(store, doc, node, verify, skip_compat, gpu_node=gpu_node, cuda=cuda)
     timings["preflight"] = time.monotonic() - t0
     if problems:
         raise SnapshotError(f"refusing to restore snapshot {doc['id']} ({doc['name']}) on this node", reasons=problems)
@@ -458,15 +707,28 @@ def restore(store: st.FsStore, snapshot_id: Optional[str] = None, name: Optional
         ctl.clear(control, ctl.RESTORE_COMPLETE, ctl.RESTORE_FAILED)
     opts = options or CriuOptions(**{k: v for k, v in target["criu"]["options"].items()
                                      if k in CriuOptions.__dataclass_fields__})
+    gpu = doc.get("gpu")
     t0 = time.monotonic()
     prog.phase("restore")
     try:
-        pid = criu_restore(criu, os.path.join(work, "images"), work, opts)
+        with criu_plugins_off(bool(gpu)):
+            pid = criu_restore(criu, os.path.join(work, "images"), work, opts)
     except CriuError as exc:
         if control and os.path.isdir(control):
             ctl.write(control, ctl.RESTORE_FAILED, f"{exc}\n")
         raise
     timings["restore"] = time.monotonic() - t0
+    cuda_result: Dict[str, Any] = {"used": False, "reason": "the snapshot holds no GPU state"}
+    if gpu:
+        try:
+            cuda_result = _resume_cuda(pid, gpu, gpu_node, timings)
+        except (cu.CudaError, cu.CudaUnavailable, SnapshotError, OSError) as exc:
+            proc.signal_tree(pid, signal.SIGKILL)  # never leave a half-restored copy (its GPU state is not back)
+            proc.wait_gone(pid, 10)
+            text = f"cuda restore of snapshot {doc['id']} failed: {exc}; the restored tree (pid {pid}) was killed"
+            if control and os.path.isdir(control):
+                ctl.write(control, ctl.RESTORE_FAILED, f"{text}\n")
+            raise SnapshotError(text) from None
     ns_pid = proc.ns_pids(pid)[-1] if proc.alive(pid) else None
     if control and os.path.isdir(control):
         ctl.write(control, ctl.RESTORE_COMPLETE, f"pid={ns_pid}\nhost_pid={pid}\nsnapshot={doc['id']}\n")
@@ -486,19 +748,24 @@ def restore(store: st.FsStore, snapshot_id: Optional[str] = None, name: Optional
         "timings": {k: round(v, 3) for k, v in timings.items()},
         "criu_stats": stats,
         "transfer": dict(getattr(store, "transfer", None) or {}),
+        "cuda": cuda_result,
     }
 
 
 def plan_restore(store: st.FsStore, snapshot_id: Optional[str] = None, name: Optional[str] = None,
                  labels: Optional[Dict[str, str]] = None, verify: bool = True, skip_compat: bool = False,
-                 criu_path: Optional[str] = None) -> Dict[str, Any]:
-    """Check mode: select and preflight, touch nothing."""
+                 criu_path: Optional[str] = None, cuda: str = "auto", gpu_node: Optional[GpuNode] = None) -> Dict[str, Any]:
+    """Check mode: select and preflight (GPU checks included), touch nothing."""
+    if cuda not in CUDA_MODES:
+        raise SnapshotError(f"cuda: {cuda!r} is not one of {', '.join(CUDA_MODES)}")
     criu = find_criu(criu_path)
     if not criu:
         raise CriuError("no CRIU found on this node; prepare it with warmstart.snapshot.node_prep")
     node = describe_node(criu)
-    doc = select(store, snapshot_id, name, labels, node, skip_compat)
-    problems = preflight(store, doc, node, verify, skip_compat, fetch=False)
+    gpu_node = gpu_node or GpuNode()
+    doc = select(store, snapshot_id, name, labels, node, skip_compat, gpu_node, cuda)
+    problems = preflight(store, doc, node, verify, skip_compat, fetch=False, gpu_node=gpu_node, cuda=cuda)
     if problems:
         raise SnapshotError(f"refusing to restore snapshot {doc['id']} ({doc['name']}) on this node", reasons=problems)
-    return {"id": doc["id"], "name": doc["name"], "verified": verify, "compat_checked": not skip_compat}
+    return {"id": doc["id"], "name": doc["name"], "verified": verify, "compat_checked": not skip_compat,
+            "gpu_state": bool(doc.get("gpu"))}

@@ -145,14 +145,42 @@ options:
     type: bool
     default: false
   ready_timeout:
-    description: Seconds to wait for readiness (O(wait_ready)).
+    description:
+      - Seconds to wait for readiness (O(wait_ready)), and for the answer of a workload with checkpoint hooks
+        (C(checkpoint-requested)) before a GPU snapshot.
     type: int
     default: 300
+  cuda:
+    description:
+      - GPU state of the tree, through the CUDA checkpoint driver API (NVIDIA driver >= 570, CUDA 12.8) or the
+        C(cuda-checkpoint) utility.
+      - V(auto) - when the node has the API and processes of the tree are CUDA processes, lock and checkpoint them
+        (their GPU memory moves into host memory) before the CRIU dump, and restore and unlock them afterwards
+        when the source keeps running or anything fails; otherwise take a CPU-only snapshot and say why in
+        RV(snapshot.cuda) (C(reason)).
+      - V(required) - the same, but fail before anything is touched when the node has no NVIDIA driver, the driver
+        is too old, or no process of the tree is a CUDA process.
+      - V(off) - never look at GPU state (a CUDA process then fails in CRIU, or is left to CRIU's own cuda plugin).
+      - A workload that registered pre-checkpoint hooks (C(checkpoint-hooks) in its control directory) is asked to
+        quiesce first (C(checkpoint-requested)), and told C(checkpoint-done) when it keeps running.
+      - While warmstart handles GPU state, CRIU runs with no plugin loaded, so CRIU's C(cuda_plugin.so) does not
+        act a second time.
+    type: str
+    choices: [auto, required, "off"]
+    default: auto
+  cuda_lock_timeout:
+    description:
+      - Milliseconds the CUDA lock waits for running GPU work to finish (V(0) waits without limit). When it
+        expires the process is left running and the checkpoint fails.
+    type: int
+    default: 30000
 notes:
   - Needs root. A process target should be the init of its own PID namespace (as M(warmstart.snapshot.workload)
     starts it), so that its PIDs cannot collide with other processes on the restoring node.
   - A container's workload keeps its PIDs inside the container's PID namespace; a placeholder container whose
     only process is its PID 1 has them free.
+  - GPU snapshots need an NVIDIA driver >= 570 (>= 580 to restore onto other GPUs of the same model), no UVM, IPC
+    memory, MIG or MPS in the workload, and the same GPU model and count on the restoring node.
 """
 
 EXAMPLES = r"""
@@ -176,6 +204,13 @@ EXAMPLES = r"""
   warmstart.snapshot.checkpoint:
     pid: 4242
     name: my-server
+
+- name: Snapshot a GPU inference server with its GPU memory, failing if its GPU state cannot be saved
+  warmstart.snapshot.checkpoint:
+    workload: vllm
+    cuda: required
+    cuda_lock_timeout: 60000
+    leave_running: false
 """
 
 RETURN = r"""
@@ -220,10 +255,13 @@ snapshot:
       returned: always
       sample: false
     timings:
-      description: Seconds per phase (wait_ready, dump, checksum, publish, total).
+      description:
+        - Seconds per phase (wait_ready, dump, checksum, publish, total).
+        - With GPU state also quiesce (the workload's hooks), cuda_lock, cuda_checkpoint and, when the source keeps
+          running, cuda_resume (its restore and unlock).
       type: dict
       returned: always
-      sample: {dump: 0.38, total: 0.53}
+      sample: {cuda_lock: 0.002, cuda_checkpoint: 1.9, dump: 0.38, total: 2.4}
     criu_stats:
       description: CRIU's dump statistics (times in microseconds, page counts).
       type: dict
@@ -239,12 +277,34 @@ snapshot:
       type: dict
       returned: always
       sample: {namespace: default, name: embed-0, uid: 6b1f, container: main, spec_hash: 3a1d}
+    cuda:
+      description:
+        - What O(cuda) decided - C(mode), C(used) (whether GPU state is in the snapshot) and C(reason) (why not, or
+          which processes); when used also C(pids) (host PIDs of the CUDA processes), C(backend) and C(hooks)
+          (whether the workload's checkpoint hooks were asked).
+      type: dict
+      returned: always
+      sample: {mode: auto, used: false, reason: "no CUDA checkpoint support on this node: libcuda.so.1 not found"}
+    gpu:
+      description:
+        - The manifest's gpu section when GPU state was saved (else null) - C(backend), C(cuda_version) (13000 is
+          CUDA 13.0), C(driver_version), C(pids) (C(pid) on the host, C(ns_pid) in its PID namespace), C(gpus)
+          (C(index), C(uuid), C(name), C(memory_total) of the source node's GPUs) and C(inventory_error).
+      type: dict
+      returned: always
+      sample: {cuda_version: 13000, driver_version: 580.65.06, pids: [{pid: 4242, ns_pid: 1}],
+               gpus: [{index: 0, uuid: GPU-5f1c, name: NVIDIA H100 80GB HBM3, memory_total: 85520809984}]}
 target:
   description: The resolved target.
   returned: always
   type: dict
   sample: {pid: 4242, name: embed, workload: embed, container: null,
            control_dir: /var/lib/warmstart/workloads/embed/control}
+cuda:
+  description: In check mode - what O(cuda) would do (as RV(snapshot.cuda)).
+  returned: check mode
+  type: dict
+  sample: {mode: auto, used: true, reason: "CUDA process(es) 4242 checkpointed through CUDA driver API", pids: [4242]}
 """
 
 from ansible.module_utils.basic import AnsibleModule
@@ -282,6 +342,8 @@ def main() -> None:
             timeout=dict(type="int", default=0),
             wait_ready=dict(type="bool", default=False),
             ready_timeout=dict(type="int", default=300),
+            cuda=dict(type="str", choices=["auto", "required", "off"], default="auto"),
+            cuda_lock_timeout=dict(type="int", default=30000),
         ),
         mutually_exclusive=[("pid", "pidfile", "workload", "container", "pod")],
         required_one_of=[("pid", "pidfile", "workload", "container", "pod")],

@@ -74,6 +74,21 @@ options:
     description: Node-local directory for CRIU's restore work files and logs.
     type: path
     default: /var/lib/warmstart/restore
+  cuda:
+    description:
+      - GPU state of a snapshot that holds some (taken with M(warmstart.snapshot.checkpoint) O(warmstart.snapshot.checkpoint#module:cuda)).
+      - V(auto) - restore it when the snapshot holds it. Before anything is touched the node must have the CUDA
+        checkpoint API, a CUDA driver not older than the source's, and the same GPU models and count (the
+        snapshot's GPUs are mapped onto this node's, identical UUIDs first, then by position; other UUIDs need
+        driver >= 580); every failing reason lists both GPU lists. After the CRIU restore the CUDA processes are
+        restored onto the mapped GPUs and unlocked, then C(restore-complete) is written; if that fails,
+        C(restore-failed) is written and the restored tree is killed.
+      - V(required) - the same, and refuse a snapshot without GPU state.
+      - V(off) - refuse a snapshot that holds GPU state (restored without it, its CUDA processes would stay locked).
+      - O(skip_compat_check) skips the driver and GPU model checks, not the others.
+    type: str
+    choices: [auto, required, "off"]
+    default: auto
   into:
     description: Restore a container snapshot into placeholder containers.
     type: dict
@@ -195,10 +210,24 @@ restore:
       returned: not in check mode, without into
       sample: /var/lib/warmstart/restore/x
     timings:
-      description: Seconds per phase (preflight, restore, total).
+      description:
+        - Seconds per phase (preflight, restore, total).
+        - With GPU state also cuda_map, cuda_restore and cuda_unlock.
       type: dict
       returned: not in check mode
-      sample: {restore: 0.14}
+      sample: {restore: 0.14, cuda_restore: 2.1, cuda_unlock: 0.001}
+    cuda:
+      description:
+        - Whether GPU state was restored (C(used)); when it was, C(pids) (host PIDs of the restored CUDA processes),
+          C(gpu_pairs) (snapshot GPU UUID, this node's GPU UUID) and C(backend); else C(reason).
+      type: dict
+      returned: not in check mode, without into
+      sample: {used: true, pids: [22862], gpu_pairs: [[GPU-5f1c, GPU-77aa]], backend: CUDA driver API}
+    gpu_state:
+      description: In check mode - whether the snapshot holds GPU state.
+      type: bool
+      returned: check mode, without into
+      sample: false
     criu_stats:
       description: CRIU's restore statistics (microseconds, pages).
       type: dict
@@ -250,6 +279,7 @@ def main() -> None:
             verify=dict(type="bool", default=True),
             skip_compat_check=dict(type="bool", default=False),
             restore_root=dict(type="path", default="/var/lib/warmstart/restore"),
+            cuda=dict(type="str", choices=["auto", "required", "off"], default="auto"),
             into=dict(type="dict", options=dict(
                 container=dict(type="str"),
                 container_map=dict(type="list", elements="str"),

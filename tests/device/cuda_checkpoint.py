@@ -18,9 +18,11 @@ machine with an NVIDIA driver >= 570 and PyTorch with CUDA. It:
    tensors are intact (same checksum) and kernels still run;
 6. checks the rollback: lock_and_checkpoint([it, a non-CUDA pid]) fails and
    leaves it RUNNING, still computing;
-7. the full CRIU + CUDA snapshot of that process through the collection's
-   checkpoint/restore modules: reported as SKIP (with the reason) until the
-   modules have their ``cuda`` option and a CRIU binary is present.
+7. the full CRIU + CUDA snapshot of a PyTorch workload through the
+   collection's checkpoint / restore modules with ``cuda: required``: CRIU
+   dump, the source ended, CRIU restore, GPU state restored and unlocked,
+   the same tensors read back (SKIP where CRIU cannot run: no CRIU, not
+   root, no pycriu, ``criu check`` failing).
 
 It prints one PASS/FAIL/SKIP line per check and a SUMMARY line; the exit
 status is 1 when any check failed. ``--json FILE`` also writes the results.
@@ -36,6 +38,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any, Dict, List, Optional
@@ -251,29 +254,190 @@ def find_criu() -> Optional[str]:
     return shutil.which("criu")
 
 
-def modules_support_cuda() -> bool:
-    text = (REPO / "plugins" / "modules" / "checkpoint.py").read_text(encoding="utf-8")
-    return "cuda:" in text and "_cuda" in (REPO / "plugins" / "module_utils" / "_snapshot.py").read_text(encoding="utf-8")
+WORKER = r'''
+import hashlib, json, os, sys, time
+import torch
+
+ctl = os.environ["SNAPSHOT_CONTROL_DIR"]
+mib = int(sys.argv[1])
+dev = torch.device("cuda:0")
+gen = torch.Generator(device=dev)
+gen.manual_seed(20251203)
+tensors = [torch.rand(64 * 1024 * 1024 // 4, device=dev, generator=gen) for i in range(max(1, mib // 64))]
+torch.cuda.synchronize()
 
 
-def criu_step(report: Report, child: Child) -> None:
-    """Step 7: the full CRIU + CUDA snapshot through the collection's modules.
+def answer():
+    h = hashlib.sha256()
+    for t in tensors:
+        h.update(t.cpu().numpy().tobytes())
+    kernel = float(sum((t * 2.0 + 1.0).double().sum().item() for t in tensors))
+    out = {"pid": os.getpid(), "sha256": h.hexdigest(), "kernel_sum": kernel}
+    with open(os.path.join(ctl, "answer.json.tmp"), "w") as handle:
+        json.dump(out, handle)
+    os.rename(os.path.join(ctl, "answer.json.tmp"), os.path.join(ctl, "answer.json"))
 
-    TODO(issue 7, integration): once ``checkpoint``/``restore`` accept
-    ``cuda: required``, run them here on ``child`` (a ``pid`` target,
-    ``leave_running: false``), restore, and compare the child's digest with
-    the one taken before. The child must then talk over files, not pipes to
-    this process (CRIU cannot restore a pipe to an outside process without
-    --inherit-fd).
+
+answer()
+open(os.path.join(ctl, "ready-for-snapshot"), "w").close()
+while True:  # talks over files only: CRIU cannot restore a pipe to a process outside the tree
+    if os.path.exists(os.path.join(ctl, "ask")):
+        os.unlink(os.path.join(ctl, "ask"))
+        answer()
+    time.sleep(0.05)
+'''
+
+
+class ModuleExit(Exception):
+    def __init__(self, result: Dict[str, Any]) -> None:
+        super().__init__(result.get("msg", ""))
+        self.result = result
+
+
+class FakeModule:
+    """What the module glue (_module.run_checkpoint / run_restore) uses of AnsibleModule."""
+
+    def __init__(self, params: Dict[str, Any]) -> None:
+        self.params = params
+        self.check_mode = False
+
+    def exit_json(self, **result: Any) -> None:
+        raise ModuleExit(dict(result, failed=False))
+
+    def fail_json(self, **result: Any) -> None:
+        raise ModuleExit(dict(result, failed=True))
+
+    def warn(self, text: str) -> None:
+        print(f"WARN {text}", flush=True)
+
+
+def run_module(name: str, params: Dict[str, Any], work: Path) -> Dict[str, Any]:
+    """Run plugins/modules/<name>.py as Ansible would (its argument spec and defaults) when ansible-core is
+    importable, else its glue in _module with the same parameters filled in; the module's result."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    probe = subprocess.run([sys.executable, "-c", "import ansible.module_utils.basic"], capture_output=True, env=env, check=False)
+    if probe.returncode == 0:
+        args = work / f"{name}-args.json"
+        args.write_text(json.dumps({"ANSIBLE_MODULE_ARGS": params}), encoding="utf-8")
+        done = subprocess.run([sys.executable, str(REPO / "plugins" / "modules" / f"{name}.py"), str(args)],
+                              capture_output=True, text=True, env=env, timeout=240, check=False)
+        for line in reversed(done.stdout.splitlines()):
+            if line.startswith("{"):
+                return json.loads(line)
+        return {"failed": True, "msg": f"module {name} printed no result: {done.stdout[-800:]} {done.stderr[-800:]}"}
+    from ansible_collections.warmstart.snapshot.plugins.module_utils import _module  # pylint: disable=import-outside-toplevel
+    defaults = {
+        "checkpoint": dict(pid=None, pidfile=None, workload=None, container=None, pod=None, runtime="podman",
+                           workloads_root="/var/lib/warmstart/workloads", name=None, labels={}, leave_running=True,
+                           tcp="established", ext_unix_sk=True, file_locks=True, link_remap=True, ghost_limit=512 << 20,
+                           timeout=0, wait_ready=False, ready_timeout=300, cuda="auto", cuda_lock_timeout=30000),
+        "restore": dict(snapshot=None, name=None, labels=None, verify=True, skip_compat_check=False,
+                        restore_root="/var/lib/warmstart/restore", into=None, cuda="auto"),
+    }[name]
+    full = dict(defaults, store="/var/lib/warmstart/store", store_options={}, criu_path=None, progress_file=None,
+                progress_interval=0)
+    full.update(params)
+    try:
+        (_module.run_checkpoint if name == "checkpoint" else _module.run_restore)(FakeModule(full))
+    except ModuleExit as done:
+        return done.result
+    return {"failed": True, "msg": f"module {name} ended without a result"}
+
+
+def collection_path(work: Path) -> Path:
+    """A directory where ``ansible_collections.warmstart.snapshot`` is this checkout."""
+    top = work / "collections"
+    link = top / "ansible_collections" / "warmstart" / "snapshot"
+    link.parent.mkdir(parents=True, exist_ok=True)
+    if not link.exists():
+        link.symlink_to(REPO)
+    return top
+
+
+def ask(control: Path, timeout: float = 120) -> Dict[str, Any]:
+    answer = control / "answer.json"
+    if answer.exists():
+        answer.unlink()
+    (control / "ask").touch()
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if answer.exists():
+            return json.loads(answer.read_text(encoding="utf-8"))
+        time.sleep(0.05)
+    raise TimeoutError(f"no answer in {answer} within {timeout:g} s")
+
+
+def criu_step(report: Report, python: str, mib: int) -> None:
+    """Step 7: the full CRIU + CUDA snapshot through the checkpoint / restore modules with ``cuda: required``.
+
+    A PyTorch workload (own PID namespace, stdio to files, talking over its control dir) fills GPU tensors;
+    ``checkpoint`` (``cuda: required``, ``leave_running: false``) locks + checkpoints it, CRIU dumps it and it
+    is ended; ``restore`` (``cuda: required``) restores it with CRIU, then its GPU state, then unlocks it. The
+    restored copy must show the same tensors (sha256, kernel sum). SKIP where CRIU cannot run here (no CRIU,
+    not root, pycriu or the kernel missing); FAIL when anything after that goes wrong.
     """
     criu = find_criu()
     if criu is None:
         report.add("SKIP", "criu+cuda snapshot", "no CRIU binary ($CRIU, /opt/warmstart/criu/*/bin/criu, PATH)")
         return
-    if not modules_support_cuda():
-        report.add("SKIP", "criu+cuda snapshot", f"CRIU at {criu}, but the checkpoint/restore modules have no `cuda` option yet (TODO)")
+    if os.geteuid() != 0:
+        report.add("SKIP", "criu+cuda snapshot", f"CRIU at {criu} needs root")
         return
-    report.add("SKIP", "criu+cuda snapshot", f"CRIU at {criu}, modules with `cuda`: step for pid {child.pid} not written yet (TODO)")
+    bundle_python = Path(criu).resolve().parents[1] / "python"
+    for extra in (str(bundle_python), os.environ.get("WARMSTART_PYTHONPATH", "")):
+        for part in extra.split(os.pathsep):
+            if part and Path(part).is_dir() and part not in sys.path:
+                sys.path.insert(0, part)
+    try:
+        import pycriu  # pylint: disable=import-outside-toplevel,unused-import
+    except ImportError as exc:
+        report.add("SKIP", "criu+cuda snapshot", f"pycriu cannot be imported ({exc}): set WARMSTART_PYTHONPATH")
+        return
+    check = subprocess.run([criu, "check"], capture_output=True, text=True, timeout=60, check=False)
+    if check.returncode != 0:
+        lines = (check.stdout + check.stderr).strip().splitlines()
+        report.add("SKIP", "criu+cuda snapshot", f"`criu check` fails here: {lines[-1] if lines else check.returncode}")
+        return
+    work = Path(tempfile.mkdtemp(prefix="warmstart-device-"))
+    sys.path.insert(0, str(collection_path(work)))
+    from ansible_collections.warmstart.snapshot.plugins.module_utils import _workload  # pylint: disable=import-outside-toplevel
+    roots = {"workloads_root": str(work / "workloads"), "store": str(work / "store")}
+    script = work / "worker.py"
+    script.write_text(WORKER, encoding="utf-8")
+    try:
+        _changed, info = _workload.ensure(roots["workloads_root"], "gpu", "started", [python, str(script), str(mib)],
+                                          wait_ready=True, ready_timeout=180)
+        control = Path(info["control"])
+        before = json.loads((control / "answer.json").read_text(encoding="utf-8"))
+        t0 = time.monotonic()
+        snap = run_module("checkpoint", dict(workload="gpu", cuda="required", leave_running=False, criu_path=criu,
+                                             **roots), work)
+        if not report.check(not snap.get("failed"), "criu+cuda checkpoint",
+                            snap.get("msg") or json.dumps({k: snap["snapshot"][k] for k in ("id", "size", "timings", "cuda")})):
+            return
+        report.add("INFO", "criu+cuda checkpoint took", f"{time.monotonic() - t0:.1f} s, gpu section "
+                   f"{json.dumps(snap['snapshot'].get('gpu'))}")
+        t0 = time.monotonic()
+        out = run_module("restore", dict(snapshot=snap["snapshot"]["id"], cuda="required", criu_path=criu,
+                                         store=roots["store"], restore_root=str(work / "restore")), work)
+        if not report.check(not out.get("failed"), "criu+cuda restore",
+                            out.get("msg") or json.dumps({k: out["restore"][k] for k in ("pid", "timings", "cuda")})):
+            return
+        report.add("INFO", "criu+cuda restore took", f"{time.monotonic() - t0:.1f} s")
+        after = ask(control)
+        same_sum = abs(after["kernel_sum"] - before["kernel_sum"]) <= 1e-9 * max(1.0, abs(before["kernel_sum"]))
+        report.check(after["sha256"] == before["sha256"] and same_sum and after["pid"] == before["pid"],
+                     "criu+cuda tensors intact",
+                     f"restored host pid {out['restore']['pid']}: sha256 {after['sha256'][:16]} (before "
+                     f"{before['sha256'][:16]}), kernel sum {after['kernel_sum']:.9g}, pid in its namespace {after['pid']}")
+    except Exception as exc:  # pylint: disable=broad-except
+        report.check(False, "criu+cuda snapshot", f"{type(exc).__name__}: {exc}")
+    finally:
+        try:
+            _workload.ensure(roots["workloads_root"], "gpu", "stopped", [])
+        except Exception:  # pylint: disable=broad-except
+            pass
+        shutil.rmtree(work, ignore_errors=True)
 
 
 def cli_step(report: Report, cuda: Any, child: Child, before: Dict[str, Any]) -> None:
@@ -364,7 +528,8 @@ def run(args: argparse.Namespace) -> Report:
                          f"{exc} -> pid {pid} {cuda.state_name(state)}, still computing")
 
         cli_step(report, cuda, child, before)
-        criu_step(report, child)
+        child.stop()  # frees its GPU memory before the CRIU step fills its own
+        criu_step(report, args.python, args.mib)
     except Exception as exc:  # pylint: disable=broad-except
         report.check(False, "unexpected error", f"{type(exc).__name__}: {exc}")
         try:

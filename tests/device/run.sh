@@ -6,7 +6,8 @@
 # tests/device/run.sh - the GPU check of the CUDA checkpoint binding, one command, under 5 minutes.
 #
 # Needs: an NVIDIA GPU, driver >= 570 (>= 580 for the GPU device map), a Python with PyTorch (CUDA build);
-# pynvml or nvidia-smi for the memory checks. Root is not needed (same user as the PyTorch process).
+# pynvml or nvidia-smi for the memory checks. Root is not needed for the CUDA checks (same user as the
+# PyTorch process); the CRIU + CUDA step through the modules needs root and CRIU (CRIU=/path/to/bundle/bin/criu).
 #
 #   bash tests/device/run.sh                       # PYTHON=/path/to/python to pick the one with torch
 #   bash tests/device/run.sh --mib 4096 --json out.json

@@ -22,6 +22,10 @@
  *                    unlock, get_state, get_restore_tid; pid may be *): that
  *                    call returns that code and changes nothing.
  *   FAKE_CUDA_DRIVER_VERSION   what cuDriverGetVersion reports (default 13000).
+ *   FAKE_CUDA_ADOPT  "<text>=<state>": a pid that is not listed but whose
+ *                    /proc/<pid>/cmdline (NULs read as spaces) contains <text>
+ *                    is a CUDA process in <state>; it is listed from its first
+ *                    state change on (integration tests: a restored copy's new pid).
  *   FAKE_CUDA_REQUIRE_INIT=1   checkpoint calls return 3 (NOT_INITIALIZED)
  *                    until cuInit(0) was called in this process.
  *
@@ -268,14 +272,53 @@ static void save(const struct proc *procs, int n)
 	rename(tmp, path);
 }
 
-static struct proc *find(struct proc *procs, int n, int pid)
+/* FAKE_CUDA_ADOPT: is this unlisted pid a CUDA process (its command line), and in which state? */
+static int adopt_state(int pid)
 {
-	int i;
+	const char *spec = getenv("FAKE_CUDA_ADOPT");
+	char path[64], cmd[LINE], want[LINE], *eq;
+	size_t len, i;
+	FILE *f;
+	int s;
 
-	for (i = 0; i < n; i++)
+	if (!spec || !*spec || strlen(spec) >= sizeof(want))
+		return -1;
+	strcpy(want, spec);
+	eq = strrchr(want, '=');
+	if (!eq)
+		return -1;
+	*eq = '\0';
+	snprintf(path, sizeof(path), "/proc/%d/cmdline", pid);
+	if (!(f = fopen(path, "r")))
+		return -1;
+	len = fread(cmd, 1, sizeof(cmd) - 1, f);
+	fclose(f);
+	for (i = 0; i < len; i++)
+		if (cmd[i] == '\0')
+			cmd[i] = ' ';
+	cmd[len] = '\0';
+	if (!strstr(cmd, want))
+		return -1;
+	for (s = 0; s < 4; s++)
+		if (strcmp(eq + 1, state_names[s]) == 0)
+			return s;
+	return -1;
+}
+
+static struct proc *find(struct proc *procs, int *n, int pid)
+{
+	int i, state;
+
+	for (i = 0; i < *n; i++)
 		if (procs[i].pid == pid)
 			return &procs[i];
-	return NULL;
+	state = adopt_state(pid);
+	if (state < 0 || *n >= MAX_PROCS)
+		return NULL;
+	memset(&procs[*n], 0, sizeof(procs[*n]));
+	procs[*n].pid = pid;
+	procs[*n].state = state;
+	return &procs[(*n)++];
 }
 
 static int need_init(void)
@@ -305,7 +348,7 @@ static __attribute__((unused)) CUresult transition(const char *call, int pid, in
 
 	fd = lock_state();
 	n = load(procs);
-	p = find(procs, n, pid);
+	p = find(procs, &n, pid);
 	if (need_init()) {
 		result = NOT_INITIALIZED;
 	} else if ((code = injected(call, pid)) != 0) {
@@ -390,7 +433,7 @@ CUresult cuCheckpointProcessGetState(int pid, CUprocessState *state)
 
 	fd = lock_state();
 	n = load(procs);
-	p = find(procs, n, pid);
+	p = find(procs, &n, pid);
 	if (need_init())
 		result = NOT_INITIALIZED;
 	else if ((code = injected("get_state", pid)) != 0)
@@ -414,7 +457,7 @@ CUresult cuCheckpointProcessGetRestoreThreadId(int pid, int *tid)
 
 	fd = lock_state();
 	n = load(procs);
-	p = find(procs, n, pid);
+	p = find(procs, &n, pid);
 	if (need_init())
 		result = NOT_INITIALIZED;
 	else if ((code = injected("get_restore_tid", pid)) != 0)

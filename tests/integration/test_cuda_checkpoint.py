@@ -1,0 +1,152 @@
+"""GPU options of checkpoint / restore through the real modules and real CRIU, on a node without a GPU.
+
+- ``cuda: required`` on a plain process fails with the cause named, before anything is touched: the
+  process keeps running, nothing is staged or published (the real, absent NVIDIA driver).
+- ``cuda: auto`` snapshots the same process CPU-only and says why.
+- With ``$WARMSTART_LIBCUDA`` pointing at the fake libcuda (tests/support/fake_libcuda.c) told that the
+  workload is a CUDA process, the modules lock and checkpoint it around a real CRIU dump, give it back
+  (restore + unlock) since it keeps running, and after a real CRIU restore restore + unlock the copy's
+  new pid: the fake's call log shows the order.
+"""
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any, Dict, List
+
+import pytest
+
+from .test_process_snapshot import Lab, free_port, query, running_free
+
+pytestmark = pytest.mark.integration
+
+FAKE_SOURCE = Path(__file__).resolve().parents[1] / "support" / "fake_libcuda.c"
+
+
+def no_real_driver() -> None:
+    for path in ("/usr/lib/x86_64-linux-gnu/libcuda.so.1", "/usr/lib64/libcuda.so.1", "/usr/lib/aarch64-linux-gnu/libcuda.so.1"):
+        if Path(path).exists():
+            pytest.skip(f"{path} exists: this node has an NVIDIA driver (the no-GPU case is for nodes without one)")
+
+
+def fake_lib(tmp: Path) -> Path:
+    gcc = shutil.which("gcc") or shutil.which("cc")
+    if gcc is None:
+        pytest.fail("gcc is needed to build the fake libcuda.so.1")
+    out = tmp / "fakecuda" / "libcuda.so.1"
+    out.parent.mkdir(parents=True)
+    done = subprocess.run([gcc, "-Wall", "-Werror", "-shared", "-fPIC", "-o", str(out), str(FAKE_SOURCE)],
+                          capture_output=True, text=True, check=False)
+    assert done.returncode == 0, done.stderr
+    return out
+
+
+def calls(log: Path) -> List[Dict[str, str]]:
+    out = []
+    for line in log.read_text().splitlines() if log.exists() else []:
+        out.append(dict(item.split("=", 1) for item in line.split()))
+    return out
+
+
+def changes(log: Path) -> List[str]:
+    """The state-changing calls, in order, as ``call:pid``."""
+    return [f"{c['call']}:{c['pid']}" for c in calls(log) if c["call"] in ("lock", "checkpoint", "restore", "unlock")]
+
+
+def test_required_fails_cleanly_without_a_driver_and_auto_snapshots_cpu_only(lab: Lab) -> None:
+    no_real_driver()
+    port = free_port()
+    lab.play([lab.start("plain", port, 8, "--pattern")])
+    pid = lab.pidfile_pid("plain")
+    before = query(port)["counter"]
+    res = lab.play([
+        lab.checkpoint("required", workload="plain", cuda="required", expect_fail=True),
+        lab.checkpoint("check required", workload="plain", cuda="required", check=True, expect_fail=True),
+    ])
+    failed = res["required"]
+    assert failed.get("failed"), failed
+    assert failed["msg"].startswith("cuda: required, but this node cannot checkpoint GPU state: libcuda.so.1 not found")
+    assert "NVIDIA driver >= 570" in failed["msg"] and "nothing was touched" in failed["msg"]
+    assert res["check required"].get("failed") and "libcuda.so.1 not found" in res["check required"]["msg"]
+    assert running_free(pid) and query(port)["counter"] > before  # untouched, still serving
+    assert lab.published() == [] and lab.staging() == []
+
+    res = lab.play([lab.checkpoint("auto", workload="plain", cuda="auto")])
+    snap = res["auto"]["snapshot"]
+    assert snap["cuda"]["used"] is False
+    assert snap["cuda"]["mode"] == "auto"
+    assert "no CUDA checkpoint support on this node: libcuda.so.1 not found" in snap["cuda"]["reason"]
+    assert snap["gpu"] is None
+    assert not [k for k in snap["timings"] if k.startswith("cuda")]
+    assert lab.published() == [snap["id"]]
+    assert running_free(pid)
+
+
+def test_fake_cuda_process_is_locked_checkpointed_dumped_and_restored_in_order(lab: Lab) -> None:
+    lib = fake_lib(lab.tmp)
+    state, log = lab.tmp / "cuda.state", lab.tmp / "cuda.log"
+    state.write_text("")
+    script = str(lab.script)
+    env: Dict[str, Any] = {"WARMSTART_LIBCUDA": str(lib), "FAKE_CUDA_STATE": str(state), "FAKE_CUDA_LOG": str(log),
+                           "FAKE_CUDA_ADOPT": f"{script}=running"}
+    port = free_port()
+    lab.play([lab.start("gpuish", port, 8, "--pattern")])
+    pid = lab.pidfile_pid("gpuish")
+    token = query(port)["token"]
+
+    task = lab.checkpoint("gpu checkpoint", workload="gpuish", cuda="required", cuda_lock_timeout=5000)
+    task["environment"] = env
+    snap = lab.play([task])["gpu checkpoint"]["snapshot"]
+    assert snap["cuda"]["used"] is True and snap["cuda"]["pids"] == [pid], snap["cuda"]
+    assert changes(log) == [f"lock:{pid}", f"checkpoint:{pid}", f"restore:{pid}", f"unlock:{pid}"]
+    assert [c["timeoutMs"] for c in calls(log) if c["call"] == "lock"] == ["5000"]
+    assert {"cuda_lock", "cuda_checkpoint", "cuda_resume", "dump"} <= set(snap["timings"])
+    assert snap["gpu"]["pids"] == [{"pid": pid, "ns_pid": 1}]
+    assert snap["gpu"]["cuda_version"] == 13000
+    assert state.read_text().split()[:2] == [str(pid), "running"]  # given back: the source is not left locked
+    assert running_free(pid) and query(port)["token"] == token
+
+    # a CPU-only restore of a GPU snapshot is refused before anything is touched
+    lab.play([lab.stop("gpuish")])
+    off = lab.restore("restore off", snapshot=snap["id"], cuda="off", expect_fail=True)
+    off["environment"] = env
+    refused = lab.play([off])["restore off"]
+    assert refused.get("failed") and "cuda: off, but the snapshot holds the GPU state" in refused["msg"]
+
+    log.unlink()
+    restore_env = dict(env, FAKE_CUDA_ADOPT=f"{script}=checkpointed")  # the copy's new pid starts CHECKPOINTED
+    task = lab.restore("gpu restore", snapshot=snap["id"], cuda="required")
+    task["environment"] = restore_env
+    out = lab.play([task])["gpu restore"]["restore"]
+    new = out["pid"]
+    assert new != pid
+    assert out["cuda"]["used"] is True and out["cuda"]["pids"] == [new]
+    assert changes(log) == [f"restore:{new}", f"unlock:{new}"]
+    assert {"cuda_restore", "cuda_unlock", "restore"} <= set(out["timings"])
+    restored_line = [line for line in state.read_text().splitlines() if line.startswith(f"{new} ")]
+    assert restored_line and restored_line[0].split()[1] == "running"
+    assert query(port)["token"] == token  # the same process memory, answering again
+    complete = (lab.wdir("gpuish") / "control" / "restore-complete").read_text()
+    assert f"host_pid={new}" in complete
+
+
+def test_restore_failure_of_the_gpu_state_kills_the_copy(lab: Lab) -> None:
+    lib = fake_lib(lab.tmp)
+    state, log = lab.tmp / "cuda.state", lab.tmp / "cuda.log"
+    state.write_text("")
+    env: Dict[str, Any] = {"WARMSTART_LIBCUDA": str(lib), "FAKE_CUDA_STATE": str(state), "FAKE_CUDA_LOG": str(log),
+                           "FAKE_CUDA_ADOPT": f"{lab.script}=running"}
+    port = free_port()
+    lab.play([lab.start("gpufail", port, 8, "--pattern")])
+    task = lab.checkpoint("gpu checkpoint", workload="gpufail", cuda="required", leave_running=False)
+    task["environment"] = env
+    snap = lab.play([task])["gpu checkpoint"]["snapshot"]
+    task = lab.restore("gpu restore", snapshot=snap["id"], expect_fail=True)
+    task["environment"] = dict(env, FAKE_CUDA_ADOPT=f"{lab.script}=checkpointed", FAKE_CUDA_FAIL="restore:*=2")
+    failed = lab.play([task])["gpu restore"]
+    assert failed.get("failed")
+    assert "cuda restore of snapshot" in failed["msg"] and "CUDA_ERROR_OUT_OF_MEMORY" in failed["msg"]
+    assert "was killed" in failed["msg"]
+    assert lab.ours() == []  # no half-restored copy left
+    assert (lab.wdir("gpufail") / "control" / "restore-failed").exists()

@@ -1,0 +1,517 @@
+"""CUDA in the checkpoint / restore engine (_snapshot, _compat) against the fake libcuda and a fake NVML.
+
+Real processes (a ``sleep`` as the init of its own PID namespace) stand in for
+CUDA processes: the fake driver is told their host pids. CRIU itself is
+replaced by a recording stub here (the integration test runs the real one):
+what is proven is the engine's logic - the auto / required / off decisions,
+the order lock -> checkpoint -> dump -> restore -> unlock, the rollback when
+the dump fails after the lock, the manifest's gpu section, and the restore
+preflight's GPU refusals with both GPU lists.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import threading
+import time
+from pathlib import Path
+from typing import Any, Dict, Iterator, List, Optional
+
+import pytest
+from test_cuda import Fake, compile_fake
+from test_gpu import FakeNvml
+
+from ansible_collections.warmstart.snapshot.plugins.module_utils import _control as ctl
+from ansible_collections.warmstart.snapshot.plugins.module_utils import _cuda as cu
+from ansible_collections.warmstart.snapshot.plugins.module_utils import _gpu
+from ansible_collections.warmstart.snapshot.plugins.module_utils import _snapshot as snap
+from ansible_collections.warmstart.snapshot.plugins.module_utils import _store as st
+from ansible_collections.warmstart.snapshot.plugins.module_utils._compat import GpuNode, gpu_incompatibilities
+from ansible_collections.warmstart.snapshot.plugins.module_utils._criu import CriuError
+from ansible_collections.warmstart.snapshot.plugins.module_utils._criu_rpc import CriuOptions
+
+UUID_A = "GPU-aaaaaaaa-1111-2222-3333-444444444444"
+UUID_B = "GPU-bbbbbbbb-1111-2222-3333-444444444444"
+UUID_C = "GPU-cccccccc-1111-2222-3333-444444444444"
+H100 = "NVIDIA H100 80GB HBM3"
+A100 = "NVIDIA A100-SXM4-40GB"
+NODE = {"hostname": "n1", "arch": "x86_64", "kernel": "6.12.0", "cpu_vendor": "GenuineIntel", "cpu_model": "x",
+        "cpu_flags": ["sse2"], "cpu_flags_hash": "h", "criu_version": "4.2.1", "os_id": "debian", "os_version_id": "13"}
+
+
+def nvml(*gpus: Any, driver: str = "580.65.06") -> FakeNvml:
+    fake = FakeNvml(devices=[{"uuid": u, "name": n, "total": 85520809984} for u, n in gpus])
+    fake.nvmlSystemGetDriverVersion = lambda: driver  # type: ignore[method-assign]
+    return fake
+
+
+@pytest.fixture(scope="session")
+def libs(tmp_path_factory: pytest.TempPathFactory) -> Dict[str, Path]:
+    root = tmp_path_factory.mktemp("fakecuda-engine")
+    return {"full": compile_fake(root / "full" / "libcuda.so.1"),
+            "old": compile_fake(root / "old" / "libcuda.so.1", "FAKE_WITHOUT_CHECKPOINT_API")}
+
+
+@pytest.fixture
+def fake(tmp_path: Path, libs: Dict[str, Path], monkeypatch: pytest.MonkeyPatch) -> Fake:
+    world = Fake(tmp_path, libs["full"])
+    monkeypatch.setenv("FAKE_CUDA_STATE", str(world.state_file))
+    monkeypatch.setenv("FAKE_CUDA_LOG", str(world.log_file))
+    for name in ("FAKE_CUDA_FAIL", "FAKE_CUDA_DRIVER_VERSION", "FAKE_CUDA_REQUIRE_INIT", "WARMSTART_LIBCUDA",
+                 "WARMSTART_CUDA_CHECKPOINT", snap.CRIU_LIBS_DIR):
+        monkeypatch.delenv(name, raising=False)
+    return world
+
+
+def node_with(lib: Optional[Path], *gpus: Any, driver: str = "580.65.06") -> GpuNode:
+    """A GpuNode on the given fake libcuda (None: a path that does not exist) and a fake NVML with ``gpus``."""
+    path = str(lib) if lib else "/nonexistent/libcuda.so.1"
+    return GpuNode(availability=lambda: cu.availability(library=path),
+                   inventory=lambda: _gpu.node_gpus(nvml=nvml(*gpus, driver=driver)))
+
+
+class Ns:
+    """``sleep`` as the init of its own PID namespace: ``pid`` on the host, 1 inside."""
+
+    def __init__(self) -> None:
+        self.outer = subprocess.Popen(["unshare", "--pid", "--fork", "--kill-child", "sleep", "600"])
+        end = time.monotonic() + 10
+        self.pid = 0
+        while time.monotonic() < end and not self.pid:
+            try:
+                kids = Path(f"/proc/{self.outer.pid}/task/{self.outer.pid}/children").read_text().split()
+            except OSError:
+                kids = []
+            self.pid = int(kids[0]) if kids else 0
+            time.sleep(0.02)
+        assert self.pid, "unshare --pid --fork did not start its child (needs root)"
+
+    def alive(self) -> bool:
+        try:
+            state = Path(f"/proc/{self.pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            return False
+        return state not in ("Z", "X")
+
+    def stop(self) -> None:
+        for pid in (self.pid, self.outer.pid):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        self.outer.wait(10)
+
+
+@pytest.fixture
+def ns() -> Iterator[Ns]:
+    if os.geteuid() != 0:
+        pytest.fail("these tests start processes in their own PID namespace: run them as root (make test does)")
+    world = Ns()
+    try:
+        yield world
+    finally:
+        world.stop()
+
+
+class Criu:
+    """Stands in for the CRIU dump: records what it saw (CUDA states, CRIU_LIBS_DIR) and writes an image."""
+
+    def __init__(self, fake: Optional[Fake], fail: Optional[str] = None) -> None:
+        self.fake = fake
+        self.fail = fail
+        self.seen: List[Dict[str, Any]] = []
+
+    def dump(self, criu: str, pid: int, images: str, options: Any, leave_stopped: bool = True, setup: Any = None) -> None:
+        libs = os.environ.get(snap.CRIU_LIBS_DIR)
+        self.seen.append({"pid": pid, "states": self.fake.states() if self.fake else {}, "libs_dir": libs,
+                          "libs_dir_empty": libs is not None and os.path.isdir(libs) and not os.listdir(libs)})
+        if self.fail:
+            raise CriuError(f"CRIU dump of pid {pid} failed: {self.fail}")
+        Path(images, "pages-1.img").write_bytes(b"\0" * 4096)
+
+
+@pytest.fixture
+def engine(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Dict[str, Any]:
+    """The engine with CRIU stubbed: no CRIU binary or node probing, locks under tmp_path."""
+    monkeypatch.setattr(snap, "find_criu", lambda path=None: "/usr/local/bin/criu")
+    monkeypatch.setattr(snap, "describe_node", lambda criu=None: dict(NODE))
+    real_lock = snap.lock_target
+    monkeypatch.setattr(snap, "lock_target", lambda pid, what: real_lock(pid, what, str(tmp_path / "locks")))
+    return {"store": st.FsStore(str(tmp_path / "store"))}
+
+
+def short(fake: Fake) -> List[str]:
+    """The state-changing calls the driver saw, in order, as ``call:pid``."""
+    return [f"{c['call']}:{c['pid']}" for c in fake.calls("lock", "checkpoint", "restore", "unlock")]
+
+
+def run_checkpoint(engine: Dict[str, Any], ns: Ns, node: GpuNode, criu: Optional[Criu], cuda: str,
+                   monkeypatch: pytest.MonkeyPatch, leave_running: bool = True, control: Optional[str] = None,
+                   lock_ms: int = 30000) -> Dict[str, Any]:
+    if criu is not None:
+        monkeypatch.setattr(snap, "dump", criu.dump)
+    else:
+        def no_dump(*args: Any, **kwargs: Any) -> None:
+            raise AssertionError("CRIU must not be reached")
+        monkeypatch.setattr(snap, "dump", no_dump)
+    target = snap.Target(ns.pid, "process", control_dir=control)
+    return snap.checkpoint(engine["store"], target, "gpu-test", {}, CriuOptions(), leave_running=leave_running,
+                           cuda=cuda, cuda_lock_timeout=lock_ms, gpu_node=node)
+
+
+def nothing_published(engine: Dict[str, Any]) -> bool:
+    """No snapshot published, no staging left."""
+    store = engine["store"]
+    staging = os.listdir(store.tmp) if os.path.isdir(store.tmp) else []
+    return not store.list() and not staging
+
+
+# --- the decision table -------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("mode,driver,is_cuda,outcome", [
+    ("off", "full", True, "cpu:cuda: off"),
+    ("auto", "none", True, "cpu:libcuda.so.1 not found"),
+    ("auto", "old", True, "cpu:lacks cuCheckpointProcessLock"),
+    ("auto", "full", False, "cpu:no CUDA process in the tree"),
+    ("auto", "full", True, "gpu"),
+    ("required", "none", True,
+     "error:cuda: required, but this node cannot checkpoint GPU state: /nonexistent/libcuda.so.1 not found"),
+    ("required", "old", True, "error:the CUDA checkpoint API needs NVIDIA driver >= 570"),
+    ("required", "full", False, "error:is not a CUDA process"),
+    ("required", "full", True, "gpu"),
+])
+def test_decision_table(mode: str, driver: str, is_cuda: bool, outcome: str, fake: Fake, libs: Dict[str, Path],
+                        ns: Ns) -> None:
+    probed: List[str] = []
+    lib = {"none": None, "old": libs["old"], "full": libs["full"]}[driver]
+    inner = node_with(lib, (UUID_A, H100))
+    node = GpuNode(availability=lambda: probed.append("backend") or inner.backend(), inventory=inner.gpus)
+    if is_cuda:
+        fake.add(ns.pid)
+    kind, _sep, text = outcome.partition(":")
+    if kind == "error":
+        with pytest.raises(snap.SnapshotError, match="nothing was touched") as err:
+            snap.find_cuda(snap.cuda_plan(mode, node), ns.pid)
+        assert text in str(err.value)
+        assert not short(fake)
+        return
+    plan = snap.cuda_plan(mode, node)
+    snap.find_cuda(plan, ns.pid)
+    assert plan.used is (kind == "gpu")
+    assert plan.pids == ([ns.pid] if kind == "gpu" else [])
+    assert text in plan.reason
+    assert probed == ([] if mode == "off" else ["backend"])  # off never loads libcuda
+    assert not short(fake)  # deciding never locks anything
+
+
+def test_required_fails_cleanly_with_the_real_absent_driver(engine: Dict[str, Any], ns: Ns,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """This machine has no NVIDIA driver: cuda required fails before the store or the process is touched."""
+    monkeypatch.delenv("WARMSTART_LIBCUDA", raising=False)
+    backend, why = cu.availability()
+    if backend is not None:
+        pytest.skip(f"this node has a CUDA checkpoint backend ({why}); the no-driver case cannot be shown here")
+    with pytest.raises(snap.SnapshotError, match=r"cuda: required, but this node cannot checkpoint GPU state: "
+                                                 r"libcuda\.so\.1 not found .*nothing was touched"):
+        run_checkpoint(engine, ns, GpuNode(), None, "required", monkeypatch)
+    assert ns.alive()
+    assert nothing_published(engine)
+    t0 = time.monotonic()
+    result = run_checkpoint(engine, ns, GpuNode(), Criu(None), "auto", monkeypatch)
+    assert result["cuda"]["used"] is False and "libcuda.so.1 not found" in result["cuda"]["reason"]
+    assert result["gpu"] is None
+    assert time.monotonic() - t0 < 10
+
+
+# --- checkpoint with GPU state --------------------------------------------------------------------------------------
+
+def test_gpu_checkpoint_locks_dumps_then_gives_back_and_records_the_gpus(
+        fake: Fake, libs: Dict[str, Path], engine: Dict[str, Any], ns: Ns, monkeypatch: pytest.MonkeyPatch) -> None:
+    fake.add(ns.pid)
+    criu = Criu(fake)
+    result = run_checkpoint(engine, ns, node_with(libs["full"], (UUID_A, H100), (UUID_B, H100)), criu, "auto",
+                            monkeypatch, lock_ms=1234)
+    # CRIU dumped a CHECKPOINTED process, with no plugin dir of its own (its cuda_plugin cannot act too)
+    assert criu.seen[0]["states"] == {ns.pid: "checkpointed"}
+    assert criu.seen[0]["libs_dir_empty"] is True
+    assert snap.CRIU_LIBS_DIR not in os.environ
+    assert short(fake) == [f"lock:{ns.pid}", f"checkpoint:{ns.pid}", f"restore:{ns.pid}", f"unlock:{ns.pid}"]
+    assert fake.calls("lock")[0]["timeoutMs"] == "1234"
+    assert fake.states() == {ns.pid: "running"} and ns.alive()
+    assert result["cuda"]["used"] is True and result["cuda"]["pids"] == [ns.pid]
+    for key in ("cuda_lock", "cuda_checkpoint", "cuda_resume", "dump"):
+        assert key in result["timings"]
+    doc = engine["store"].load(result["id"])
+    gpu = doc["gpu"]
+    assert gpu["pids"] == [{"pid": ns.pid, "ns_pid": 1}]
+    assert gpu["cuda_version"] == 13000 and gpu["cuda_version_text"] == "13.0"
+    assert gpu["driver_version"] == "580.65.06"
+    assert [(g["uuid"], g["name"], g["memory_total"]) for g in gpu["gpus"]] == [
+        (UUID_A, H100, 85520809984), (UUID_B, H100, 85520809984)]
+    assert result["gpu"] == gpu
+
+
+def test_cpu_only_snapshot_leaves_criu_and_the_manifest_alone(
+        fake: Fake, libs: Dict[str, Path], engine: Dict[str, Any], ns: Ns, monkeypatch: pytest.MonkeyPatch) -> None:
+    criu = Criu(fake)
+    result = run_checkpoint(engine, ns, node_with(libs["full"], (UUID_A, H100)), criu, "auto", monkeypatch)
+    assert criu.seen[0]["libs_dir"] is None  # CPU-only: CRIU runs exactly as before
+    assert "gpu" not in engine["store"].load(result["id"])
+    assert not [k for k in result["timings"] if k.startswith("cuda")]
+
+
+def test_dump_failure_after_the_lock_restores_and_unlocks_the_source(
+        fake: Fake, libs: Dict[str, Path], engine: Dict[str, Any], ns: Ns, monkeypatch: pytest.MonkeyPatch) -> None:
+    fake.add(ns.pid)
+    criu = Criu(fake, fail="Can't dump file 7 of that type")
+    with pytest.raises(snap.SnapshotError) as err:
+        run_checkpoint(engine, ns, node_with(libs["full"], (UUID_A, H100)), criu, "required", monkeypatch)
+    assert "Can't dump file 7" in str(err.value)
+    assert f"CUDA pid(s) {ns.pid} restored and unlocked, running again" in str(err.value)
+    assert criu.seen[0]["states"] == {ns.pid: "checkpointed"}
+    assert short(fake) == [f"lock:{ns.pid}", f"checkpoint:{ns.pid}", f"restore:{ns.pid}", f"unlock:{ns.pid}"]
+    assert fake.states() == {ns.pid: "running"}
+    assert ns.alive()
+    assert nothing_published(engine)
+    assert snap.CRIU_LIBS_DIR not in os.environ
+
+
+def test_a_lock_timeout_fails_before_criu_and_leaves_the_process_running(
+        fake: Fake, libs: Dict[str, Path], engine: Dict[str, Any], ns: Ns, monkeypatch: pytest.MonkeyPatch) -> None:
+    fake.add(ns.pid, busy=True)
+    with pytest.raises(snap.SnapshotError, match=r"not locked within 500 ms.*still RUNNING"):
+        run_checkpoint(engine, ns, node_with(libs["full"], (UUID_A, H100)), None, "auto", monkeypatch, lock_ms=500)
+    assert fake.states() == {ns.pid: "running"}
+    assert nothing_published(engine)
+
+
+def test_a_failed_checkpoint_call_is_rolled_back(
+        fake: Fake, libs: Dict[str, Path], engine: Dict[str, Any], ns: Ns, monkeypatch: pytest.MonkeyPatch) -> None:
+    fake.add(ns.pid)
+    monkeypatch.setenv("FAKE_CUDA_FAIL", f"checkpoint:{ns.pid}=801")
+    with pytest.raises(snap.SnapshotError, match=r"CUDA_ERROR_NOT_SUPPORTED .*UVM, IPC memory, MIG or MPS.*running again"):
+        run_checkpoint(engine, ns, node_with(libs["full"], (UUID_A, H100)), None, "auto", monkeypatch)
+    assert fake.states() == {ns.pid: "running"}
+    assert short(fake)[-1] == f"unlock:{ns.pid}"
+
+
+def test_without_leave_running_the_source_ends_checkpointed(
+        fake: Fake, libs: Dict[str, Path], engine: Dict[str, Any], ns: Ns, monkeypatch: pytest.MonkeyPatch) -> None:
+    fake.add(ns.pid)
+    result = run_checkpoint(engine, ns, node_with(libs["full"], (UUID_A, H100)), Criu(fake), "auto", monkeypatch,
+                            leave_running=False)
+    assert short(fake) == [f"lock:{ns.pid}", f"checkpoint:{ns.pid}"]
+    assert result["source_running"] is False and not ns.alive()
+    assert "cuda_resume" not in result["timings"]
+
+
+def answer_hooks(control: Path, fake: Fake, seen: Dict[str, Any]) -> threading.Thread:
+    """What warmstart_workload's on_pre_checkpoint does: answer checkpoint-requested with ready-for-snapshot."""
+    def workload() -> None:
+        end = time.monotonic() + 20
+        while time.monotonic() < end:
+            req = control / ctl.CHECKPOINT_REQUESTED
+            if req.exists():
+                seen["driver_calls_when_asked"] = short(fake)
+                request = ctl.parse_kv(req.read_text())["request"]
+                ctl.write(str(control), ctl.READY, f"request={request}\n")
+                return
+            time.sleep(0.01)
+
+    thread = threading.Thread(target=workload)
+    thread.start()
+    return thread
+
+
+def test_workload_hooks_are_asked_before_the_lock_and_told_when_done(
+        fake: Fake, libs: Dict[str, Path], engine: Dict[str, Any], ns: Ns, monkeypatch: pytest.MonkeyPatch,
+        tmp_path: Path) -> None:
+    fake.add(ns.pid)
+    control = tmp_path / "control"
+    control.mkdir()
+    (control / ctl.CHECKPOINT_HOOKS).write_text("pre_checkpoint=1\n")
+    seen: Dict[str, Any] = {}
+    answering = answer_hooks(control, fake, seen)
+    result = run_checkpoint(engine, ns, node_with(libs["full"], (UUID_A, H100)), Criu(fake), "auto", monkeypatch,
+                            control=str(control))
+    answering.join()
+    assert seen["driver_calls_when_asked"] == []  # quiesced before anything was locked
+    assert result["cuda"]["hooks"] is True and "quiesce" in result["timings"]
+    done = ctl.parse_kv((control / ctl.CHECKPOINT_DONE).read_text())
+    assert done["result"] == "ok"
+    assert not (control / ctl.CHECKPOINT_REQUESTED).exists()
+
+
+def test_hooks_are_told_when_the_checkpoint_failed(
+        fake: Fake, libs: Dict[str, Path], engine: Dict[str, Any], ns: Ns, monkeypatch: pytest.MonkeyPatch,
+        tmp_path: Path) -> None:
+    fake.add(ns.pid)
+    control = tmp_path / "control"
+    control.mkdir()
+    (control / ctl.CHECKPOINT_HOOKS).write_text("")
+    answering = answer_hooks(control, fake, {})
+    with pytest.raises(snap.SnapshotError):
+        run_checkpoint(engine, ns, node_with(libs["full"], (UUID_A, H100)), Criu(fake, fail="boom"), "auto",
+                       monkeypatch, control=str(control))
+    answering.join()
+    assert ctl.parse_kv((control / ctl.CHECKPOINT_DONE).read_text())["result"] == "failed"
+
+
+# --- restore preflight ----------------------------------------------------------------------------------------------
+
+def section(*gpus: Any, cuda_version: int = 13000, driver: str = "580.65.06") -> Dict[str, Any]:
+    return {"backend": "CUDA driver API", "cuda_version": cuda_version, "driver_version": driver,
+            "pids": [{"pid": 4242, "ns_pid": 1}],
+            "gpus": [{"index": i, "uuid": u, "name": n, "memory_total": 85520809984} for i, (u, n) in enumerate(gpus)]}
+
+
+def test_preflight_refuses_fewer_gpus_listing_both(fake: Fake, libs: Dict[str, Path]) -> None:
+    reasons = gpu_incompatibilities(section((UUID_A, H100), (UUID_B, H100)), node_with(libs["full"], (UUID_C, H100)))
+    assert len(reasons) == 1
+    assert "GPU count differs: the snapshot used 2, this node has 1" in reasons[0]
+    assert f"snapshot GPUs [{UUID_A} {H100}, {UUID_B} {H100}], this node's [{UUID_C} {H100}]" in reasons[0]
+
+
+def test_preflight_refuses_other_models_listing_both(fake: Fake, libs: Dict[str, Path]) -> None:
+    reasons = gpu_incompatibilities(section((UUID_A, H100)), node_with(libs["full"], (UUID_A, A100)))
+    assert reasons == [f"gpu: GPU models differ: snapshot GPUs [{UUID_A} {H100}], this node's [{UUID_A} {A100}]"]
+
+
+def test_preflight_refuses_a_node_without_gpus(fake: Fake, libs: Dict[str, Path]) -> None:
+    reasons = gpu_incompatibilities(section((UUID_A, H100)), node_with(libs["full"]))
+    assert reasons and f"the snapshot used 1 GPU(s) [{UUID_A} {H100}], this node has none" in reasons[0]
+
+
+def test_preflight_refuses_an_older_driver(fake: Fake, libs: Dict[str, Path], monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FAKE_CUDA_DRIVER_VERSION", "12080")
+    reasons = gpu_incompatibilities(section((UUID_A, H100)), node_with(libs["full"], (UUID_A, H100), driver="570.86.10"))
+    assert "cuda driver: this node's CUDA driver is 12.8, older than the source's 13.0" in reasons
+    assert "nvidia driver: this node has 570.86.10, older than the source's 580.65.06" in reasons
+
+
+def test_preflight_remapping_needs_r580(fake: Fake, libs: Dict[str, Path], monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FAKE_CUDA_DRIVER_VERSION", "12080")
+    same = gpu_incompatibilities(section((UUID_A, H100), cuda_version=12080, driver="570.86.10"),
+                                 node_with(libs["full"], (UUID_A, H100), driver="570.86.10"))
+    assert same == []
+    other = gpu_incompatibilities(section((UUID_A, H100), cuda_version=12080, driver="570.86.10"),
+                                  node_with(libs["full"], (UUID_C, H100), driver="570.86.10"))
+    assert other == [f"gpu: restoring onto other GPUs ({UUID_A} -> {UUID_C}) needs NVIDIA driver >= 580 (CUDA 13.0); "
+                     "this node's CUDA driver is 12.8"]
+
+
+def test_preflight_modes(fake: Fake, libs: Dict[str, Path]) -> None:
+    node = node_with(libs["full"], (UUID_A, H100))
+    assert gpu_incompatibilities(section((UUID_A, H100)), node, "auto") == []
+    assert gpu_incompatibilities(section((UUID_A, H100)), node, "required") == []
+    assert "cuda: off, but the snapshot holds the GPU state of CUDA pid(s) 4242" in gpu_incompatibilities(
+        section((UUID_A, H100)), node, "off")[0]
+    assert gpu_incompatibilities(None, node, "auto") == []
+    assert gpu_incompatibilities(None, node, "off") == []
+    assert "required, but the snapshot holds no GPU state" in gpu_incompatibilities(None, node, "required")[0]
+    nodriver = node_with(None, (UUID_A, H100))
+    assert "this node cannot restore it: /nonexistent/libcuda.so.1 not found" in gpu_incompatibilities(
+        section((UUID_A, H100)), nodriver)[0]
+    # skip_compat_check drops the model check, never the backend check
+    assert gpu_incompatibilities(section((UUID_A, H100)), node_with(libs["full"], (UUID_A, A100)), hard_only=True) == []
+    assert gpu_incompatibilities(section((UUID_A, H100)), nodriver, hard_only=True)
+
+
+def test_cpu_only_restore_never_probes_the_gpus(engine: Dict[str, Any]) -> None:
+    def boom() -> Any:
+        raise AssertionError("probed")
+    node = GpuNode(availability=boom, inventory=boom)
+    doc = {"id": "x", "name": "n", "source": dict(NODE), "targets": [{"kind": "process", "name": "p"}]}
+    assert snap.preflight(engine["store"], doc, dict(NODE), False, False, gpu_node=node, cuda="auto") == []
+
+
+def test_preflight_and_check_mode_report_gpu_reasons(fake: Fake, libs: Dict[str, Path], engine: Dict[str, Any]) -> None:
+    doc = {"id": "x", "name": "n", "source": dict(NODE), "targets": [{"kind": "process", "name": "p"}],
+           "gpu": section((UUID_A, H100), (UUID_B, H100))}
+    problems = snap.preflight(engine["store"], doc, dict(NODE), False, False,
+                              gpu_node=node_with(libs["full"], (UUID_A, A100)), cuda="auto")
+    assert problems and problems[0].startswith("gpu: GPU count differs")
+
+
+# --- restore with GPU state -----------------------------------------------------------------------------------------
+
+def restored(fake: Fake, engine: Dict[str, Any], ns: Ns, libs: Dict[str, Path], monkeypatch: pytest.MonkeyPatch,
+             tmp_path: Path, source_gpus: Any, node_gpus: Any) -> Any:
+    """A GPU snapshot of ``ns`` (source GPUs ``source_gpus``), and a restore whose CRIU step 'restores' a new ns."""
+    fake.add(ns.pid)
+    control = tmp_path / "control"
+    control.mkdir(exist_ok=True)
+    result = run_checkpoint(engine, ns, node_with(libs["full"], *source_gpus), Criu(fake), "auto", monkeypatch,
+                            control=str(control), leave_running=False)
+    copy = Ns()
+    fake.add(copy.pid, "checkpointed", gpus=[u for u, _n in source_gpus])
+    fake.clear_log()
+    libs_dirs: List[Optional[str]] = []
+
+    def criu_restore(criu: str, images: str, work: str, options: Any, setup: Any = None) -> int:
+        libs_dirs.append(os.environ.get(snap.CRIU_LIBS_DIR))
+        return copy.pid
+
+    monkeypatch.setattr(snap, "criu_restore", criu_restore)
+    return result, copy, control, libs_dirs, node_with(libs["full"], *node_gpus)
+
+
+def test_restore_maps_pids_and_gpus_then_unlocks_then_restore_complete(
+        fake: Fake, libs: Dict[str, Path], engine: Dict[str, Any], ns: Ns, monkeypatch: pytest.MonkeyPatch,
+        tmp_path: Path) -> None:
+    result, copy, control, libs_dirs, node = restored(fake, engine, ns, libs, monkeypatch, tmp_path,
+                                                      [(UUID_A, H100), (UUID_B, H100)], [(UUID_B, H100), (UUID_C, H100)])
+    try:
+        out = snap.restore(engine["store"], result["id"], restore_root=str(tmp_path / "restore"), gpu_node=node)
+        assert out["pid"] == copy.pid
+        assert out["cuda"]["pids"] == [copy.pid]  # namespace pid 1 of the snapshot -> the new host pid
+        assert out["cuda"]["gpu_pairs"] == [[UUID_A, UUID_C], [UUID_B, UUID_B]]  # same UUID first, then by position
+        assert short(fake) == [f"restore:{copy.pid}", f"unlock:{copy.pid}"]
+        call = fake.calls("restore")[0]
+        assert call["pairs"] == "2"
+        assert call["pair0"] == f"{cu.uuid_bytes(UUID_A).hex()}:{cu.uuid_bytes(UUID_C).hex()}"
+        assert fake.states()[copy.pid] == "running"
+        assert libs_dirs and libs_dirs[0] is not None  # CRIU's plugins off for the GPU restore too
+        assert {"cuda_restore", "cuda_unlock", "restore"} <= set(out["timings"])
+        assert ctl.parse_kv((control / ctl.RESTORE_COMPLETE).read_text())["host_pid"] == str(copy.pid)
+    finally:
+        copy.stop()
+
+
+def test_a_failed_cuda_restore_writes_restore_failed_and_kills_the_copy(
+        fake: Fake, libs: Dict[str, Path], engine: Dict[str, Any], ns: Ns, monkeypatch: pytest.MonkeyPatch,
+        tmp_path: Path) -> None:
+    result, copy, control, _libs, node = restored(fake, engine, ns, libs, monkeypatch, tmp_path,
+                                                  [(UUID_A, H100)], [(UUID_A, H100)])
+    try:
+        monkeypatch.setenv("FAKE_CUDA_FAIL", f"restore:{copy.pid}=2")
+        with pytest.raises(snap.SnapshotError, match=rf"cuda restore of snapshot .* CUDA_ERROR_OUT_OF_MEMORY.*"
+                                                     rf"restored tree \(pid {copy.pid}\) was killed"):
+            snap.restore(engine["store"], result["id"], restore_root=str(tmp_path / "restore"), gpu_node=node)
+        assert not copy.alive()
+        assert (control / ctl.RESTORE_FAILED).exists() and not (control / ctl.RESTORE_COMPLETE).exists()
+        assert short(fake) == [f"restore:{copy.pid}"]  # the injected failure; no unlock was tried after it
+        assert fake.calls("restore")[0].get("injected") == "1"
+    finally:
+        copy.stop()
+
+
+def test_restore_refuses_before_criu_when_the_gpus_differ(
+        fake: Fake, libs: Dict[str, Path], engine: Dict[str, Any], ns: Ns, monkeypatch: pytest.MonkeyPatch,
+        tmp_path: Path) -> None:
+    result, copy, _control, libs_dirs, node = restored(fake, engine, ns, libs, monkeypatch, tmp_path,
+                                                       [(UUID_A, H100), (UUID_B, H100)], [(UUID_A, A100)])
+    try:
+        with pytest.raises(snap.SnapshotError, match="refusing to restore") as err:
+            snap.restore(engine["store"], result["id"], restore_root=str(tmp_path / "restore"), gpu_node=node)
+        assert any(f"[{UUID_A} {H100}, {UUID_B} {H100}], this node's [{UUID_A} {A100}]" in r for r in err.value.reasons)
+        assert libs_dirs == [] and short(fake) == []  # CRIU never ran
+        with pytest.raises(snap.SnapshotError, match="refusing to restore"):
+            snap.plan_restore(engine["store"], result["id"], gpu_node=node)
+        with pytest.raises(snap.SnapshotError) as off:
+            snap.plan_restore(engine["store"], result["id"], cuda="off", gpu_node=node_with(libs["full"], (UUID_A, H100),
+                                                                                            (UUID_B, H100)))
+        assert "cuda: off, but the snapshot holds the GPU state" in off.value.reasons[0]
+    finally:
+        copy.stop()
