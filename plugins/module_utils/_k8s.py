@@ -876,10 +876,10 @@ def run_restore_pod(params: JSON, check_mode: bool = False) -> JSON:
         from ansible_collections.warmstart.snapshot.plugins.module_utils import _k8s_pods  # pylint: disable=import-outside-toplevel
         cluster = cluster_from(params)
         if action == "begin":
-            return _k8s_pods.begin_restore(cluster, params["namespace"], params["name"], params.get("message") or "",
-                                           check_mode)
+            return _k8s_pods.begin_restore(cluster, params["namespace"], params["name"],
+                                           params.get("condition_message") or "", check_mode)
         return _k8s_pods.finish_restore(cluster, params["namespace"], params["name"], params["outcome"],
-                                        params.get("message") or "", check_mode)
+                                        params.get("condition_message") or "", check_mode)
     if action == "build":
         if not params.get("snapshot"):
             raise K8sError("action build needs snapshot (the PodSnapshot name)", "restore_pod")

@@ -36,7 +36,7 @@ description:
     to C(Unknown), reason C(RestoreInProgress). Returns what the node needs (RV(store), RV(pairs), RV(node)). A
     pod whose restore already ran is refused - a restore is never replayed; a new pod is needed.
   - O(action=finish) records the node's O(outcome) in the C(Restored) condition (C(RestoreSucceeded),
-    C(RestoreFailed), C(RestorePartiallySucceeded), C(RestoreIncompatible)) with O(message), and removes the
+    C(RestoreFailed), C(RestorePartiallySucceeded), C(RestoreIncompatible)) with O(condition_message), and removes the
     finalizer.
 author:
   - warmstart developers (!UNKNOWN)
@@ -99,7 +99,7 @@ options:
     description: The result of the node's restore, for O(action=finish).
     type: str
     choices: [succeeded, failed, partially_succeeded, incompatible]
-  message:
+  condition_message:
     description: Message of the C(Restored) condition, for O(action=begin) and O(action=finish).
     type: str
     default: ""
@@ -271,7 +271,7 @@ def main() -> None:
             name_prefix=dict(type="str"),
             skip_binding_check=dict(type="bool", default=False),
             outcome=dict(type="str", choices=["succeeded", "failed", "partially_succeeded", "incompatible"]),
-            message=dict(type="str", default=""),
+            condition_message=dict(type="str", default=""),
         ),
         mutually_exclusive=[("pod", "template")],
         required_if=[
