@@ -48,6 +48,17 @@ def store_argument_spec() -> Dict[str, Any]:
     )
 
 
+def pod_argument_spec(**extra: Any) -> Dict[str, Any]:
+    """A pod target (checkpoint ``pod``, restore ``into.pod``): found on the node by its CRI labels."""
+    return dict(type="dict", options=dict(
+        namespace=dict(type="str", default="default"),
+        name=dict(type="str", required=True),
+        container=dict(type="str", required=True),
+        container_id=dict(type="str"),
+        **extra,
+    ))
+
+
 def progress_argument_spec() -> Dict[str, Any]:
     """``progress_interval`` and ``progress_file``, as the doc fragment warmstart.snapshot.store.progress documents them."""
     return dict(progress_interval=dict(type="float", default=10.0), progress_file=dict(type="path"))

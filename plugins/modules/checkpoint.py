@@ -308,7 +308,7 @@ cuda:
 """
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.warmstart.snapshot.plugins.module_utils._module import progress_argument_spec, run_checkpoint, store_argument_spec
+from ansible_collections.warmstart.snapshot.plugins.module_utils._module import pod_argument_spec, progress_argument_spec, run_checkpoint, store_argument_spec
 
 
 def main() -> None:
@@ -318,14 +318,7 @@ def main() -> None:
             pidfile=dict(type="path"),
             workload=dict(type="str"),
             container=dict(type="str"),
-            pod=dict(type="dict", options=dict(
-                namespace=dict(type="str", default="default"),
-                name=dict(type="str", required=True),
-                container=dict(type="str", required=True),
-                container_id=dict(type="str"),
-                uid=dict(type="str"),
-                spec_hash=dict(type="str"),
-            )),
+            pod=pod_argument_spec(uid=dict(type="str"), spec_hash=dict(type="str")),
             runtime=dict(type="str", choices=["podman"], default="podman"),
             workloads_root=dict(type="path", default="/var/lib/warmstart/workloads"),
             **store_argument_spec(),

@@ -264,7 +264,7 @@ criu_log_tail:
 """
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.warmstart.snapshot.plugins.module_utils._module import progress_argument_spec, run_restore, store_argument_spec
+from ansible_collections.warmstart.snapshot.plugins.module_utils._module import pod_argument_spec, progress_argument_spec, run_restore, store_argument_spec
 
 
 def main() -> None:
@@ -283,13 +283,7 @@ def main() -> None:
             into=dict(type="dict", options=dict(
                 container=dict(type="str"),
                 container_map=dict(type="list", elements="str"),
-                pod=dict(type="dict", options=dict(
-                    namespace=dict(type="str", default="default"),
-                    name=dict(type="str", required=True),
-                    container=dict(type="str", required=True),
-                    container_id=dict(type="str"),
-                    source=dict(type="str"),
-                )),
+                pod=pod_argument_spec(source=dict(type="str")),
                 runtime=dict(type="str", choices=["podman"], default="podman"),
                 skip_image_check=dict(type="bool", default=False),
                 kill_placeholder_on_failure=dict(type="bool", default=True),
