@@ -197,6 +197,9 @@ def run_pod_snapshot_info(params: JSON) -> JSON:
     from ansible_collections.warmstart.snapshot.plugins.module_utils import _retention as ret  # pylint: disable=import-outside-toplevel
     cluster = _k8s.cluster_from(params)
     namespace = params.get("namespace") or "default"
+    policy: Optional[JSON] = None
+    if params.get("policy"):
+        policy = policy_settings(cluster.get(pc.KIND_POLICY, params["policy"], namespace))
     if params.get("name"):
         found = cluster.find(pc.KIND_SNAPSHOT, params["name"], namespace)
         snaps = [found] if found else []
@@ -219,4 +222,42 @@ def run_pod_snapshot_info(params: JSON) -> JSON:
         decision = ret.plan(docs, [], pol)
         why = {e["id"]: e.get("reason") for e in decision.remove}
         expired = [dict(s, reason=why[s["name"]]) for s in summaries if s["name"] in why]
-    return {"changed": False, "snapshots": summaries, "expired": expired}
+    return {"changed": False, "snapshots": summaries, "expired": expired, "policy": policy}
+
+
+def selector_string(selector: Optional[JSON]) -> str:
+    """A metav1.LabelSelector as the ``labelSelector`` query string (``k=v,k in (a,b),!k``)."""
+    sel = selector or {}
+    parts = [f"{k}={v}" for k, v in sorted((sel.get("matchLabels") or {}).items())]
+    for expr in sel.get("matchExpressions") or []:
+        key, op, values = expr.get("key"), expr.get("operator"), list(expr.get("values") or [])
+        if op == "In":
+            parts.append(f"{key} in ({','.join(values)})")
+        elif op == "NotIn":
+            parts.append(f"{key} notin ({','.join(values)})")
+        elif op == "Exists":
+            parts.append(str(key))
+        elif op == "DoesNotExist":
+            parts.append(f"!{key}")
+        else:
+            raise _k8s.K8sError(f"label selector operator {op!r} is not one of In, NotIn, Exists, DoesNotExist",
+                                pc.KIND_POLICY)
+    return ",".join(parts)
+
+
+def policy_settings(policy: JSON) -> JSON:
+    """What a PodSnapshotPolicy asks of a snapshot run, in the k8s_snapshot playbook's terms."""
+    spec = policy.get("spec") or {}
+    trigger = spec.get("triggerConfig") or {}
+    grouping = spec.get("snapshotGroupingRules") or {}
+    return {
+        "name": (policy.get("metadata") or {}).get("name"),
+        "selector": selector_string(spec.get("selector")),
+        "store_url": spec.get("storeUrl"),
+        "wait_ready": (trigger.get("type") or "workload") == "workload",
+        "leave_running": (trigger.get("postCheckpoint") or "resume") == "resume",
+        "scope": spec.get("snapshotScope") or pc.SCOPE_WHOLE_POD,
+        "group_by": list(((grouping.get("groupByLabelValue") or {}).get("labels")) or []),
+        "max_per_group": int(((grouping.get("groupRetentionPolicy") or {}).get("maxSnapshotCountPerGroup")) or 0),
+        "last_access_timeout": (spec.get("retentionConfig") or {}).get("lastAccessTimeout"),
+    }

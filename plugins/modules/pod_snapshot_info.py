@@ -44,6 +44,11 @@ options:
   label_selector:
     description: Label selector on the PodSnapshots.
     type: str
+  policy:
+    description:
+      - Also read this PodSnapshotPolicy of O(namespace) and return what it asks of a snapshot run (RV(policy)) -
+        its label selector as a query string, store, trigger, post-checkpoint action, scope and grouping rules.
+    type: str
   keep_last:
     description: PodSnapshots to keep per group, newest first; V(0) computes no retention.
     type: int
@@ -87,6 +92,12 @@ snapshots:
       source_pod: embed-0
       node: gpu-01
       store: {url: /mnt/snapshots, snapshot_id: 20261202T124302Z-f6ccdab5, path: /mnt/snapshots/snapshots/20261202T124302Z-f6ccdab5}
+policy:
+  description: With O(policy) - its settings in the terms of the playbook C(warmstart.snapshot.k8s_snapshot).
+  returned: always
+  type: dict
+  sample: {name: embed, selector: "app=embed,tier in (gold)", store_url: /mnt/snapshots, wait_ready: true,
+           leave_running: true, scope: whole-pod, group_by: [model], max_per_group: 3, last_access_timeout: 72h}
 expired:
   description: With O(keep_last) - the summaries of the PodSnapshots retention removes, each with its C(reason).
   returned: always
@@ -106,6 +117,7 @@ def main() -> None:
             namespace=dict(type="str", default="default"),
             name=dict(type="str"),
             label_selector=dict(type="str"),
+            policy=dict(type="str"),
             keep_last=dict(type="int", default=0),
             group_by=dict(type="list", elements="str", default=[]),
         ),

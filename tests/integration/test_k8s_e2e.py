@@ -98,10 +98,12 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Dict[str, Any]
         lab.cleanup()
 
 
-def run_playbook(c: Dict[str, Any], name: str, extra: Dict[str, Any], ok: bool = True) -> Dict[str, Any]:
+def run_playbook(c: Dict[str, Any], name: str, extra: Dict[str, Any], ok: bool = True,
+                 store: bool = True) -> Dict[str, Any]:
     summary = c["tmp"] / f"{name}-{time.monotonic_ns()}.json"
-    args = dict(extra, warmstart_k8s_auth=c["auth"], warmstart_summary_file=str(summary),
-                warmstart_store=str(c["lab"].store))
+    args = dict(extra, warmstart_k8s_auth=c["auth"], warmstart_summary_file=str(summary))
+    if store:
+        args["warmstart_store"] = str(c["lab"].store)
     env = dict(c["lab"].env, ANSIBLE_STDOUT_CALLBACK="ansible.builtin.default")
     proc = subprocess.run([str(VENV_BIN / "ansible-playbook"), f"warmstart.snapshot.{name}", "-i", "localhost,",
                            "-c", "local", "-e", json.dumps(args)], cwd=REPO, env=env, capture_output=True,
@@ -118,7 +120,7 @@ def source_pod(c: Dict[str, Any], name: str, node: str = "localhost") -> str:
     full = lab.run(f"src-{name}", *COMMAND, labels=cri_labels(NS, name, "main"))
     cid = lab.inspect(full)["Id"]
     c["api"].add_pod(name, NS, containers=[{"name": "main", "image": lab.image, "command": list(COMMAND)}],
-                     labels=POD_LABELS, node=node)
+                     labels=dict(POD_LABELS, role="source"), node=node)
     with c["api"].store.lock:
         pod = c["api"].store.get("pods", name, NS, group="")
         pod["status"]["containerStatuses"][0]["containerID"] = f"podman://{cid}"
@@ -231,3 +233,26 @@ def test_a_restored_pod_is_found_and_refused_with_the_cause(cluster: Dict[str, A
         row["detail"] and "snapshot the original container" in row["detail"], row
     answer = ask(cluster["lab"].ip(cluster["kubelet"].started["embed-r-1"]))
     assert answer["token"] == captured["before"]["token"], "the restored replica keeps serving"
+
+
+def test_a_podsnapshotpolicy_drives_the_snapshot_run(cluster: Dict[str, Any], captured: Dict[str, Any]) -> None:
+    """Selector, store, manual trigger and grouping retention come from the policy; no variables for them."""
+    cluster["api"].store.put("podsnapshotpolicies", {
+        "apiVersion": pc.API_VERSION, "kind": pc.KIND_POLICY, "metadata": {"name": "embed-policy", "namespace": NS},
+        "spec": {"selector": {"matchLabels": {"app": "embed"},
+                              "matchExpressions": [{"key": "role", "operator": "In", "values": ["source"]}]},
+                 "storeUrl": str(cluster["lab"].store),
+                 "triggerConfig": {"type": "manual", "postCheckpoint": "resume"},
+                 "snapshotGroupingRules": {"groupByLabelValue": {"labels": ["model"]},
+                                           "groupRetentionPolicy": {"maxSnapshotCountPerGroup": 1}}}}, group=pc.GROUP)
+    before = {s["metadata"]["name"] for s in snapshots(cluster)}
+    time.sleep(1.1)
+    res = run_playbook(cluster, "k8s_snapshot", {"warmstart_k8s_namespace": NS, "warmstart_k8s_policy": "embed-policy"},
+                       store=False)
+    assert set(res["rows"]) == {f"{NS}/embed-0"}, "the policy's selector keeps the restored replicas out"
+    assert res["rows"][f"{NS}/embed-0"]["result"] == "snapshotted"
+    (snap,) = snapshots(cluster)
+    assert snap["metadata"]["name"] not in before, "grouping retention (1 per model) removed the older one"
+    assert snap["spec"]["policyName"] == "embed-policy"
+    sid = res["rows"][f"{NS}/embed-0"]["snapshot"]
+    assert (cluster["lab"].store / "snapshots" / sid / "manifest.json").is_file(), "into the policy's store"
