@@ -33,7 +33,8 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from ansible_collections.warmstart.snapshot.plugins.module_utils import _manifest as mf
 from ansible_collections.warmstart.snapshot.plugins.module_utils import _progress as prog
-from ansible_collections.warmstart.snapshot.plugins.module_utils._store import StoreError, lock_down, sha256_file, tree_size, walk_files
+from ansible_collections.warmstart.snapshot.plugins.module_utils._store import (
+    StoreError, local_staging, lock_down, sha256_file, tree_size, walk_files)
 
 DEFAULT_CACHE = "/var/lib/warmstart/cache"
 PART = 64 << 20           # byte range per download request / multipart part size
@@ -295,16 +296,7 @@ class S3Store:
         """Uploads that never got their manifest, and this node's local staging dirs."""
         out = [{"path": self.snapshot_dir(sid), "mtime": info["mtime"], "size": info["size"]}
                for sid, info in sorted(self._ids().items()) if not info["published"]]
-        tmp = os.path.join(self.cache, "tmp")
-        if os.path.isdir(tmp):
-            for entry in sorted(os.listdir(tmp)):
-                full = os.path.join(tmp, entry)
-                try:
-                    stat = os.lstat(full)
-                except FileNotFoundError:
-                    continue
-                out.append({"path": full, "mtime": stat.st_mtime, "size": tree_size(full)})
-        return out
+        return out + local_staging(os.path.join(self.cache, "tmp"))
 
     def remote_problems(self, doc: Dict[str, Any]) -> List[str]:
         """Files of ``doc`` missing from the bucket or of another size (no download)."""

@@ -185,17 +185,7 @@ class FsStore:
         return self.snapshot_dir(snapshot_id)
 
     def staging_entries(self) -> List[Dict[str, Any]]:
-        out: List[Dict[str, Any]] = []
-        if not os.path.isdir(self.tmp):
-            return out
-        for entry in sorted(os.listdir(self.tmp)):
-            full = os.path.join(self.tmp, entry)
-            try:
-                st = os.lstat(full)
-            except FileNotFoundError:
-                continue
-            out.append({"path": full, "mtime": st.st_mtime, "size": tree_size(full)})
-        return out
+        return local_staging(self.tmp)
 
     def delete(self, snapshot_id: str) -> int:
         """Remove a published snapshot: unpublish first (manifest), then the files."""
@@ -211,6 +201,21 @@ class FsStore:
         size = tree_size(path)
         shutil.rmtree(path, ignore_errors=True)
         return size
+
+
+def local_staging(tmp: str) -> List[Dict[str, Any]]:
+    """The staging directories under ``tmp`` (path, mtime, size): what cleanup judges by age."""
+    out: List[Dict[str, Any]] = []
+    if not os.path.isdir(tmp):
+        return out
+    for entry in sorted(os.listdir(tmp)):
+        full = os.path.join(tmp, entry)
+        try:
+            stat = os.lstat(full)
+        except FileNotFoundError:
+            continue
+        out.append({"path": full, "mtime": stat.st_mtime, "size": tree_size(full)})
+    return out
 
 
 def tree_size(top: str) -> int:
