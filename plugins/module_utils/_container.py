@@ -136,8 +136,13 @@ class ContainerCapture:
         # locked; remember what was there so before_resume removes only CRIU's new tables.
         try:
             self.lock_tables = nsu.criu_lock_tables(self.root_pid)
-        except OSError:
-            self.lock_tables = None
+        except OSError as exc:
+            # Without reading the tables now we could not remove CRIU's lock before the source resumes: it would
+            # run on, unreachable over the network. Refuse before CRIU touches anything.
+            raise snap.SnapshotError(
+                f"container {self.info.name}: cannot read the nftables of its network namespace ({exc}); CRIU locks "
+                "that network during the dump and the lock could not be lifted afterwards - prepare the node with "
+                "warmstart.snapshot.node_prep (its CRIU bundle carries libnftables)") from None
         opts.root = self.info.rootfs
         opts.shell_job = True            # the session belongs to the container's init
         opts.manage_cgroups = True

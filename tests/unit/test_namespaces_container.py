@@ -1,9 +1,12 @@
 """Pure parts of container support: mountinfo, host paths, external mounts, container maps."""
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 
 from ansible_collections.warmstart.snapshot.plugins.module_utils import _namespaces as nsu
+from ansible_collections.warmstart.snapshot.plugins.module_utils import _container as ctr
 from ansible_collections.warmstart.snapshot.plugins.module_utils._container import parse_container_map
 from ansible_collections.warmstart.snapshot.plugins.module_utils._snapshot import SnapshotError
 
@@ -90,3 +93,19 @@ def test_unknown_runtime_is_refused_naming_the_supported_ones() -> None:
         missing.inspect("x")
     with pytest.raises(TargetError, match="not valid"):
         Podman(binary="/bin/false").inspect("--all")
+
+
+def test_a_container_whose_network_lock_cannot_be_read_is_refused_before_the_dump(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No libnftables: CRIU's network lock could not be lifted after the dump - refuse while nothing is touched."""
+    def no_lib(pid: int) -> list:
+        raise OSError("libnftables is not available (CRIU's bundle carries it)")
+
+    monkeypatch.setattr(ctr.nsu, "criu_lock_tables", no_lib)
+    info = SimpleNamespace(name="embed-1", rootfs="/r")
+    cap = ctr.ContainerCapture(info=info, root_pid=4242, ns_pids=[2], external=[], stdio=[], net_ns=1, pid_ns=2,
+                               control_path=None)
+    opts = SimpleNamespace(external=[])
+    expected = r"container embed-1: cannot read the nftables .*libnftables is not available.*node_prep"
+    with pytest.raises(SnapshotError, match=expected):
+        cap.criu_setup(opts)
+    assert opts.external == [], "nothing was set up for CRIU"
