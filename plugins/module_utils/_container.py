@@ -478,7 +478,7 @@ def _select(store: st.FsStore, snapshot_id: Optional[str], name: Optional[str], 
     doc = snap.select(store, snapshot_id, name, labels, node, skip_compat)
     problems = [] if skip_compat else incompatibilities(doc["source"], node)
     if verify:
-        problems += [f"checksum: {p}" for p in st.verify_local(store, doc, fetch=fetch)]
+        problems += [f"checksum: {p}" for p in st.verify_local(store, doc, fetch=fetch, cached=True)]
     targets = doc.get("targets") or []
     if not targets or any(t.get("kind") != "container" for t in targets):
         problems.append("snapshot: it is not a container snapshot (restore a process snapshot without into)")

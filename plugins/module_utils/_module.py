@@ -18,12 +18,13 @@ import time
 from typing import Any, Dict, List, Optional
 
 from ansible_collections.warmstart.snapshot.plugins.module_utils import _container as ctr
+from ansible_collections.warmstart.snapshot.plugins.module_utils import _lazy as lz
 from ansible_collections.warmstart.snapshot.plugins.module_utils import _manifest as mf
 from ansible_collections.warmstart.snapshot.plugins.module_utils import _progress as prog
 from ansible_collections.warmstart.snapshot.plugins.module_utils import _retention as ret
 from ansible_collections.warmstart.snapshot.plugins.module_utils import _snapshot as snap
 from ansible_collections.warmstart.snapshot.plugins.module_utils import _store as st
-from ansible_collections.warmstart.snapshot.plugins.module_utils._criu import CriuError
+from ansible_collections.warmstart.snapshot.plugins.module_utils._criu import CriuError, find_criu
 from ansible_collections.warmstart.snapshot.plugins.module_utils._criu_rpc import CriuOptions
 from ansible_collections.warmstart.snapshot.plugins.module_utils._manifest import ManifestError
 from ansible_collections.warmstart.snapshot.plugins.module_utils._proc import TargetError
@@ -186,10 +187,45 @@ def _run_restore(module: Any) -> None:
             module.exit_json(changed=True, restore=plan, msg=f"would restore snapshot {plan['id']}")
         result = snap.restore(store, snapshot_id=p["snapshot"], name=p["name"], labels=p["labels"],
                               verify=p["verify"], skip_compat=p["skip_compat_check"], criu_path=p["criu_path"],
-                              restore_root=p["restore_root"], cuda=p.get("cuda") or "auto")
-    except ENGINE_ERRORS as exc:
+                              restore_root=p["restore_root"], cuda=p.get("cuda") or "auto",
+                              lazy=bool(p.get("lazy")), lazy_wait=bool(p.get("lazy_wait")),
+                              lazy_timeout=float(p.get("lazy_timeout") or lz.DEFAULT_TIMEOUT),
+                              page_server=p.get("page_server"))
+    except ENGINE_ERRORS + (lz.LazyError,) as exc:
         fail(module, exc)
     module.exit_json(changed=True, restore=result)
+
+
+def run_page_server(module: Any) -> None:
+    """Serve one snapshot's pages to one lazy restore elsewhere (``criu page-server --lazy-pages``)."""
+    p = module.params
+    try:
+        store = open_store(p["store"], p.get("store_options"))
+        criu = find_criu(p["criu_path"])
+        if not criu:
+            raise CriuError("no CRIU found on this node; prepare it with warmstart.snapshot.node_prep")
+        if not 0 < p["port"] < 65536:
+            raise lz.LazyError(f"port: {p['port']} is not a TCP port (1-65535)")
+        doc = store.load(mf.check_id(p["snapshot"]))
+        targets = doc.get("targets") or []
+        if len(targets) != 1 or targets[0].get("kind") != "process":
+            raise snap.SnapshotError(f"snapshot {doc['id']}: a page server serves single-process snapshots only")
+        if module.check_mode:
+            problems = st.verify_local(store, doc, fetch=False) if p["verify"] else []
+            if problems:
+                raise snap.SnapshotError(f"snapshot {doc['id']} is not intact", reasons=problems)
+            module.exit_json(changed=True, page_server={"snapshot": doc["id"], "address": p["address"],
+                                                        "port": p["port"]})
+        problems = st.verify_local(store, doc, cached=True) if p["verify"] else []
+        if problems:
+            raise snap.SnapshotError(f"refusing to serve snapshot {doc['id']}: it is not intact", reasons=problems)
+        images = os.path.join(store.local_dir(doc["id"]), targets[0]["path"], "criu")
+        os.makedirs(p["log_dir"], mode=0o700, exist_ok=True)
+        served = lz.serve(criu, images, p["log_dir"], p["address"], p["port"], float(p["timeout"]))
+    except ENGINE_ERRORS + (lz.LazyError,) as exc:
+        fail(module, exc)
+    served["snapshot"] = doc["id"]
+    module.exit_json(changed=True, page_server=served)
 
 
 # --- snapshot_info and cleanup ------------------------------------------------

@@ -344,6 +344,19 @@ class S3Store:
         self.verified[snapshot_id] = True
         return dest
 
+    def fetch_file(self, snapshot_id: str, entry: Dict[str, Any], path: str, verify: bool = True) -> None:
+        """One file of the snapshot downloaded to ``path``; its SHA256 checked on the way (always)."""
+        del verify  # a download is always verified
+        self._download(snapshot_id, entry, path)
+
+    def read_range(self, snapshot_id: str, rel: str, offset: int, length: int) -> bytes:
+        """``length`` bytes at ``offset`` of one object of the snapshot (a ranged GET)."""
+        if length == 0:
+            return b""
+        resp = self._call(f"reading {rel}", self.client.get_object, Bucket=self.bucket, Key=self.key(snapshot_id, rel),
+                          Range=f"bytes={offset}-{offset + length - 1}")
+        return bytes(resp["Body"].read())
+
     @staticmethod
     def _cached_size(path: str) -> int:
         return os.path.getsize(path) if os.path.isfile(path) else -1

@@ -34,6 +34,7 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Protocol
 
 from ansible_collections.warmstart.snapshot.plugins.module_utils import _control as ctl
 from ansible_collections.warmstart.snapshot.plugins.module_utils import _cuda as cu
+from ansible_collections.warmstart.snapshot.plugins.module_utils import _lazy as lz
 from ansible_collections.warmstart.snapshot.plugins.module_utils import _manifest as mf
 from ansible_collections.warmstart.snapshot.plugins.module_utils import _progress as prog
 from ansible_collections.warmstart.snapshot.plugins.module_utils import _proc as proc
@@ -48,7 +49,7 @@ from ansible_collections.warmstart.snapshot.plugins.module_utils._compat import 
 )
 from ansible_collections.warmstart.snapshot.plugins.module_utils._criu import CriuError, find_criu
 from ansible_collections.warmstart.snapshot.plugins.module_utils._gpu import cuda_version_string
-from ansible_collections.warmstart.snapshot.plugins.module_utils._criu_rpc import CriuOptions, dump, read_stats
+from ansible_collections.warmstart.snapshot.plugins.module_utils._criu_rpc import CriuOptions, dump, log_tail, read_stats
 from ansible_collections.warmstart.snapshot.plugins.module_utils._criu_rpc import restore as criu_restore
 
 DEFAULT_RESTORE_ROOT = "/var/lib/warmstart/restore"
@@ -399,6 +400,11 @@ def checkpoint(store: st.FsStore, target: Target, name: str, labels: Dict[str, s
         what = f"container {target.name}"
     else:
         what = f"workload {target.workload}" if target.workload else f"pid {target.pid}"
+    streaming = lz.active(proc.descendants(target.pid))
+    if streaming:
+        raise SnapshotError(f"{what}: pid {streaming['pid']} was restored lazily and its memory is still loading "
+                            f"(work dir {streaming.get('work_dir')}); a dump now would miss the pages not yet in - "
+                            "checkpoint it once the lazy restore is complete (restore with lazy_wait to wait for it)")
     lock = lock_target(target.pid, what)
     try:
         _quiesce(plan, target, ready_timeout, timings)
@@ -593,7 +599,7 @@ def preflight(store: st.FsStore, doc: Dict[str, Any], node: Dict[str, Any], veri
         problems += incompatibilities(doc["source"], node)
     problems += _gpu_reasons(doc, gpu_node, cuda, skip_compat)
     if verify:
-        problems += [f"checksum: {p}" for p in st.verify_local(store, doc, fetch=fetch)]
+        problems += [f"checksum: {p}" for p in st.verify_local(store, doc, fetch=fetch, cached=True)]
     if not skip_compat:
         for t in doc.get("targets") or []:
             problems += proc.file_mismatches(t.get("files_in_use") or {})
@@ -673,33 +679,105 @@ def _resume_cuda(root: int, gpu: Dict[str, Any], gpu_node: GpuNode, timings: Dic
     return {"used": True, "pids": pids, "gpu_pairs": [list(p) for p in pairs or []], "backend": backend.describe()}
 
 
+def _lazy_plan(criu: str, doc: Dict[str, Any], wanted: bool) -> Dict[str, Any]:
+    """Whether this restore runs lazily, and why (or why not)."""
+    if not wanted:
+        return {"used": False, "reason": "lazy: false - every page is loaded before the tree resumes"}
+    if doc.get("gpu"):
+        return {"used": False, "reason": "the snapshot holds GPU state: restored eagerly (the CUDA restore needs "
+                                         "the process's whole memory)"}
+    ok, why = lz.support(criu)
+    if not ok:
+        return {"used": False, "reason": f"{why}; restored eagerly instead"}
+    return {"used": True, "reason": why}
+
+
+def _stage_remote(store: Any, doc: Dict[str, Any], target: Dict[str, Any], images: str,
+                  verify: bool) -> Any:
+    """Images for a restore whose pages come from a page server: every image but the pages, verified, and
+    each pages image as a sparse file holding only what CRIU restores itself. (problems, bytes of pages read)."""
+    prefix = f"{target['path']}/criu/"
+    os.makedirs(images, mode=0o700)
+    entries = [e for e in doc.get("files", []) if e["path"].startswith(prefix) and "/" not in e["path"][len(prefix):]]
+    sizes, problems = {}, []
+    prog.phase("fetch images (pages from the page server)")
+    for entry in entries:
+        fname = entry["path"][len(prefix):]
+        if fname.startswith("pages-"):
+            sizes[fname] = entry["size"]
+        elif fname != "dump.log":
+            try:
+                store.fetch_file(doc["id"], entry, os.path.join(images, fname), verify)
+            except (st.StoreError, OSError) as exc:
+                problems.append(f"{entry['path']}: {exc}")
+    files_prefix = f"{target['path']}/files/"
+    for entry in doc.get("files", []):
+        if entry["path"].startswith(files_prefix):  # the workload's own files, put back before the restore
+            dst = os.path.join(os.path.dirname(images), "snapshot", entry["path"])
+            os.makedirs(os.path.dirname(dst), mode=0o700, exist_ok=True)
+            try:
+                store.fetch_file(doc["id"], entry, dst, verify)
+            except (st.StoreError, OSError) as exc:
+                problems.append(f"{entry['path']}: {exc}")
+    if problems:
+        return problems, 0
+    try:
+        fetched = lz.sparse_pages(images, sizes, lambda name, off, n: store.read_range(doc["id"], prefix + name, off, n))
+    except (lz.LazyError, st.StoreError, OSError) as exc:
+        return [f"pages: {exc}"], 0
+    return [], fetched
+
+
 def restore(store: st.FsStore, snapshot_id: Optional[str] = None, name: Optional[str] = None,
             labels: Optional[Dict[str, str]] = None, verify: bool = True, skip_compat: bool = False,
             options: Optional[CriuOptions] = None, criu_path: Optional[str] = None,
             restore_root: str = DEFAULT_RESTORE_ROOT, cuda: str = "auto",
-            gpu_node: Optional[GpuNode] = None) -> Dict[str, Any]:
-    """Restore a process snapshot; with GPU state (``cuda`` auto or required) the CUDA processes are restored too."""
+            gpu_node: Optional[GpuNode] = None, lazy: bool = False, lazy_wait: bool = False,
+            lazy_timeout: float = lz.DEFAULT_TIMEOUT, page_server: Optional[str] = None) -> Dict[str, Any]:
+    """Restore a process snapshot; with GPU state (``cuda`` auto or required) the CUDA processes are restored too.
+
+    ``lazy``: the tree resumes at once and CRIU's lazy-pages daemon streams its memory in (from the local
+    images, or from ``page_server`` host:port, see ``_lazy``); without uffd on this node, or for a snapshot
+    with GPU state, it is restored eagerly and ``result['lazy']['reason']`` says why.
+    """
     timings: Dict[str, float] = {}
-    t_start = time.monotonic()
+    t_start, t_wall = time.monotonic(), time.time()
     if cuda not in CUDA_MODES:
         raise SnapshotError(f"cuda: {cuda!r} is not one of {', '.join(CUDA_MODES)}")
+    if lazy_timeout <= 0:
+        raise SnapshotError(f"lazy_timeout: {lazy_timeout:g} s is not positive")
+    remote = lz.parse_address(page_server) if page_server else None
     criu = find_criu(criu_path)
     if not criu:
         raise CriuError("no CRIU found on this node; prepare it with warmstart.snapshot.node_prep")
     node = describe_node(criu)
     gpu_node = gpu_node or GpuNode()
     doc = select(store, snapshot_id, name, labels, node, skip_compat, gpu_node, cuda)
+    lazy_plan = _lazy_plan(criu, doc, lazy or bool(remote))
+    if not lazy_plan["used"]:
+        remote = None  # an eager restore reads the whole images from the store
     t0 = time.monotonic()
-    problems = preflight(store, doc, node, verify, skip_compat, gpu_node=gpu_node, cuda=cuda)
+    problems = preflight(store, doc, node, verify and not remote, skip_compat, fetch=not remote, gpu_node=gpu_node,
+                         cuda=cuda)
+    target = doc["targets"][0] if doc.get("targets") else {}
+    work = os.path.join(restore_root, f"{doc['id']}-{uuid.uuid4().hex[:8]}")
+    if remote and not problems:
+        os.makedirs(restore_root, mode=0o700, exist_ok=True)
+        os.makedirs(work, mode=0o700)
+        try:
+            problems, lazy_plan["eager_bytes"] = _stage_remote(store, doc, target, os.path.join(work, "images"), verify)
+        finally:
+            if problems:
+                shutil.rmtree(work, ignore_errors=True)
+        snap_dir = os.path.join(work, "snapshot")
     timings["preflight"] = time.monotonic() - t0
     if problems:
         raise SnapshotError(f"refusing to restore snapshot {doc['id']} ({doc['name']}) on this node", reasons=problems)
-    target = doc["targets"][0]
-    snap_dir = store.local_dir(doc["id"])
-    work = os.path.join(restore_root, f"{doc['id']}-{uuid.uuid4().hex[:8]}")
-    os.makedirs(restore_root, mode=0o700, exist_ok=True)
-    os.makedirs(work, mode=0o700)
-    stage_images(os.path.join(snap_dir, target["path"], "criu"), os.path.join(work, "images"))
+    if not remote:
+        snap_dir = store.local_dir(doc["id"])
+        os.makedirs(restore_root, mode=0o700, exist_ok=True)
+        os.makedirs(work, mode=0o700)
+        stage_images(os.path.join(snap_dir, target["path"], "criu"), os.path.join(work, "images"))
     control = target.get("control_dir")
     if target.get("workload"):
         _put_back_files(target, snap_dir)
@@ -709,14 +787,31 @@ def restore(store: st.FsStore, snapshot_id: Optional[str] = None, name: Optional
                                      if k in CriuOptions.__dataclass_fields__})
     gpu = doc.get("gpu")
     t0 = time.monotonic()
-    prog.phase("restore")
+    images = os.path.join(work, "images")
+    session: Optional[lz.Session] = None
     try:
-        with criu_plugins_off(bool(gpu)):
-            pid = criu_restore(criu, os.path.join(work, "images"), work, opts)
-    except CriuError as exc:
+        if lazy_plan["used"]:
+            prog.phase("lazy-pages daemon")
+            session = lz.start(criu, images, work, lazy_timeout, control, remote, doc["id"])
+        prog.phase("restore")
+        with criu_plugins_off(bool(gpu)), lz.guard(session):
+            pid = criu_restore(criu, images, work, opts,
+                               setup=(lambda o: setattr(o, "lazy_pages", True)) if session else None)
+    except (CriuError, lz.LazyError) as exc:
+        if session is not None:
+            session.abort()
+            cause = session.failure()
+            if cause and isinstance(exc, CriuError):
+                where = f"page server {page_server}" if remote else "the local images"
+                exc = CriuError(f"{exc} (lazy-pages daemon, serving from {where}: {cause})", log_tail=exc.log_tail)
         if control and os.path.isdir(control):
             ctl.write(control, ctl.RESTORE_FAILED, f"{exc}\n")
-        raise
+        if isinstance(exc, lz.LazyError):
+            raise SnapshotError(f"lazy restore of snapshot {doc['id']}: {exc}", log_tail=exc.log_tail) from None
+        raise exc from None
+    if session is not None:
+        session.attach(pid)
+        lazy_plan.update(daemon_pid=session.daemon_pid, resumed_after=round(time.monotonic() - t_start, 3))
     timings["restore"] = time.monotonic() - t0
     cuda_result: Dict[str, Any] = {"used": False, "reason": "the snapshot holds no GPU state"}
     if gpu:
@@ -735,7 +830,15 @@ def restore(store: st.FsStore, snapshot_id: Optional[str] = None, name: Optional
     if target.get("workload"):
         proc.write_pidfile(wl.paths(target["workloads_root"], target["workload"])["pidfile"], pid)
     stats = read_stats(os.path.join(work, "stats-restore"))
-    shutil.rmtree(os.path.join(work, "images"), ignore_errors=True)  # symlinks only; keep restore.log
+    if session is None:
+        shutil.rmtree(images, ignore_errors=True)  # symlinks only; keep restore.log (lazy: the supervisor removes it)
+    elif lazy_wait:
+        prog.phase("lazy: wait for memory")
+        state = lz.wait(work, lazy_timeout + 15)
+        if state.get("state") != "complete":
+            raise SnapshotError(state.get("error") or f"lazy restore of snapshot {doc['id']}: memory not complete "
+                                f"after {lazy_timeout:g} s", log_tail=log_tail(os.path.join(work, lz.LOG)))
+        lazy_plan["complete_after"] = round(state["complete_at"] - t_wall, 3)
     timings["total"] = time.monotonic() - t_start
     return {
         "id": doc["id"],
@@ -745,10 +848,12 @@ def restore(store: st.FsStore, snapshot_id: Optional[str] = None, name: Optional
         "ns_pid": ns_pid,
         "workload": target.get("workload"),
         "work_dir": work,
+        "started_at": round(t_wall, 3),
         "timings": {k: round(v, 3) for k, v in timings.items()},
         "criu_stats": stats,
         "transfer": dict(getattr(store, "transfer", None) or {}),
         "cuda": cuda_result,
+        "lazy": lazy_plan,
     }
 
 

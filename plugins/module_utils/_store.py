@@ -17,6 +17,7 @@ local directory (its node cache).
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import shutil
 import threading
@@ -48,6 +49,78 @@ def sha256_file(path: str, progress: Optional[Callable[[int], None]] = None) -> 
             if progress:
                 progress(n)
     return digest.hexdigest()
+
+
+VERIFIED_CACHE = "/var/lib/warmstart/verified.json"
+VERIFIED_CACHE_ENV = "WARMSTART_VERIFIED_CACHE"
+VERIFIED_LIMIT = 50000
+
+
+class VerifiedFiles:
+    """Node-local record of files whose SHA256 this node computed: (device, inode) -> size, mtime, ctime, SHA256.
+
+    A restore on the node that took the snapshot, or restoring it again, skips re-hashing a file whose inode
+    still has the size, mtime and ctime it had when it was hashed: any write, truncation, rename over it or
+    chmod changes its ctime, which no unprivileged process can set back. What it does not see is a change
+    below the filesystem (bit rot, a raw write to the block device); ``verify_files(cache=None)`` and
+    ``snapshot_info verify`` always hash. Unreadable or unwritable cache: everything is hashed.
+    """
+
+    def __init__(self, path: Optional[str] = None) -> None:
+        self.path = path or os.environ.get(VERIFIED_CACHE_ENV) or VERIFIED_CACHE
+        self.data = self._load()
+        self.added: Dict[str, List[Any]] = {}
+
+    def _load(self) -> Dict[str, List[Any]]:
+        try:
+            with open(self.path, "r", encoding="utf-8") as handle:
+                data = json.load(handle)
+        except (OSError, ValueError):
+            return {}
+        return data if isinstance(data, dict) else {}
+
+    @staticmethod
+    def _key(st: os.stat_result) -> str:
+        return f"{st.st_dev}:{st.st_ino}"
+
+    @staticmethod
+    def _value(st: os.stat_result, sha256: str) -> List[Any]:
+        return [st.st_size, st.st_mtime_ns, st.st_ctime_ns, sha256]
+
+    def known(self, path: str, sha256: str) -> bool:
+        """``path`` was hashed to ``sha256`` on this node and has not changed since."""
+        try:
+            st = os.stat(path)
+        except OSError:
+            return False
+        return self.data.get(self._key(st)) == self._value(st, sha256)
+
+    def add(self, path: str, sha256: str) -> None:
+        try:
+            st = os.stat(path)
+        except OSError:
+            return
+        self.added[self._key(st)] = self._value(st, sha256)
+
+    def save(self) -> None:
+        """Merge what was added into the cache file (best effort: it only saves work)."""
+        if not self.added:
+            return
+        try:
+            os.makedirs(os.path.dirname(self.path), mode=0o700, exist_ok=True)
+            data = self._load()
+            data.update(self.added)
+            if len(data) > VERIFIED_LIMIT:
+                data = dict(list(data.items())[-VERIFIED_LIMIT:])
+            tmp = f"{self.path}.{os.getpid()}.tmp"
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            with os.fdopen(fd, "w", encoding="utf-8") as handle:
+                json.dump(data, handle)
+            os.rename(tmp, self.path)
+        except OSError:
+            return
+        self.data.update(self.added)
+        self.added = {}
 
 
 def walk_files(top: str) -> Iterator[str]:
@@ -92,6 +165,10 @@ class Staging:
             raise StoreError(f"cannot publish snapshot {self.snapshot_id} into {final}: {exc.strerror}") from None
         _fsync_dir(os.path.dirname(final))
         self.done = True
+        cache = VerifiedFiles()  # these digests were computed here, from what CRIU wrote: a restore here need not redo them
+        for entry in manifest.get("files", []):
+            cache.add(os.path.join(final, entry["path"]), entry["sha256"])
+        cache.save()
         return final
 
     def abort(self) -> None:
@@ -183,6 +260,21 @@ class FsStore:
     def local_dir(self, snapshot_id: str) -> str:
         """A local directory holding the snapshot's files (here: the store itself)."""
         return self.snapshot_dir(snapshot_id)
+
+    def fetch_file(self, snapshot_id: str, entry: Dict[str, Any], path: str, verify: bool = True) -> None:
+        """One file of the snapshot at ``path`` (a symlink into the store), checked against its manifest entry."""
+        src = os.path.join(self.snapshot_dir(snapshot_id), entry["path"])
+        problems = verify_files(self.snapshot_dir(snapshot_id), {"files": [entry]}, phase=False) if verify else []
+        if not verify and not os.path.isfile(src):
+            problems = [f"{entry['path']}: missing"]
+        if problems:
+            raise StoreError(problems[0])
+        os.symlink(src, path)
+
+    def read_range(self, snapshot_id: str, rel: str, offset: int, length: int) -> bytes:
+        """``length`` bytes at ``offset`` of one file of the snapshot."""
+        with open(os.path.join(self.snapshot_dir(snapshot_id), rel), "rb") as handle:
+            return os.pread(handle.fileno(), length, offset)
 
     def staging_entries(self) -> List[Dict[str, Any]]:
         return local_staging(self.tmp)
@@ -311,24 +403,31 @@ class StreamingHasher(threading.Thread):
         return out
 
 
-def verify_local(store: Any, doc: Dict[str, Any], fetch: bool = True) -> List[str]:
+def verify_local(store: Any, doc: Dict[str, Any], fetch: bool = True, cached: bool = False) -> List[str]:
     """Checksum problems of the store's local copy of ``doc`` (an object store verifies while it fetches).
 
     Without ``fetch`` (check mode) an object store downloads nothing: it only
-    compares the objects' sizes with the manifest.
+    compares the objects' sizes with the manifest. With ``cached``, files this
+    node hashed before and that have not changed since are not hashed again
+    (``VerifiedFiles``).
     """
     if not fetch and getattr(store, "kind", "fs") != "fs":
         return store.remote_problems(doc)
     local = store.local_dir(doc["id"])
     if getattr(store, "verified", {}).get(doc["id"]):
         return []
-    return verify_files(local, doc)
+    return verify_files(local, doc, cache=VerifiedFiles() if cached else None)
 
 
-def verify_files(top: str, doc: Dict[str, Any]) -> List[str]:
-    """Every problem with the files of a snapshot, as readable sentences (empty = intact)."""
+def verify_files(top: str, doc: Dict[str, Any], phase: bool = True,
+                 cache: Optional[VerifiedFiles] = None) -> List[str]:
+    """Every problem with the files of a snapshot, as readable sentences (empty = intact).
+
+    With ``cache``, a file it knows unchanged since this node hashed it is not hashed again.
+    """
     problems = []
-    prog.phase("verify", sum(int(e.get("size", 0)) for e in doc.get("files", [])))
+    if phase:
+        prog.phase("verify", sum(int(e.get("size", 0)) for e in doc.get("files", [])))
     for entry in doc.get("files", []):
         full = os.path.join(top, entry["path"])
         try:
@@ -339,8 +438,15 @@ def verify_files(top: str, doc: Dict[str, Any]) -> List[str]:
         if size != entry["size"]:
             problems.append(f"{entry['path']}: size {size} bytes, manifest says {entry['size']} (truncated or replaced)")
             continue
+        if cache is not None and cache.known(full, entry["sha256"]):
+            prog.add(size)
+            continue
         if sha256_file(full, prog.add) != entry["sha256"]:
             problems.append(f"{entry['path']}: SHA256 mismatch (corrupted)")
+        elif cache is not None:
+            cache.add(full, entry["sha256"])
+    if cache is not None:
+        cache.save()
     return problems
 
 

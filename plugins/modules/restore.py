@@ -63,7 +63,12 @@ options:
     description: Restore the newest compatible snapshot carrying these labels.
     type: dict
   verify:
-    description: Verify every file's size and SHA256 before restoring.
+    description:
+      - Verify every file's size and SHA256 before restoring.
+      - A file this node hashed before (when it took the snapshot, or an earlier restore verified it) and whose
+        inode has not changed since (same size, mtime and ctime, which any write or chmod changes) is not hashed
+        again; the record is C(/var/lib/warmstart/verified.json). M(warmstart.snapshot.snapshot_info) with
+        O(warmstart.snapshot.snapshot_info#module:verify) always hashes everything.
     type: bool
     default: true
   skip_compat_check:
@@ -89,6 +94,41 @@ options:
     type: str
     choices: [auto, required, "off"]
     default: auto
+  lazy:
+    description:
+      - Resume the restored tree at once and stream its memory in afterwards (CRIU lazy pages over userfaultfd).
+        A page the process touches first is served at once; the rest is loaded in the background by CRIU's
+        lazy-pages daemon, which exits when memory is complete. See RV(restore.lazy).
+      - Needs the C(uffd) and C(uffd-noncoop) CRIU features (M(warmstart.snapshot.node_info)); without them, and for
+        a snapshot with GPU state, the restore is eager and RV(restore.lazy.reason) says why.
+      - A supervisor owns the daemon - when the daemon dies or memory is not complete within O(lazy_timeout), the
+        restored tree is killed at once (it never runs on missing memory) and C(restore-failed) is written into
+        the workload's control directory, also after the task has returned (unless O(lazy_wait)).
+      - A process still loading its memory cannot be checkpointed (M(warmstart.snapshot.checkpoint) refuses it).
+      - Off by default - an eager restore is finished when the task returns; see C(docs/benchmarks.md) for
+        what lazy restore gains (time to the first answer).
+      - Not for O(into) (container snapshots are restored eagerly).
+    type: bool
+    default: false
+  lazy_wait:
+    description:
+      - With O(lazy), return only when memory is complete (RV(restore.lazy.complete_after)); fail if it was not.
+    type: bool
+    default: false
+  lazy_timeout:
+    description:
+      - Seconds, from the restore's start, within which the lazy restore must have loaded all memory; past it
+        the restored tree and the daemon are killed.
+    type: int
+    default: 600
+  page_server:
+    description:
+      - V(host:port) of a page server started by M(warmstart.snapshot.page_server) on the node that holds the
+        snapshot - a lazy restore (implied) whose pages come straight from there, so this node reads from
+        the store only the small images (verified) and the few pages CRIU cannot load lazily.
+      - The page server verified the pages images before serving; this node verifies every other file.
+      - One page server serves one restore.
+    type: str
   into:
     description: Restore a container snapshot into placeholder containers.
     type: dict
@@ -165,6 +205,16 @@ EXAMPLES = r"""
 - name: Restore one snapshot by id
   warmstart.snapshot.restore:
     snapshot: 20261202T124302Z-f6ccdab5
+
+- name: Resume at once, memory streamed in afterwards
+  warmstart.snapshot.restore:
+    name: embed
+    lazy: true
+
+- name: Lazy restore with the pages served by the node that holds the snapshot
+  warmstart.snapshot.restore:
+    snapshot: 20261202T124302Z-f6ccdab5
+    page_server: "{{ served.page_server.address }}:{{ served.page_server.port }}"
 """
 
 RETURN = r"""
@@ -209,6 +259,11 @@ restore:
       type: str
       returned: not in check mode, without into
       sample: /var/lib/warmstart/restore/x
+    started_at:
+      description: When the restore started on the node (Unix time; RV(restore.timings) count from it).
+      type: float
+      returned: not in check mode, without into
+      sample: 1796292596.985
     timings:
       description:
         - Seconds per phase (preflight, restore, total).
@@ -216,6 +271,43 @@ restore:
       type: dict
       returned: not in check mode
       sample: {restore: 0.14, cuda_restore: 2.1, cuda_unlock: 0.001}
+    lazy:
+      description:
+        - Whether the restore was lazy, and how it went until the task returned.
+        - The outcome of a lazy restore is also in C(lazy-state.json) in RV(restore.work_dir).
+      type: dict
+      returned: not in check mode, without into
+      contains:
+        used:
+          description: Whether the tree was restored lazily.
+          type: bool
+          returned: always
+          sample: true
+        reason:
+          description: Why it was (or was not) restored lazily.
+          type: str
+          returned: always
+          sample: uffd and uffd-noncoop available
+        daemon_pid:
+          description: PID of CRIU's lazy-pages daemon.
+          type: int
+          returned: when used
+          sample: 4711
+        resumed_after:
+          description: Seconds from the restore's start (RV(restore.started_at)) to the restored tree running.
+          type: float
+          returned: when used
+          sample: 0.34
+        complete_after:
+          description: Seconds from the restore's start to all memory loaded.
+          type: float
+          returned: when used with O(lazy_wait)
+          sample: 0.71
+        eager_bytes:
+          description: Bytes of pages read from the store by this node itself (the rest came from the page server).
+          type: int
+          returned: when used with O(page_server)
+          sample: 1318912
     cuda:
       description:
         - Whether GPU state was restored (C(used)); when it was, C(pids) (host PIDs of the restored CUDA processes),
@@ -280,6 +372,10 @@ def main() -> None:
             skip_compat_check=dict(type="bool", default=False),
             restore_root=dict(type="path", default="/var/lib/warmstart/restore"),
             cuda=dict(type="str", choices=["auto", "required", "off"], default="auto"),
+            lazy=dict(type="bool", default=False),
+            lazy_wait=dict(type="bool", default=False),
+            lazy_timeout=dict(type="int", default=600),
+            page_server=dict(type="str"),
             into=dict(type="dict", options=dict(
                 container=dict(type="str"),
                 container_map=dict(type="list", elements="str"),
@@ -290,7 +386,7 @@ def main() -> None:
             ), mutually_exclusive=[("container", "container_map", "pod")],
                 required_one_of=[("container", "container_map", "pod")]),
         ),
-        mutually_exclusive=[("snapshot", "name")],
+        mutually_exclusive=[("snapshot", "name"), ("into", "lazy"), ("into", "page_server")],
         required_one_of=[("snapshot", "name", "labels")],
         supports_check_mode=True,
     )

@@ -160,6 +160,58 @@ def test_verify_detects_corruption_truncation_and_loss(store: st.FsStore) -> Non
     assert "containers/embed/criu/core-1.img: missing" in problems and len(problems) == 2
 
 
+def _pages(store: st.FsStore, doc: Dict[str, Any]) -> str:
+    return os.path.join(store.snapshot_dir(doc["id"]), "containers/embed/criu/pages-1.img")
+
+
+def test_publish_records_its_digests_and_a_cached_verify_uses_them(store: st.FsStore,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    doc = make_snapshot(store)
+    top = store.snapshot_dir(doc["id"])
+    cache = st.VerifiedFiles()
+    assert cache.path == os.environ[st.VERIFIED_CACHE_ENV] and oct(os.stat(cache.path).st_mode & 0o777) == "0o600"
+    assert all(cache.known(os.path.join(top, f["path"]), f["sha256"]) for f in doc["files"])
+    assert not cache.known(_pages(store, doc), "0" * 64)  # the record is of this digest only
+    hashed = []
+    monkeypatch.setattr(st, "sha256_file", lambda path, progress=None: hashed.append(path) or "x")
+    assert st.verify_local(store, doc, cached=True) == [] and hashed == []
+    assert st.verify_local(store, doc) == [f"{f['path']}: SHA256 mismatch (corrupted)" for f in doc["files"]]
+
+
+@pytest.mark.parametrize("change", ["rewrite", "chmod", "utime"])
+def test_a_changed_file_is_hashed_again(store: st.FsStore, change: str) -> None:
+    doc = make_snapshot(store)
+    pages = _pages(store, doc)
+    before = os.stat(pages)
+    if change == "rewrite":  # same size, same bytes but one, mtime put back: the ctime still moves
+        with open(pages, "r+b") as handle:
+            handle.seek(5)
+            handle.write(b"X")
+        os.utime(pages, ns=(before.st_atime_ns, before.st_mtime_ns))
+    elif change == "chmod":
+        os.chmod(pages, 0o644)
+    else:
+        os.utime(pages, ns=(before.st_atime_ns, before.st_mtime_ns + 1))
+    assert not st.VerifiedFiles().known(pages, next(f["sha256"] for f in doc["files"] if f["path"].endswith("pages-1.img")))
+    problems = st.verify_local(store, doc, cached=True)
+    assert problems == (["containers/embed/criu/pages-1.img: SHA256 mismatch (corrupted)"] if change == "rewrite" else [])
+
+
+def test_a_cached_verify_records_what_it_hashed(store: st.FsStore, tmp_path: Path) -> None:
+    doc = make_snapshot(store)
+    os.unlink(os.environ[st.VERIFIED_CACHE_ENV])  # as on another node sharing the store
+    assert not st.VerifiedFiles().known(_pages(store, doc), doc["files"][1]["sha256"])
+    assert st.verify_local(store, doc, cached=True) == []
+    assert all(st.VerifiedFiles().known(os.path.join(store.snapshot_dir(doc["id"]), f["path"]), f["sha256"])
+               for f in doc["files"])
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    cache = st.VerifiedFiles(str(blocker / "verified.json"))  # cannot be written (even by root): nothing kept
+    cache.add(_pages(store, doc), "y")
+    cache.save()
+    assert cache.added and not cache.known(_pages(store, doc), "y")
+
+
 def test_sha256_progress_counts_bytes(tmp_path: Path) -> None:
     path = tmp_path / "f"
     path.write_bytes(b"a" * 10000)

@@ -1,0 +1,606 @@
+# -*- coding: utf-8 -*-
+# Copyright (c) warmstart developers
+# GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+"""Lazy restore: the restored tree runs at once, CRIU's lazy-pages daemon streams its memory in.
+
+The restore registers the tree's private anonymous memory with userfaultfd and
+hands the descriptors to ``criu lazy-pages``, which serves each page on first
+touch and pushes the rest in the background; it exits when every page is in.
+The pages come from the node-local images, or (``page_server``) straight from
+the node that holds them, through ``criu page-server --lazy-pages`` there.
+
+A supervisor (a detached double fork, like the checkpoint guardian) owns the
+daemon. It holds duplicates of the tree's userfault descriptors (pidfd_getfd),
+so a daemon that dies leaves faulting threads blocked instead of handing them
+zero pages; it then kills the restored tree. It also kills the tree (then the
+daemon) when memory is not complete within ``timeout`` seconds. A tree that
+was killed never ran on missing memory. The outcome is written to
+``<work_dir>/lazy-state.json`` (and ``restore-failed`` into the workload's
+control directory on failure).
+"""
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import glob
+import json
+import os
+import select
+import shutil
+import signal
+import socket
+import struct
+import subprocess
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any, Dict, Iterator, List, Optional, Tuple
+
+from ansible_collections.warmstart.snapshot.plugins.module_utils import _control as ctl
+from ansible_collections.warmstart.snapshot.plugins.module_utils import _proc as proc
+from ansible_collections.warmstart.snapshot.plugins.module_utils._criu import CriuError, probe_feature
+from ansible_collections.warmstart.snapshot.plugins.module_utils._criu_rpc import log_tail
+
+STATE = "lazy-state.json"
+SOCKET = "lazy-pages.socket"
+LOG = "lazy-pages.log"
+DEFAULT_TIMEOUT = 600.0
+START_TIMEOUT = 15.0
+REQUIRED_FEATURES = ("uffd", "uffd-noncoop")
+# CRIU's page server (serving images) tees up to PIPE_MAX_SIZE pages per request:
+# 8 pages' worth of 40-byte pipe buffers = 819 pages. Without CAP_SYS_RESOURCE
+# fs.pipe-max-size must allow that.
+PIPE_BYTES_NEEDED = 819 * 4096
+PIPE_MAX_SIZE = "/proc/sys/fs/pipe-max-size"
+PAGE = 4096
+PE_LAZY = 1 << 1
+PE_PRESENT = 1 << 2
+ACTIVE_DIR = "/run/warmstart/lazy"
+_SYS_PIDFD_OPEN = 434
+_SYS_PIDFD_GETFD = 438
+
+
+class LazyError(RuntimeError):
+    """A lazy restore that cannot start or did not complete."""
+
+    def __init__(self, message: str, log_tail_text: Optional[str] = None) -> None:
+        super().__init__(message)
+        self.log_tail = log_tail_text
+
+
+SUPPORT_CACHE = "/run/warmstart/lazy-support.json"
+
+
+def _support_key(criu: str) -> str:
+    """This CRIU binary on this kernel boot: what the probe's answer depends on."""
+    try:
+        st = os.stat(criu)
+        with open("/proc/sys/kernel/random/boot_id", "r", encoding="ascii") as handle:
+            boot = handle.read().strip()
+    except OSError:
+        return ""
+    return f"{os.path.realpath(criu)}:{st.st_size}:{st.st_mtime_ns}:{boot}"
+
+
+def support(criu: str, cache: str = SUPPORT_CACHE) -> Tuple[bool, str]:
+    """Whether this node's kernel and CRIU can restore lazily (``criu check --feature uffd, uffd-noncoop``).
+
+    A yes is remembered per CRIU binary and boot (in /run, a tmpfs): the two probes cost two CRIU runs
+    (~70 ms) on the path to the first answer.
+    """
+    key = _support_key(criu)
+    try:
+        with open(cache, "r", encoding="utf-8") as handle:
+            if key and json.load(handle).get(key):
+                return True, "uffd and uffd-noncoop available"
+    except (OSError, ValueError, AttributeError):
+        pass
+    missing = [f for f in REQUIRED_FEATURES if not probe_feature(criu, f)]
+    if not missing and key:
+        try:
+            os.makedirs(os.path.dirname(cache), mode=0o700, exist_ok=True)
+            tmp = f"{cache}.{os.getpid()}.tmp"
+            with open(tmp, "w", encoding="utf-8") as handle:
+                json.dump({key: True}, handle)
+            os.rename(tmp, cache)
+        except OSError:
+            pass
+    if missing:
+        return False, (f"this node lacks {' and '.join(missing)} (criu check --feature): the kernel has no "
+                       "usable userfaultfd for CRIU (needs CONFIG_USERFAULTFD and vm.unprivileged_userfaultfd or root)")
+    return True, "uffd and uffd-noncoop available"
+
+
+def parse_address(spec: str) -> Tuple[str, int]:
+    """``host:port`` (or ``[v6]:port``) of a page server."""
+    host, sep, port = spec.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise LazyError(f"page_server: {spec!r} is not host:port")
+    return host.strip("[]"), int(port)
+
+
+# --- state file -----------------------------------------------------------------
+
+def _write_state(work: str, **fields: Any) -> Dict[str, Any]:
+    path = os.path.join(work, STATE)
+    state = read_state(work)
+    state.update(fields)
+    tmp = f"{path}.tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as handle:
+        json.dump(state, handle)
+    os.rename(tmp, path)
+    return state
+
+
+def read_state(work: str) -> Dict[str, Any]:
+    try:
+        with open(os.path.join(work, STATE), "r", encoding="utf-8") as handle:
+            return dict(json.load(handle))
+    except (OSError, ValueError):
+        return {}
+
+
+def wait(work: str, timeout: float) -> Dict[str, Any]:
+    """The final state of the lazy restore in ``work``: complete or failed (or streaming at ``timeout``)."""
+    end = time.monotonic() + timeout
+    while True:
+        state = read_state(work)
+        if state.get("state") in ("complete", "failed") or time.monotonic() >= end:
+            return state
+        time.sleep(0.02)
+
+
+def active(pids: List[int], active_dir: str = ACTIVE_DIR) -> Optional[Dict[str, Any]]:
+    """The lazy restore still streaming memory into one of ``pids`` (its state), if any."""
+    for pid in pids:
+        path = os.path.join(active_dir, f"{pid}.json")
+        try:
+            with open(path, "r", encoding="utf-8") as handle:
+                state = json.load(handle)
+        except (OSError, ValueError):
+            continue
+        if proc.alive(int(state.get("supervisor_pid") or 0)):
+            state["pid"] = pid
+            return state
+    return None
+
+
+# --- the daemon and its supervisor --------------------------------------------------
+
+@dataclass
+class Session:
+    """A started lazy-pages daemon under its supervisor; ``attach`` or ``abort`` it after the restore."""
+
+    work: str
+    wfd: int
+    daemon_pid: int
+    started_at: float
+
+    def attach(self, pid: int) -> None:
+        """The restore succeeded: the supervisor now watches tree ``pid``."""
+        try:
+            os.write(self.wfd, f"pid {pid}\n".encode())
+        finally:
+            os.close(self.wfd)
+
+    def abort(self) -> None:
+        """The restore failed (CRIU killed its half-restored tree): stop the daemon."""
+        try:
+            os.write(self.wfd, b"abort\n")
+        finally:
+            os.close(self.wfd)
+
+    def failure(self) -> str:
+        """Why a restore against the daemon failed: CRIU's first error in its log, else its last line."""
+        try:
+            with open(os.path.join(self.work, LOG), "r", encoding="utf-8", errors="replace") as handle:
+                lines = [ln.strip() for ln in handle if ln.strip()]
+        except OSError:
+            return ""
+        errs = [ln for ln in lines if "Error (" in ln]
+        if errs:
+            return errs[0]
+        return lines[-1].split(") ", 1)[-1] if lines and not proc.alive(self.daemon_pid) else ""
+
+
+@contextlib.contextmanager
+def guard(session: Optional[Session], grace: float = 3.0) -> Iterator[None]:
+    """Bound a CRIU restore that runs against ``session``'s daemon.
+
+    If the daemon dies while CRIU restores (e.g. it cannot reach the page server), CRIU kills the tree it
+    was restoring and then waits for it forever: the tree is our child (a sibling restore), not CRIU's, and
+    we are blocked on CRIU's answer. When the daemon is gone and CRIU has not answered ``grace`` seconds
+    later, stop our CRIU child; the restore then fails with the daemon's cause instead of hanging.
+    """
+    if session is None:
+        yield
+        return
+    done = threading.Event()
+
+    def watch() -> None:
+        while not done.wait(0.1):
+            if proc.alive(session.daemon_pid):
+                continue
+            if done.wait(grace):
+                return
+            for pid in proc.descendants(os.getpid())[1:]:
+                try:
+                    with open(f"/proc/{pid}/comm", "r", encoding="utf-8", errors="replace") as handle:
+                        is_criu = handle.read().strip() == "criu"
+                    if is_criu:
+                        os.kill(pid, signal.SIGKILL)
+                except OSError:
+                    continue
+            return
+
+    watcher = threading.Thread(target=watch, name="lazy-guard", daemon=True)
+    watcher.start()
+    try:
+        yield
+    except BaseException:
+        done.set()
+        for pid in proc.descendants(os.getpid())[1:]:  # reap what CRIU killed of the failed restore (our children)
+            if not proc.alive(pid):
+                try:
+                    os.waitpid(pid, os.WNOHANG)
+                except OSError:
+                    pass
+        raise
+    finally:
+        done.set()
+        watcher.join(5)
+
+
+def start(criu: str, images: str, work: str, timeout: float = DEFAULT_TIMEOUT, control: Optional[str] = None,
+          page_server: Optional[Tuple[str, int]] = None, snapshot_id: str = "", env: Optional[Dict[str, str]] = None,
+          active_dir: str = ACTIVE_DIR) -> Session:
+    """Start ``criu lazy-pages`` for ``images`` in ``work`` under a supervisor; return once its socket listens."""
+    argv = [criu, "lazy-pages", "-D", images, "-W", work, "-o", LOG, "-v4"]
+    if page_server:
+        argv += ["--page-server", "--address", page_server[0], "--port", str(page_server[1])]
+    rfd, wfd = os.pipe()
+    ready_r, ready_w = os.pipe()
+    started_at = time.time()
+    child = os.fork()
+    if child == 0:  # pragma: no cover - runs in the forked supervisor
+        try:
+            os.setsid()
+            if os.fork() != 0:
+                os._exit(0)
+            os.close(wfd)
+            os.close(ready_r)
+            devnull = os.open(os.devnull, os.O_RDWR)
+            for fd in (0, 1, 2):
+                os.dup2(devnull, fd)
+            keep = {rfd, ready_w, 0, 1, 2}
+            for fd in range(3, 1024):
+                if fd not in keep:
+                    try:
+                        os.close(fd)
+                    except OSError:
+                        pass
+            _supervise(argv, rfd, ready_w, work, timeout, control, snapshot_id, env, active_dir)
+        finally:
+            os._exit(0)
+    os.close(rfd)
+    os.close(ready_w)
+    os.waitpid(child, 0)
+    answer = b""
+    end = time.monotonic() + START_TIMEOUT + 1
+    while time.monotonic() < end:
+        chunk = os.read(ready_r, 256)
+        if not chunk:
+            break
+        answer += chunk
+        if answer.endswith(b"\n"):
+            break
+    os.close(ready_r)
+    word, _sep, rest = answer.decode("utf-8", "replace").strip().partition(" ")
+    if word != "ready":
+        os.close(wfd)
+        raise LazyError(f"the lazy-pages daemon did not start: {rest or 'no answer from its supervisor'}",
+                        log_tail(os.path.join(work, LOG)))
+    return Session(work, wfd, int(rest), started_at)
+
+
+def _supervise(argv: List[str], rfd: int, ready_w: int, work: str, timeout: float, control: Optional[str],
+               snapshot_id: str, env: Optional[Dict[str, str]], active_dir: str) -> None:  # pragma: no cover - forked
+    started_at = time.time()
+    try:
+        daemon = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                  env=env, close_fds=True)
+    except OSError as exc:
+        os.write(ready_w, f"failed cannot run {argv[0]}: {exc}\n".encode())
+        return
+    _write_state(work, state="starting", daemon_pid=daemon.pid, supervisor_pid=os.getpid(), started_at=started_at,
+                 snapshot=snapshot_id, timeout=timeout)
+    sock = os.path.join(work, SOCKET)
+    end = time.monotonic() + START_TIMEOUT
+    while not os.path.exists(sock) and daemon.poll() is None and time.monotonic() < end:
+        time.sleep(0.005)
+    if not os.path.exists(sock) or daemon.poll() is not None:
+        why = _log_error(work) or (f"exited with {daemon.returncode}" if daemon.poll() is not None
+                                   else f"no socket within {START_TIMEOUT:.0f} s")
+        _stop(daemon)
+        _write_state(work, state="failed", error=f"lazy-pages daemon did not start: {why}")
+        os.write(ready_w, f"failed {why}\n".encode())
+        return
+    os.write(ready_w, f"ready {daemon.pid}\n".encode())
+    os.close(ready_w)
+    said = b""
+    deadline = time.monotonic() + timeout
+    while not said.endswith(b"\n"):
+        left = deadline - time.monotonic()
+        if left <= 0:
+            break
+        readable = select.select([rfd], [], [], min(left, 0.5))[0]
+        if readable:
+            chunk = os.read(rfd, 256)
+            if not chunk:
+                break
+            said += chunk
+    word, _sep, arg = said.decode("ascii", "replace").strip().partition(" ")
+    if word != "pid":
+        # the restore failed (CRIU killed its tree) or the restoring process died: no tree of ours to watch
+        _stop(daemon)
+        _write_state(work, state="failed", error="the restore did not complete" if word == "abort"
+                     else "the restoring process went away before the restore completed")
+        return
+    root = int(arg)
+    tree = proc.descendants(root)
+    held = _hold_uffds(daemon.pid)
+    marker = os.path.join(active_dir, f"{root}.json")
+    try:
+        os.makedirs(active_dir, mode=0o700, exist_ok=True)
+        with open(marker, "w", encoding="utf-8") as handle:
+            json.dump({"work_dir": work, "supervisor_pid": os.getpid(), "snapshot": snapshot_id}, handle)
+    except OSError:
+        marker = ""
+    _write_state(work, state="streaming", pid=root, resumed_at=time.time(), held_uffds=len(held))
+    try:
+        rc = daemon.wait(timeout=max(0.0, deadline - time.monotonic()))
+    except subprocess.TimeoutExpired:
+        rc = None
+    if rc == 0:
+        for fd in held:
+            os.close(fd)
+        _write_state(work, state="complete", complete_at=time.time())
+    else:
+        # kill the tree while its faults still block on our uffd copies, then the daemon
+        for pid in proc.descendants(root) or tree:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+        _stop(daemon)
+        for fd in held:
+            os.close(fd)
+        proc.wait_gone(root, 10)
+        if rc is None:
+            why = f"memory was not complete within {timeout:g} s (lazy_timeout)"
+        elif rc < 0:
+            why = f"the lazy-pages daemon (pid {daemon.pid}) was killed by signal {-rc} before memory was complete"
+        else:
+            why = f"the lazy-pages daemon (pid {daemon.pid}) failed with exit code {rc}: {_log_error(work) or 'see its log'}"
+        text = (f"lazy restore of snapshot {snapshot_id}: {why}; the restored tree (pid {root}) was killed so that "
+                f"it never runs on missing memory; log {os.path.join(work, LOG)}")
+        _write_state(work, state="failed", error=text, failed_at=time.time())
+        if control and os.path.isdir(control):
+            try:
+                ctl.write(control, ctl.RESTORE_FAILED, f"{text}\n")
+            except OSError:
+                pass
+    shutil.rmtree(os.path.join(work, "images"), ignore_errors=True)  # symlinks, or the sparse pages of a remote restore
+    if marker:
+        try:
+            os.unlink(marker)
+        except OSError:
+            pass
+
+
+def _stop(daemon: "subprocess.Popen[bytes]") -> None:  # pragma: no cover - forked
+    if daemon.poll() is None:
+        daemon.kill()
+    try:
+        daemon.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        pass
+
+
+def _log_error(work: str) -> str:
+    try:
+        with open(os.path.join(work, LOG), "r", encoding="utf-8", errors="replace") as handle:
+            errs = [ln.strip() for ln in handle if "Error (" in ln]
+    except OSError:
+        return ""
+    return errs[0] if errs else ""
+
+
+def _hold_uffds(pid: int) -> List[int]:  # pragma: no cover - forked
+    """Duplicates of the daemon's userfault descriptors (pidfd_getfd); [] where the kernel refuses."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    pidfd = libc.syscall(_SYS_PIDFD_OPEN, pid, 0)
+    if pidfd < 0:
+        return []
+    held = []
+    try:
+        for name in os.listdir(f"/proc/{pid}/fd"):
+            try:
+                if os.readlink(f"/proc/{pid}/fd/{name}") != "anon_inode:[userfaultfd]":
+                    continue
+            except OSError:
+                continue
+            fd = libc.syscall(_SYS_PIDFD_GETFD, pidfd, int(name), 0)
+            if fd >= 0:
+                held.append(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(pidfd)
+    return held
+
+
+# --- images for a restore whose pages come from a page server ------------------------
+
+def _entries(path: str) -> Tuple[int, List[Tuple[int, int, int]]]:
+    """pages_id and (vaddr, nr_pages, flags) of each entry of a CRIU pagemap image."""
+    try:
+        from pycriu.images import pagemap_pb2  # pylint: disable=import-outside-toplevel
+    except ImportError as exc:
+        raise LazyError(f"pycriu cannot be imported ({exc}); prepare the node with warmstart.snapshot.node_prep") from None
+    with open(path, "rb") as handle:
+        data = handle.read()
+    off, head, out = 8, None, []
+    while off + 4 <= len(data):
+        (size,) = struct.unpack_from("<I", data, off)
+        off += 4
+        msg = pagemap_pb2.pagemap_head() if head is None else pagemap_pb2.pagemap_entry()
+        msg.ParseFromString(data[off:off + size])
+        off += size
+        if head is None:
+            head = msg
+        else:
+            out.append((int(msg.vaddr), int(msg.nr_pages), int(msg.flags)))
+    if head is None:
+        raise LazyError(f"{path}: not a CRIU pagemap image")
+    return int(head.pages_id), out
+
+
+def eager_ranges(images: str) -> Dict[str, List[Tuple[int, int]]]:
+    """Per pages image, the (offset, length) ranges a lazy restore reads itself (pages CRIU cannot serve lazily)."""
+    out: Dict[str, List[Tuple[int, int]]] = {}
+    for pagemap in sorted(glob.glob(os.path.join(images, "pagemap-*.img"))):
+        pages_id, entries = _entries(pagemap)
+        off, ranges = 0, []
+        for _vaddr, nr, flags in entries:
+            if not flags & PE_PRESENT:
+                continue
+            length = nr * PAGE
+            if not flags & PE_LAZY:
+                if ranges and ranges[-1][0] + ranges[-1][1] == off:
+                    ranges[-1] = (ranges[-1][0], ranges[-1][1] + length)
+                else:
+                    ranges.append((off, length))
+            off += length
+        out[f"pages-{pages_id}.img"] = ranges
+    return out
+
+
+def sparse_pages(images: str, sizes: Dict[str, int], read_range: Any) -> int:
+    """Write each pages image as a sparse file of its full size holding only its eager ranges; bytes fetched.
+
+    ``read_range(name, offset, length)`` returns those bytes of the snapshot's pages image ``name``.
+    """
+    fetched = 0
+    for name, ranges in eager_ranges(images).items():
+        if name not in sizes:
+            raise LazyError(f"{name}: the snapshot has no such pages image (its pagemap names it)")
+        path = os.path.join(images, name)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        try:
+            os.ftruncate(fd, sizes[name])
+            for off, length in ranges:
+                data = read_range(name, off, length)
+                if len(data) != length:
+                    raise LazyError(f"{name}: short read at {off} ({len(data)} of {length} bytes)")
+                os.pwrite(fd, data, off)
+                fetched += length
+        finally:
+            os.close(fd)
+    return fetched
+
+
+# --- the page server on the node that holds the images ---------------------------------
+
+def pipe_limit_ok() -> Tuple[bool, int]:
+    try:
+        with open(PIPE_MAX_SIZE, "r", encoding="ascii") as handle:
+            have = int(handle.read())
+    except (OSError, ValueError):
+        return True, 0
+    return have >= PIPE_BYTES_NEEDED, have
+
+
+def raise_pipe_limit() -> None:
+    ok, have = pipe_limit_ok()
+    if ok:
+        return
+    try:
+        with open(PIPE_MAX_SIZE, "w", encoding="ascii") as handle:
+            handle.write(str(1 << 22))
+    except OSError as exc:
+        raise LazyError(f"fs.pipe-max-size is {have} bytes and cannot be raised to 4 MiB ({exc}); CRIU's page server "
+                        f"needs {PIPE_BYTES_NEEDED} bytes per request pipe") from None
+
+
+def port_free(address: str, port: int) -> bool:
+    try:
+        infos = socket.getaddrinfo(address, port, type=socket.SOCK_STREAM)
+    except OSError:
+        return False
+    for family, kind, proto, _name, addr in infos:
+        with socket.socket(family, kind, proto) as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                sock.bind(addr)
+                return True
+            except OSError:
+                return False
+    return False
+
+
+def serve(criu: str, images: str, log_dir: str, address: str, port: int, timeout: float) -> Dict[str, Any]:
+    """Start ``criu page-server --lazy-pages`` for ``images`` on address:port (one client; gone after ``timeout``)."""
+    if not port_free(address, port):
+        raise LazyError(f"page server: {address}:{port} is in use or not an address of this node")
+    raise_pipe_limit()
+    log = os.path.join(log_dir, f"page-server-{port}.log")
+    argv = [criu, "page-server", "--lazy-pages", "-D", images, "--address", address, "--port", str(port),
+            "-o", log, "-v4"]
+    rfd, wfd = os.pipe()
+    child = os.fork()
+    if child == 0:  # pragma: no cover - forked supervisor
+        try:
+            os.setsid()
+            if os.fork() != 0:
+                os._exit(0)
+            os.close(rfd)
+            devnull = os.open(os.devnull, os.O_RDWR)
+            for fd in (0, 1, 2):
+                os.dup2(devnull, fd)
+            try:
+                server = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                          stderr=subprocess.DEVNULL, close_fds=True)
+            except OSError as exc:
+                os.write(wfd, f"failed {exc}\n".encode())
+                os._exit(0)
+            os.write(wfd, f"pid {server.pid} {os.getpid()}\n".encode())
+            os.close(wfd)
+            try:
+                server.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                server.kill()
+                server.wait()
+        finally:
+            os._exit(0)
+    os.close(wfd)
+    os.waitpid(child, 0)
+    said = os.read(rfd, 256).decode("utf-8", "replace").split()
+    os.close(rfd)
+    if not said or said[0] != "pid":
+        raise LazyError(f"page server did not start: {' '.join(said[1:]) or 'no answer'}")
+    pid = int(said[1])
+    end = time.monotonic() + START_TIMEOUT
+    while time.monotonic() < end:
+        if not proc.alive(pid):
+            raise CriuError(f"CRIU page server for {images} exited at start; log {log}", log_tail=log_tail(log))
+        if not port_free(address, port):
+            break
+        time.sleep(0.01)
+    else:
+        os.kill(pid, signal.SIGKILL)
+        raise LazyError(f"page server did not listen on {address}:{port} within {START_TIMEOUT:.0f} s; log {log}")
+    return {"pid": pid, "supervisor_pid": int(said[2]), "address": address, "port": port, "log": log,
+            "timeout": timeout}

@@ -1,0 +1,246 @@
+"""Lazy restore (CRIU lazy pages over userfaultfd) with real CRIU: the restored process answers before its
+memory is in, its memory ends up identical to the source's, and every fault is bounded and clean.
+
+Faults are driven through the engine (lazy_driver.py) where the test must act while memory is still loading:
+the driver SIGSTOPs the lazy-pages daemon the moment the restore returns, so the test can then kill it,
+delete the images under it, or let lazy_timeout run out - deterministically, whatever the machine's speed.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from pathlib import Path
+from typing import Any, Dict
+
+import pytest
+
+from .ansible_run import REPO
+from .test_process_snapshot import Lab, free_port, proc_state, query
+
+pytestmark = pytest.mark.integration
+
+DRIVER = Path(__file__).with_name("lazy_driver.py")
+CRIU = "/opt/warmstart/criu/current/bin/criu"
+
+
+def criu_bin() -> str:
+    return CRIU if os.access(CRIU, os.X_OK) else "/usr/local/bin/criu"
+
+
+def snapshot(lab: Lab, name: str, mb: int, *extra: str) -> Dict[str, Any]:
+    """A workload of ``mb`` MiB, checkpointed (source stopped); its state as it answered before."""
+    port = free_port()
+    res = lab.play([lab.start(name, port, mb, *extra),
+                    lab.checkpoint("checkpoint", workload=name, leave_running=False)])
+    return {"id": res["checkpoint"]["snapshot"]["id"], "port": port, "name": name}
+
+
+def drive(lab: Lab, snap_id: str, *args: str) -> Dict[str, Any]:
+    done = subprocess.run(["/usr/bin/python3", str(DRIVER), str(lab.store), str(lab.restore_root), snap_id, *args],
+                          capture_output=True, text=True, check=False, timeout=300, cwd=REPO)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def state(work_dir: str) -> Dict[str, Any]:
+    path = Path(work_dir) / "lazy-state.json"
+    return json.loads(path.read_text()) if path.exists() else {}
+
+
+def wait_state(work_dir: str, want: str, timeout: float) -> Dict[str, Any]:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        got = state(work_dir)
+        if got.get("state") == want:
+            return got
+        time.sleep(0.05)
+    pytest.fail(f"lazy restore in {work_dir} did not become {want!r} within {timeout} s: {state(work_dir)}")
+
+
+def gone(pid: int, timeout: float) -> bool:
+    """``pid`` no longer runs (gone, or a zombie that can run no code), within ``timeout``."""
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if proc_state(pid) in ("-", "Z", "X"):
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def digest(port: int) -> Dict[str, Any]:
+    got = query(port)
+    assert got["sha256"] == got["digest_at_start"], "restored memory differs from the source's"
+    return got
+
+
+def test_lazy_restore_answers_and_memory_completes(lab: Lab) -> None:
+    snap = snapshot(lab, "lazy1", 96)
+    res = lab.play([lab.restore("lazy restore", snapshot=snap["id"], lazy=True),
+                    lab.restore("second copy refused", snapshot=snap["id"], lazy=True, expect_fail=True)])
+    out = res["lazy restore"]["restore"]
+    assert res["lazy restore"]["changed"] is True
+    lazy = out["lazy"]
+    assert lazy["used"] is True and lazy["daemon_pid"] > 0, lazy
+    assert 0 < lazy["resumed_after"] <= out["timings"]["total"] + 0.01
+    assert "running on this node" in res["second copy refused"]["msg"]
+    got = digest(snap["port"])  # every page the hash reads is faulted in from the images
+    assert got["pid"] and got["pair_ok"] is True
+    final = wait_state(out["work_dir"], "complete", 60)
+    assert final["complete_at"] >= final["resumed_at"] >= final["started_at"]
+    assert gone(lazy["daemon_pid"], 10), "the lazy-pages daemon did not exit when memory was complete"
+    assert not (Path(out["work_dir"]) / "images").exists()
+    assert (lab.wdir("lazy1") / "control" / "restore-complete").exists()
+
+
+def test_lazy_wait_reports_memory_complete_and_checkpoint_after_it(lab: Lab) -> None:
+    snap = snapshot(lab, "lazy2", 64)
+    res = lab.play([lab.restore("lazy restore", snapshot=snap["id"], lazy=True, lazy_wait=True),
+                    lab.checkpoint("checkpoint again", workload="lazy2", leave_running=True)])
+    lazy = res["lazy restore"]["restore"]["lazy"]
+    assert lazy["used"] is True and lazy["complete_after"] >= lazy["resumed_after"] > 0, lazy
+    assert state(res["lazy restore"]["restore"]["work_dir"])["state"] == "complete"
+    assert res["checkpoint again"]["changed"] is True
+    digest(snap["port"])
+
+
+def test_checkpoint_refused_while_memory_is_loading(lab: Lab) -> None:
+    snap = snapshot(lab, "lazy3", 256, "--pattern")
+    out = drive(lab, snap["id"], "--stop-daemon")
+    assert out["lazy"]["used"] is True, out
+    try:
+        res = lab.play([lab.checkpoint("checkpoint while loading", workload="lazy3", expect_fail=True)])
+        msg = res["checkpoint while loading"]["msg"]
+        assert "still loading" in msg and "lazily" in msg, msg
+        assert not lab.published()[1:], "a second snapshot was published"
+    finally:
+        os.kill(out["lazy"]["daemon_pid"], signal.SIGCONT)
+    wait_state(out["work_dir"], "complete", 60)
+
+
+def test_daemon_killed_mid_stream_kills_the_restored_tree(lab: Lab) -> None:
+    snap = snapshot(lab, "lazy4", 256, "--pattern")
+    out = drive(lab, snap["id"], "--stop-daemon")
+    pid, daemon = out["pid"], out["lazy"]["daemon_pid"]
+    assert state(out["work_dir"]).get("held_uffds", 0) >= 1, "the supervisor holds no userfault descriptor"
+    os.kill(daemon, signal.SIGKILL)
+    final = wait_state(out["work_dir"], "failed", 15)
+    assert "killed by signal 9 before memory was complete" in final["error"], final
+    assert f"restored tree (pid {pid}) was killed" in final["error"]
+    assert gone(pid, 10), f"restored pid {pid} still runs ({proc_state(pid)}) after its daemon died"
+    assert not lab.ours(), "a restored copy is still running"
+    failed = lab.wdir("lazy4") / "control" / "restore-failed"
+    assert failed.exists() and "lazy-pages daemon" in failed.read_text()
+
+
+def test_lazy_timeout_bounds_a_stalled_daemon(lab: Lab) -> None:
+    snap = snapshot(lab, "lazy5", 256, "--pattern")
+    t0 = time.monotonic()
+    out = drive(lab, snap["id"], "--stop-daemon", "--lazy-timeout", "4")
+    final = wait_state(out["work_dir"], "failed", 30)
+    waited = time.monotonic() - t0
+    assert "not complete within 4 s" in final["error"], final
+    assert waited < 25, f"the stalled lazy restore took {waited:.1f} s to be failed"
+    assert gone(out["pid"], 10) and gone(out["lazy"]["daemon_pid"], 10)
+    assert not lab.ours()
+
+
+def test_images_deleted_during_lazy_restore(lab: Lab) -> None:
+    """The daemon holds the page images open: deleting the snapshot under it loses nothing."""
+    snap = snapshot(lab, "lazy6", 96)
+    out = drive(lab, snap["id"], "--stop-daemon")
+    shutil.rmtree(lab.store / "snapshots" / snap["id"])
+    assert snap["id"] not in lab.published()
+    os.kill(out["lazy"]["daemon_pid"], signal.SIGCONT)
+    digest(snap["port"])
+    wait_state(out["work_dir"], "complete", 60)
+
+
+def test_images_deleted_before_lazy_restore_is_refused(lab: Lab) -> None:
+    snap = snapshot(lab, "lazy7", 32)
+    pages = sorted((lab.store / "snapshots" / snap["id"]).rglob("pages-*.img"))
+    assert pages
+    pages[0].unlink()
+    res = lab.play([lab.restore("lazy restore", snapshot=snap["id"], lazy=True, expect_fail=True)])
+    assert res["lazy restore"]["failed"] and "missing" in res["lazy restore"]["msg"]
+    assert not lab.ours()
+    assert not lab.restore_root.exists() or not list(lab.restore_root.iterdir()), "a refused restore left a work dir"
+
+
+@pytest.mark.parametrize("lazy", [False, True])
+def test_a_page_corrupted_after_the_checkpoint_is_refused(lab: Lab, lazy: bool) -> None:
+    """The checkpoint records its digests for this node (no second hashing pass on restore); a page changed
+    behind its back, even with its mtime put back, is still hashed and refused before anything runs."""
+    snap = snapshot(lab, f"corrupt{int(lazy)}", 32)
+    pages = max((lab.store / "snapshots" / snap["id"]).rglob("pages-*.img"), key=lambda p: p.stat().st_size)
+    before = pages.stat()
+    with open(pages, "r+b") as handle:
+        handle.seek(before.st_size // 2)
+        byte = handle.read(1)
+        handle.seek(before.st_size // 2)
+        handle.write(bytes([byte[0] ^ 0x01]))
+    os.utime(pages, ns=(before.st_atime_ns, before.st_mtime_ns))
+    res = lab.play([lab.restore("restore", snapshot=snap["id"], lazy=lazy, expect_fail=True)])
+    assert res["restore"]["failed"], res["restore"]
+    assert any("SHA256 mismatch" in r for r in res["restore"].get("reasons", [])), res["restore"]
+    assert not lab.ours(), "a restore of corrupted pages started a process"
+
+
+def test_no_uffd_falls_back_to_eager(lab: Lab, tmp_path: Path) -> None:
+    """A kernel without userfaultfd, as CRIU sees it: criu check --feature uffd fails."""
+    wrapper = tmp_path / "criu-no-uffd"
+    wrapper.write_text("#!/bin/sh\n"
+                       "if [ \"$1\" = check ] && [ \"$2\" = --feature ]; then case \"$3\" in uffd*) "
+                       "echo \"$3 is not supported\"; exit 1;; esac; fi\n"
+                       f"exec {criu_bin()} \"$@\"\n")
+    wrapper.chmod(0o755)
+    snap = snapshot(lab, "lazy8", 32)
+    res = lab.play([lab.restore("lazy restore", snapshot=snap["id"], lazy=True, criu_path=str(wrapper))])
+    lazy = res["lazy restore"]["restore"]["lazy"]
+    assert lazy["used"] is False and "uffd" in lazy["reason"] and "restored eagerly" in lazy["reason"], lazy
+    assert not (Path(res["lazy restore"]["restore"]["work_dir"]) / "lazy-state.json").exists()
+    digest(snap["port"])
+
+
+def test_page_server_serves_a_lazy_restore(lab: Lab) -> None:
+    snap = snapshot(lab, "lazy9", 96)
+    port = free_port()
+    res = lab.play([
+        {"name": "serve (check)", "check_mode": True, "warmstart.snapshot.page_server": {
+            "store": str(lab.store), "snapshot": snap["id"], "address": "127.0.0.1", "port": port}},
+        {"name": "serve", "warmstart.snapshot.page_server": {
+            "store": str(lab.store), "snapshot": snap["id"], "address": "127.0.0.1", "port": port, "timeout": 120,
+            "log_dir": str(lab.tmp / "ps")}},
+        {"name": "serve twice", "ignore_errors": True, "warmstart.snapshot.page_server": {
+            "store": str(lab.store), "snapshot": snap["id"], "address": "127.0.0.1", "port": port}},
+        lab.restore("restore from page server", snapshot=snap["id"], page_server=f"127.0.0.1:{port}",
+                    lazy_wait=True),
+    ])
+    assert "pid" not in res["serve (check)"]["page_server"]
+    served = res["serve"]["page_server"]
+    assert served["pid"] > 0 and served["port"] == port
+    assert "in use" in res["serve twice"]["msg"]
+    out = res["restore from page server"]["restore"]
+    assert out["lazy"]["used"] is True and out["lazy"]["complete_after"] > 0
+    pages_size = sum(p.stat().st_size for p in (lab.store / "snapshots" / snap["id"]).rglob("pages-*.img"))
+    assert 0 < out["lazy"]["eager_bytes"] < pages_size / 4, out["lazy"]
+    digest(snap["port"])
+    assert gone(served["pid"], 15), "the page server did not exit after serving its restore"
+
+
+def test_page_server_unreachable(lab: Lab) -> None:
+    snap = snapshot(lab, "lazy10", 32)
+    with socket.socket() as sock:  # a port nobody listens on
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    res = lab.play([lab.restore("restore", snapshot=snap["id"], page_server=f"127.0.0.1:{port}", expect_fail=True)])
+    msg = res["restore"]["msg"]
+    assert res["restore"]["failed"] and f"page server 127.0.0.1:{port}" in msg, msg
+    assert res["restore"].get("criu_log_tail"), "no CRIU log tail"
+    assert not lab.ours(), "a half-restored copy is running"
+    failed = lab.wdir("lazy10") / "control" / "restore-failed"
+    assert failed.exists()
