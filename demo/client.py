@@ -91,7 +91,9 @@ def wait_ready(args) -> int:
             out.update(first_answer=False, error=f"/embed answered HTTP {status}: {doc}")
             emit(out)
             return 1
-        out.update(first_answer=True, seconds_to_first_answer=round(time.time() - t0_wall, 3), dim=doc.get("dim"))
+        now = time.time()
+        out.update(first_answer=True, seconds_to_first_answer=round(now - t0_wall, 3), first_answer_at=round(now, 3),
+                   server_started_at=health.get("started_at"), dim=doc.get("dim"))
     out["seconds"] = out.get("seconds_to_first_answer", out["seconds_to_ready"])
     emit(out)
     return 0
