@@ -51,23 +51,25 @@ def sha256_file(path: str, progress: Optional[Callable[[int], None]] = None) -> 
     return digest.hexdigest()
 
 
-VERIFIED_CACHE = "/var/lib/warmstart/verified.json"
-VERIFIED_CACHE_ENV = "WARMSTART_VERIFIED_CACHE"
-VERIFIED_LIMIT = 50000
+VERIFIED_DIR = "/var/lib/warmstart/verified"
+VERIFIED_DIR_ENV = "WARMSTART_VERIFIED_DIR"
+VERIFIED_KEEP_DAYS = 30
 
 
 class VerifiedFiles:
-    """Node-local record of files whose SHA256 this node computed: (device, inode) -> size, mtime, ctime, SHA256.
+    """This node's record of one snapshot's files it hashed: path -> device, inode, size, mtime, ctime, SHA256.
 
     A restore on the node that took the snapshot, or restoring it again, skips re-hashing a file whose inode
     still has the size, mtime and ctime it had when it was hashed: any write, truncation, rename over it or
     chmod changes its ctime, which no unprivileged process can set back. What it does not see is a change
-    below the filesystem (bit rot, a raw write to the block device); ``verify_files(cache=None)`` and
-    ``snapshot_info verify`` always hash. Unreadable or unwritable cache: everything is hashed.
+    below the filesystem (bit rot, a raw write to the block device); ``snapshot_info verify`` always hashes.
+    One small file per snapshot (``<VERIFIED_DIR>/<id>.json``): a restore reads only its own. Unreadable or
+    unwritable: everything is hashed.
     """
 
-    def __init__(self, path: Optional[str] = None) -> None:
-        self.path = path or os.environ.get(VERIFIED_CACHE_ENV) or VERIFIED_CACHE
+    def __init__(self, snapshot_id: str, root: Optional[str] = None) -> None:
+        self.root = root or os.environ.get(VERIFIED_DIR_ENV) or VERIFIED_DIR
+        self.path = os.path.join(self.root, f"{mf.check_id(snapshot_id)}.json")
         self.data = self._load()
         self.added: Dict[str, List[Any]] = {}
 
@@ -80,38 +82,30 @@ class VerifiedFiles:
         return data if isinstance(data, dict) else {}
 
     @staticmethod
-    def _key(st: os.stat_result) -> str:
-        return f"{st.st_dev}:{st.st_ino}"
-
-    @staticmethod
-    def _value(st: os.stat_result, sha256: str) -> List[Any]:
-        return [st.st_size, st.st_mtime_ns, st.st_ctime_ns, sha256]
+    def _value(path: str, sha256: str) -> Optional[List[Any]]:
+        try:
+            st = os.stat(path)
+        except OSError:
+            return None
+        return [st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns, sha256]
 
     def known(self, path: str, sha256: str) -> bool:
         """``path`` was hashed to ``sha256`` on this node and has not changed since."""
-        try:
-            st = os.stat(path)
-        except OSError:
-            return False
-        return self.data.get(self._key(st)) == self._value(st, sha256)
+        value = self._value(path, sha256)
+        return value is not None and self.data.get(path) == value
 
     def add(self, path: str, sha256: str) -> None:
-        try:
-            st = os.stat(path)
-        except OSError:
-            return
-        self.added[self._key(st)] = self._value(st, sha256)
+        value = self._value(path, sha256)
+        if value is not None:
+            self.added[path] = value
 
     def save(self) -> None:
-        """Merge what was added into the cache file (best effort: it only saves work)."""
+        """Write the record (best effort: it only saves work); drop records not written for VERIFIED_KEEP_DAYS."""
         if not self.added:
             return
         try:
-            os.makedirs(os.path.dirname(self.path), mode=0o700, exist_ok=True)
-            data = self._load()
-            data.update(self.added)
-            if len(data) > VERIFIED_LIMIT:
-                data = dict(list(data.items())[-VERIFIED_LIMIT:])
+            os.makedirs(self.root, mode=0o700, exist_ok=True)
+            data = dict(self._load(), **self.added)
             tmp = f"{self.path}.{os.getpid()}.tmp"
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
             with os.fdopen(fd, "w", encoding="utf-8") as handle:
@@ -121,6 +115,19 @@ class VerifiedFiles:
             return
         self.data.update(self.added)
         self.added = {}
+        old = time.time() - VERIFIED_KEEP_DAYS * 86400
+        for name in os.listdir(self.root):
+            try:
+                if os.stat(os.path.join(self.root, name)).st_mtime < old:
+                    os.unlink(os.path.join(self.root, name))
+            except OSError:
+                continue
+
+    def forget(self) -> None:
+        try:
+            os.unlink(self.path)
+        except OSError:
+            pass
 
 
 def walk_files(top: str) -> Iterator[str]:
@@ -165,7 +172,7 @@ class Staging:
             raise StoreError(f"cannot publish snapshot {self.snapshot_id} into {final}: {exc.strerror}") from None
         _fsync_dir(os.path.dirname(final))
         self.done = True
-        cache = VerifiedFiles()  # these digests were computed here, from what CRIU wrote: a restore here need not redo them
+        cache = VerifiedFiles(self.snapshot_id)  # digests computed here from what CRIU wrote: a restore here need not redo them
         for entry in manifest.get("files", []):
             cache.add(os.path.join(final, entry["path"]), entry["sha256"])
         cache.save()
@@ -264,7 +271,8 @@ class FsStore:
     def fetch_file(self, snapshot_id: str, entry: Dict[str, Any], path: str, verify: bool = True) -> None:
         """One file of the snapshot at ``path`` (a symlink into the store), checked against its manifest entry."""
         src = os.path.join(self.snapshot_dir(snapshot_id), entry["path"])
-        problems = verify_files(self.snapshot_dir(snapshot_id), {"files": [entry]}, phase=False) if verify else []
+        problems = verify_files(self.snapshot_dir(snapshot_id), {"files": [entry]}, phase=False,
+                                cache=VerifiedFiles(snapshot_id)) if verify else []
         if not verify and not os.path.isfile(src):
             problems = [f"{entry['path']}: missing"]
         if problems:
@@ -287,6 +295,7 @@ class FsStore:
         os.makedirs(self.tmp, mode=0o700, exist_ok=True)
         os.rename(path, doomed)
         shutil.rmtree(doomed, ignore_errors=True)
+        VerifiedFiles(snapshot_id).forget()
         return size
 
     def delete_staging(self, path: str) -> int:
@@ -416,7 +425,7 @@ def verify_local(store: Any, doc: Dict[str, Any], fetch: bool = True, cached: bo
     local = store.local_dir(doc["id"])
     if getattr(store, "verified", {}).get(doc["id"]):
         return []
-    return verify_files(local, doc, cache=VerifiedFiles() if cached else None)
+    return verify_files(local, doc, cache=VerifiedFiles(doc["id"]) if cached else None)
 
 
 def verify_files(top: str, doc: Dict[str, Any], phase: bool = True,

@@ -67,8 +67,9 @@ options:
       - Verify every file's size and SHA256 before restoring.
       - A file this node hashed before (when it took the snapshot, or an earlier restore verified it) and whose
         inode has not changed since (same size, mtime and ctime, which any write or chmod changes) is not hashed
-        again; the record is C(/var/lib/warmstart/verified.json). M(warmstart.snapshot.snapshot_info) with
-        O(warmstart.snapshot.snapshot_info#module:verify) always hashes everything.
+        again; the record is C(/var/lib/warmstart/verified/<id>.json), one small file per snapshot.
+        M(warmstart.snapshot.snapshot_info) with O(warmstart.snapshot.snapshot_info#module:verify) always hashes
+        everything.
     type: bool
     default: true
   skip_compat_check:

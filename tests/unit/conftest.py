@@ -10,4 +10,4 @@ from ansible_collections.warmstart.snapshot.plugins.module_utils import _store a
 
 @pytest.fixture(autouse=True)
 def _own_verified_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv(st.VERIFIED_CACHE_ENV, str(tmp_path / "verified.json"))
+    monkeypatch.setenv(st.VERIFIED_DIR_ENV, str(tmp_path / "verified"))

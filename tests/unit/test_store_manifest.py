@@ -168,8 +168,9 @@ def test_publish_records_its_digests_and_a_cached_verify_uses_them(store: st.FsS
                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     doc = make_snapshot(store)
     top = store.snapshot_dir(doc["id"])
-    cache = st.VerifiedFiles()
-    assert cache.path == os.environ[st.VERIFIED_CACHE_ENV] and oct(os.stat(cache.path).st_mode & 0o777) == "0o600"
+    cache = st.VerifiedFiles(doc["id"])
+    assert cache.path == os.path.join(os.environ[st.VERIFIED_DIR_ENV], f"{doc['id']}.json")
+    assert oct(os.stat(cache.path).st_mode & 0o777) == "0o600"
     assert all(cache.known(os.path.join(top, f["path"]), f["sha256"]) for f in doc["files"])
     assert not cache.known(_pages(store, doc), "0" * 64)  # the record is of this digest only
     hashed = []
@@ -192,24 +193,37 @@ def test_a_changed_file_is_hashed_again(store: st.FsStore, change: str) -> None:
         os.chmod(pages, 0o644)
     else:
         os.utime(pages, ns=(before.st_atime_ns, before.st_mtime_ns + 1))
-    assert not st.VerifiedFiles().known(pages, next(f["sha256"] for f in doc["files"] if f["path"].endswith("pages-1.img")))
+    assert not st.VerifiedFiles(doc["id"]).known(pages, next(f["sha256"] for f in doc["files"] if f["path"].endswith("pages-1.img")))
     problems = st.verify_local(store, doc, cached=True)
     assert problems == (["containers/embed/criu/pages-1.img: SHA256 mismatch (corrupted)"] if change == "rewrite" else [])
 
 
 def test_a_cached_verify_records_what_it_hashed(store: st.FsStore, tmp_path: Path) -> None:
     doc = make_snapshot(store)
-    os.unlink(os.environ[st.VERIFIED_CACHE_ENV])  # as on another node sharing the store
-    assert not st.VerifiedFiles().known(_pages(store, doc), doc["files"][1]["sha256"])
+    os.unlink(st.VerifiedFiles(doc["id"]).path)  # as on another node sharing the store
+    assert not st.VerifiedFiles(doc["id"]).known(_pages(store, doc), doc["files"][1]["sha256"])
     assert st.verify_local(store, doc, cached=True) == []
-    assert all(st.VerifiedFiles().known(os.path.join(store.snapshot_dir(doc["id"]), f["path"]), f["sha256"])
+    assert all(st.VerifiedFiles(doc["id"]).known(os.path.join(store.snapshot_dir(doc["id"]), f["path"]), f["sha256"])
                for f in doc["files"])
     blocker = tmp_path / "a-file"
     blocker.write_text("")
-    cache = st.VerifiedFiles(str(blocker / "verified.json"))  # cannot be written (even by root): nothing kept
+    cache = st.VerifiedFiles(doc["id"], str(blocker / "verified"))  # cannot be written (even by root): nothing kept
     cache.add(_pages(store, doc), "y")
     cache.save()
     assert cache.added and not cache.known(_pages(store, doc), "y")
+
+
+def test_records_are_per_snapshot_forgotten_with_it_and_pruned_by_age(store: st.FsStore) -> None:
+    doc, other = make_snapshot(store), make_snapshot(store, name="other")
+    root = os.environ[st.VERIFIED_DIR_ENV]
+    assert sorted(os.listdir(root)) == sorted([f"{doc['id']}.json", f"{other['id']}.json"])
+    assert not st.VerifiedFiles(other["id"]).known(_pages(store, doc), doc["files"][1]["sha256"])  # not its file
+    store.delete(doc["id"])
+    assert os.listdir(root) == [f"{other['id']}.json"]
+    stale = os.path.join(root, f"{other['id']}.json")
+    os.utime(stale, (0, 0))  # not written for decades
+    make_snapshot(store, name="third")
+    assert not os.path.exists(stale) and len(os.listdir(root)) == 1
 
 
 def test_sha256_progress_counts_bytes(tmp_path: Path) -> None:
