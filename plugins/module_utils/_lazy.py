@@ -40,7 +40,7 @@ from typing import Any, Dict, Iterator, List, Optional, Tuple
 from ansible_collections.warmstart.snapshot.plugins.module_utils import _control as ctl
 from ansible_collections.warmstart.snapshot.plugins.module_utils import _proc as proc
 from ansible_collections.warmstart.snapshot.plugins.module_utils._criu import CriuError, probe_feature
-from ansible_collections.warmstart.snapshot.plugins.module_utils._criu_rpc import log_tail
+from ansible_collections.warmstart.snapshot.plugins.module_utils._criu_rpc import _error_lines, log_tail
 
 STATE = "lazy-state.json"
 SOCKET = "lazy-pages.socket"
@@ -194,15 +194,11 @@ class Session:
 
     def failure(self) -> str:
         """Why a restore against the daemon failed: CRIU's first error in its log, else its last line."""
-        try:
-            with open(os.path.join(self.work, LOG), "r", encoding="utf-8", errors="replace") as handle:
-                lines = [ln.strip() for ln in handle if ln.strip()]
-        except OSError:
-            return ""
-        errs = [ln for ln in lines if "Error (" in ln]
-        if errs:
-            return errs[0]
-        return lines[-1].split(") ", 1)[-1] if lines and not proc.alive(self.daemon_pid) else ""
+        errors = _log_error(self.work)
+        if errors or proc.alive(self.daemon_pid):
+            return errors
+        last = log_tail(os.path.join(self.work, LOG), 1).strip()  # a daemon that gave up without an "Error" line
+        return last.split(") ", 1)[-1]
 
 
 @contextlib.contextmanager
@@ -263,30 +259,10 @@ def start(criu: str, images: str, work: str, timeout: float = DEFAULT_TIMEOUT, c
     rfd, wfd = os.pipe()
     ready_r, ready_w = os.pipe()
     started_at = time.time()
-    child = os.fork()
-    if child == 0:  # pragma: no cover - runs in the forked supervisor
-        try:
-            os.setsid()
-            if os.fork() != 0:
-                os._exit(0)
-            os.close(wfd)
-            os.close(ready_r)
-            devnull = os.open(os.devnull, os.O_RDWR)
-            for fd in (0, 1, 2):
-                os.dup2(devnull, fd)
-            keep = {rfd, ready_w, 0, 1, 2}
-            for fd in range(3, 1024):
-                if fd not in keep:
-                    try:
-                        os.close(fd)
-                    except OSError:
-                        pass
-            _supervise(argv, rfd, ready_w, work, timeout, control, snapshot_id, env, active_dir)
-        finally:
-            os._exit(0)
+    proc.detach(lambda: _supervise(argv, rfd, ready_w, work, timeout, control, snapshot_id, env, active_dir),
+                keep=(rfd, ready_w))
     os.close(rfd)
     os.close(ready_w)
-    os.waitpid(child, 0)
     answer = b""
     end = time.monotonic() + START_TIMEOUT + 1
     while time.monotonic() < end:
@@ -410,12 +386,7 @@ def _stop(daemon: "subprocess.Popen[bytes]") -> None:  # pragma: no cover - fork
 
 
 def _log_error(work: str) -> str:
-    try:
-        with open(os.path.join(work, LOG), "r", encoding="utf-8", errors="replace") as handle:
-            errs = [ln.strip() for ln in handle if "Error (" in ln]
-    except OSError:
-        return ""
-    return errs[0] if errs else ""
+    return _error_lines(os.path.join(work, LOG))
 
 
 def _hold_uffds(pid: int) -> List[int]:  # pragma: no cover - forked
@@ -560,33 +531,24 @@ def serve(criu: str, images: str, log_dir: str, address: str, port: int, timeout
     argv = [criu, "page-server", "--lazy-pages", "-D", images, "--address", address, "--port", str(port),
             "-o", log, "-v4"]
     rfd, wfd = os.pipe()
-    child = os.fork()
-    if child == 0:  # pragma: no cover - forked supervisor
+
+    def supervise() -> None:  # pragma: no cover - runs in the detached supervisor
         try:
-            os.setsid()
-            if os.fork() != 0:
-                os._exit(0)
-            os.close(rfd)
-            devnull = os.open(os.devnull, os.O_RDWR)
-            for fd in (0, 1, 2):
-                os.dup2(devnull, fd)
-            try:
-                server = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                          stderr=subprocess.DEVNULL, close_fds=True)
-            except OSError as exc:
-                os.write(wfd, f"failed {exc}\n".encode())
-                os._exit(0)
-            os.write(wfd, f"pid {server.pid} {os.getpid()}\n".encode())
-            os.close(wfd)
-            try:
-                server.wait(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                server.kill()
-                server.wait()
-        finally:
-            os._exit(0)
+            server = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                      stderr=subprocess.DEVNULL, close_fds=True)
+        except OSError as exc:
+            os.write(wfd, f"failed {exc}\n".encode())
+            return
+        os.write(wfd, f"pid {server.pid} {os.getpid()}\n".encode())
+        os.close(wfd)
+        try:
+            server.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            server.wait()
+
+    proc.detach(supervise, keep=(wfd,))
     os.close(wfd)
-    os.waitpid(child, 0)
     said = os.read(rfd, 256).decode("utf-8", "replace").split()
     os.close(rfd)
     if not said or said[0] != "pid":

@@ -9,7 +9,7 @@ import os
 import signal
 import stat
 import time
-from typing import Dict, List, Optional, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 PF_KTHREAD = 0x00200000
 
@@ -225,3 +225,28 @@ def file_mismatches(expected: Dict[str, int], limit: int = 8) -> List[str]:
     if len(reasons) > limit:
         reasons = reasons[:limit] + [f"... and {len(reasons) - limit} more files differ"]
     return reasons
+
+
+def detach(body: Callable[[], None], keep: Sequence[int] = ()) -> None:
+    """Run ``body`` in a detached grandchild: its own session, stdio on /dev/null, no descriptor open but ``keep``.
+
+    Returns once the grandchild exists (the intermediate child is reaped at once, so the grandchild is
+    nobody's zombie and outlives this process); the grandchild exits when ``body`` returns or raises.
+    """
+    child = os.fork()
+    if child == 0:  # pragma: no cover - runs in the forked child
+        try:
+            os.setsid()
+            if os.fork() != 0:
+                os._exit(0)
+            devnull = os.open(os.devnull, os.O_RDWR)
+            for fd in (0, 1, 2):
+                os.dup2(devnull, fd)
+            low = 3
+            for fd in sorted({fd for fd in keep if fd >= 3} | {65536}):
+                os.closerange(low, fd)
+                low = fd + 1
+            body()
+        finally:
+            os._exit(0)
+    os.waitpid(child, 0)

@@ -259,28 +259,21 @@ def _start_guardian(pid: int, on_abandon: Optional[Callable[[], Any]] = None) ->
     (the CUDA rollback: restore + unlock of the processes locked for the dump).
     """
     rfd, wfd = os.pipe()
-    child = os.fork()
-    if child == 0:  # pragma: no cover - runs in the forked watcher
-        try:
-            os.setsid()
-            if os.fork() != 0:
-                os._exit(0)
-            os.closerange(0, rfd)
-            os.closerange(rfd + 1, 65536)
-            said = b""
-            while True:
-                data = os.read(rfd, 4096)
-                if not data:
-                    break
-                said += data
-            if GUARDIAN_DONE not in said:
-                _guard(pid)
-                if on_abandon is not None:
-                    on_abandon()
-        finally:
-            os._exit(0)
+
+    def watch() -> None:  # pragma: no cover - runs in the detached watcher
+        said = b""
+        while True:
+            data = os.read(rfd, 4096)
+            if not data:
+                break
+            said += data
+        if GUARDIAN_DONE not in said:
+            _guard(pid)
+            if on_abandon is not None:
+                on_abandon()
+
+    proc.detach(watch, keep=(rfd,))
     os.close(rfd)
-    os.waitpid(child, 0)
     return wfd
 
 
@@ -696,29 +689,26 @@ def _stage_remote(store: Any, doc: Dict[str, Any], target: Dict[str, Any], image
                   verify: bool) -> Any:
     """Images for a restore whose pages come from a page server: every image but the pages, verified, and
     each pages image as a sparse file holding only what CRIU restores itself. (problems, bytes of pages read)."""
-    prefix = f"{target['path']}/criu/"
+    prefix, files_prefix = f"{target['path']}/criu/", f"{target['path']}/files/"
     os.makedirs(images, mode=0o700)
-    entries = [e for e in doc.get("files", []) if e["path"].startswith(prefix) and "/" not in e["path"][len(prefix):]]
     sizes, problems = {}, []
     prog.phase("fetch images (pages from the page server)")
-    for entry in entries:
-        fname = entry["path"][len(prefix):]
-        if fname.startswith("pages-"):
-            sizes[fname] = entry["size"]
-        elif fname != "dump.log":
-            try:
-                store.fetch_file(doc["id"], entry, os.path.join(images, fname), verify)
-            except (st.StoreError, OSError) as exc:
-                problems.append(f"{entry['path']}: {exc}")
-    files_prefix = f"{target['path']}/files/"
     for entry in doc.get("files", []):
-        if entry["path"].startswith(files_prefix):  # the workload's own files, put back before the restore
+        fname = entry["path"][len(prefix):] if entry["path"].startswith(prefix) else None
+        if fname is not None and fname.startswith("pages-"):
+            sizes[fname] = entry["size"]  # served by the page server, but for what CRIU restores itself
+            continue
+        if fname is not None and "/" not in fname and fname != "dump.log":
+            dst = os.path.join(images, fname)
+        elif entry["path"].startswith(files_prefix):  # the workload's own files, put back before the restore
             dst = os.path.join(os.path.dirname(images), "snapshot", entry["path"])
             os.makedirs(os.path.dirname(dst), mode=0o700, exist_ok=True)
-            try:
-                store.fetch_file(doc["id"], entry, dst, verify)
-            except (st.StoreError, OSError) as exc:
-                problems.append(f"{entry['path']}: {exc}")
+        else:
+            continue
+        try:
+            store.fetch_file(doc["id"], entry, dst, verify)
+        except (st.StoreError, OSError) as exc:
+            problems.append(f"{entry['path']}: {exc}")
     if problems:
         return problems, 0
     try:

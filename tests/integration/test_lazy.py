@@ -19,6 +19,8 @@ from typing import Any, Dict
 
 import pytest
 
+from ansible_collections.warmstart.snapshot.plugins.module_utils import _store as st
+
 from .ansible_run import REPO
 from .test_process_snapshot import Lab, free_port, proc_state, query
 
@@ -230,6 +232,9 @@ def test_page_server_serves_a_lazy_restore(lab: Lab) -> None:
     assert 0 < out["lazy"]["eager_bytes"] < pages_size / 4, out["lazy"]
     digest(snap["port"])
     assert gone(served["pid"], 15), "the page server did not exit after serving its restore"
+    top = lab.store / "snapshots" / snap["id"]
+    manifest = json.loads((top / "manifest.json").read_text())
+    assert st.verify_files(str(top), manifest, phase=False) == [], "serving the snapshot changed it"
 
 
 def test_page_server_unreachable(lab: Lab) -> None:
