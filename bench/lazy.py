@@ -39,7 +39,6 @@ import datetime
 import importlib
 import importlib.util
 import inspect
-import io
 import json
 import os
 import shlex
@@ -49,8 +48,6 @@ import statistics
 import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
 from types import SimpleNamespace
 from typing import Any, Dict, List, Optional
 
@@ -61,8 +58,7 @@ DEFAULT_PLOT_PYTHON = "/var/tmp/warmstart-bench-venv/bin/python"
 FIRST_SEED = 1
 CHECK_SEEDS = [1, 2, 3, 5, 8, 13, 21, 34, 55, 89, 144, 233]
 BEGIN, END = "<!-- lazy:begin -->", "<!-- lazy:end -->"
-VERIFIED_ENV = "WARMSTART_VERIFIED_CACHE"  # _store.VERIFIED_CACHE_ENV
-OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+VERIFIED_ENV = "WARMSTART_VERIFIED_DIR"  # _store.VERIFIED_DIR_ENV
 
 
 def _load_run() -> Any:
@@ -96,17 +92,12 @@ def load_engine(workdir: str) -> SimpleNamespace:
 
 # --- HTTP ---------------------------------------------------------------------------
 
+CLIENT = R.load_client()  # demo/client.py: its request() (proxies off) serves the synthetic server too
+
+
 def get(url: str, timeout: float = 60.0):
     """(status, parsed JSON or None); raises OSError when nothing answers."""
-    try:
-        with OPENER.open(url, timeout=timeout) as resp:
-            status, raw = resp.status, resp.read()
-    except urllib.error.HTTPError as exc:
-        status, raw = exc.code, exc.read()
-    try:
-        return status, json.loads(raw)
-    except ValueError:
-        return status, None
+    return CLIENT.request(url, timeout=timeout)
 
 
 def synth_first_answer(url: str, since: float, timeout: float, interval: float) -> Dict[str, Any]:
@@ -129,14 +120,7 @@ def synth_first_answer(url: str, since: float, timeout: float, interval: float) 
 
 def demo_first_answer(client: Any, url: str, since: float, timeout: float, interval: float) -> Dict[str, Any]:
     """demo/client.py wait-ready URL --since SINCE --embed TEXT, in this process."""
-    ns = argparse.Namespace(url=url, timeout=timeout, interval=interval, since=since, embed=R.FIRST_TEXT)
-    buf = io.StringIO()
-    with contextlib.redirect_stdout(buf):
-        rc = client.wait_ready(ns)
-    doc = json.loads(buf.getvalue().strip().splitlines()[-1])
-    if rc != 0 or not doc.get("first_answer"):
-        raise BenchError(f"{url}: no answered /embed: {doc}")
-    return doc
+    return R.first_answer(client, url, since, timeout, interval)
 
 
 # --- bandwidth ----------------------------------------------------------------------
@@ -248,14 +232,13 @@ def do_restore(E: SimpleNamespace, args: argparse.Namespace, store: Any, snap_id
         kwargs.update(lazy=lazy, lazy_wait=False, lazy_timeout=args.lazy_timeout)
     recorded = os.environ.get(VERIFIED_ENV)
     if full:  # an empty record: as on a node that has never hashed these files
-        os.environ[VERIFIED_ENV] = os.path.join(args.dir, f"verified-none-{os.getpid()}-{time.monotonic_ns()}.json")
+        os.environ[VERIFIED_ENV] = os.path.join(args.dir, f"verified-none-{os.getpid()}-{time.monotonic_ns()}")
     try:
         return E.snap.restore(store, snapshot_id=snap_id, verify=True, criu_path=args.criu,
                               restore_root=os.path.join(args.dir, "restore"), **kwargs)
     finally:
         if full:
-            with contextlib.suppress(OSError):
-                os.unlink(os.environ[VERIFIED_ENV])
+            shutil.rmtree(os.environ[VERIFIED_ENV], ignore_errors=True)
             os.environ[VERIFIED_ENV] = recorded or ""
 
 
@@ -718,7 +701,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         return 2
     args.dir = os.path.abspath(args.dir)
     os.makedirs(args.dir, mode=0o700, exist_ok=True)
-    os.environ[VERIFIED_ENV] = os.path.join(args.dir, "verified.json")  # the bench's own record, not the node's
+    os.environ[VERIFIED_ENV] = os.path.join(args.dir, "verified")  # the bench's own records, not the node's
     E = load_engine(args.dir)
     args.criu = E.find_criu(args.criu)
     if not args.criu:

@@ -333,9 +333,9 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def first_answer(client: Any, url: str, since: float, timeout: float) -> Dict[str, Any]:
+def first_answer(client: Any, url: str, since: float, timeout: float, interval: float = 0.05) -> Dict[str, Any]:
     """demo/client.py wait-ready URL --since SINCE --embed TEXT, in this process (no interpreter start timed)."""
-    ns = argparse.Namespace(url=url, timeout=timeout, interval=0.05, since=since, embed=FIRST_TEXT)
+    ns = argparse.Namespace(url=url, timeout=timeout, interval=interval, since=since, embed=FIRST_TEXT)
     buf = io.StringIO()
     with contextlib.redirect_stdout(buf):
         rc = client.wait_ready(ns)
