@@ -24,7 +24,7 @@ from typing import Any, Dict, List, Optional
 import pytest
 
 from .ansible_run import REPO
-from .test_cross_node import SUPPORT, _play, _podman_env
+from .podman_lab import node_image, play as _play, podman_env
 
 pytestmark = pytest.mark.integration
 
@@ -82,9 +82,8 @@ class Pod:
 
     def __init__(self, tmp: Path) -> None:
         self.tmp = tmp
-        self.env = _podman_env()
-        self.image = subprocess.run([str(SUPPORT / "build_node_image.sh"), "--print-image"], env=self.env,
-                                    capture_output=True, text=True, check=True).stdout.strip().splitlines()[-1]
+        self.env = podman_env()
+        self.image = node_image()
         self.tag = uuid.uuid4().hex[:6]
         self.app = tmp / "app"
         self.app.mkdir()

@@ -12,8 +12,6 @@ anything is touched, naming the files that differ.
 from __future__ import annotations
 
 import base64
-import json
-import shlex
 import subprocess
 import time
 import uuid
@@ -21,9 +19,9 @@ from pathlib import Path
 
 import pytest
 
-from .ansible_run import REPO, ansible_env
+from .ansible_run import REPO
+from .podman_lab import node_image, play as _play, podman_env
 
-SUPPORT = REPO / "tests" / "support"
 PORT = 18931
 PROGRAM = r"""
 import hashlib, os, random, socket, threading, time
@@ -50,36 +48,11 @@ while True:
 """.replace("PORT", str(PORT))
 
 
-def _podman_env() -> dict:
-    out = subprocess.run([str(SUPPORT / "podman-env.sh"), str(REPO / "tests" / "output" / "podman")],
-                         capture_output=True, text=True, check=True).stdout
-    env = ansible_env()
-    env["CONTAINERS_CONF"] = shlex.split(out.split("=", 1)[1])[0]
-    return env
-
-
-def _play(tmp_path: Path, env: dict, inventory: str, connection: str, tasks: list, name: str,
-          ok: bool = True) -> dict:
-    book = tmp_path / f"{name}.yml"
-    book.write_text(json.dumps([{"name": name, "hosts": "all", "gather_facts": False,
-                                 "vars": {"ansible_python_interpreter": "/usr/bin/python3"}, "tasks": tasks}]))
-    proc = subprocess.run([str(REPO / ".venv/bin/ansible-playbook"), str(book), "-i", inventory, "-c", connection],
-                          cwd=REPO, env=env, capture_output=True, text=True, timeout=1200, check=False)
-    doc = json.loads(proc.stdout)
-    results = [r for p in doc["plays"] for t in p["tasks"] for r in t["hosts"].values()]
-    fails = [str(r.get("msg")) + "\n" + "\n".join(r.get("criu_log_tail", [])) for r in results if r.get("failed")]
-    if ok:
-        assert proc.returncode == 0, fails or proc.stderr[-2000:]
-    return {t["task"]["name"]: list(t["hosts"].values())[0] for p in doc["plays"] for t in p["tasks"]}
-
-
 @pytest.fixture(scope="module")
 def nodes(tmp_path_factory: pytest.TempPathFactory):
     """Two prepared nodes sharing a store directory (also visible here)."""
-    env = _podman_env()
-    image = subprocess.run([str(SUPPORT / "build_node_image.sh"), "--print-image"], env=env,
-                           capture_output=True, text=True, check=True).stdout.strip()
-    subprocess.run([str(SUPPORT / "build_node_image.sh")], env=env, check=True)
+    env = podman_env()
+    image = node_image()
     store = tmp_path_factory.mktemp("xnode") / "store"
     store.mkdir(mode=0o700)
     tag = uuid.uuid4().hex[:8]

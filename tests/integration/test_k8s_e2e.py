@@ -21,7 +21,6 @@ from ansible_collections.warmstart.snapshot.plugins.module_utils import _podcont
 
 from .ansible_run import REPO, VENV_BIN
 from .test_container_snapshot import Pod, ask
-from .test_cross_node import SUPPORT, _podman_env
 
 sys.path.insert(0, str(REPO / "tests" / "support"))
 from fake_apiserver import FakeApiServer  # noqa: E402  pylint: disable=wrong-import-position,import-error
@@ -81,7 +80,6 @@ class Kubelet(threading.Thread):
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Dict[str, Any]]:
     tmp = tmp_path_factory.mktemp("k8s")
-    subprocess.run([str(SUPPORT / "build_node_image.sh")], env=_podman_env(), check=True)  # cached: no-op when built
     lab = Pod(tmp)
     api = FakeApiServer(token="k8s-e2e-token").start()
     api.store.put("namespaces", {"metadata": {"name": NS}, "status": {"phase": "Active"}}, group="")

@@ -10,6 +10,7 @@ packages=(
     debootstrap                                              # the local node image
     python3 python3-venv                                     # the interpreter modules run with
     shellcheck                                               # ansible-test sanity runs it on our scripts
+    gcc libc6-dev                                            # the fake libcuda the tests compile
     git make curl xz-utils ca-certificates
 )
 
