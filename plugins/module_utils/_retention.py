@@ -186,10 +186,11 @@ def created_ts(doc: Dict[str, Any]) -> float:
     """Creation time (epoch seconds): ``created_at``, else the time in the snapshot id."""
     text = doc.get("created_at")
     if isinstance(text, str):
-        try:
-            return mf.parse_iso(text).timestamp()
-        except ValueError:
-            pass
+        for fmt in ("%Y-%m-%dT%H:%M:%S.%fZ", "%Y-%m-%dT%H:%M:%SZ"):  # manifests; Kubernetes timestamps
+            try:
+                return datetime.datetime.strptime(text, fmt).replace(tzinfo=datetime.timezone.utc).timestamp()
+            except ValueError:
+                continue
     try:
         stamp = datetime.datetime.strptime(str(doc.get("id", ""))[:16], "%Y%m%dT%H%M%SZ")
     except ValueError:

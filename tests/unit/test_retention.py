@@ -324,3 +324,14 @@ def test_plan_as_dict_and_default_clock() -> None:
     assert ids(plan.as_dict()["remove"]) == [ancient["id"]]
     assert set(plan.as_dict()) == {"remove", "kept", "broken", "remove_staging", "kept_staging",
                                    "remove_restore_dirs"}
+
+
+def test_kubernetes_timestamps_order_by_time_not_by_name() -> None:
+    """PodSnapshot createdAt has no fraction ("...:28Z"); it used to parse as 0 and ties went by name."""
+    docs = [{"id": "embed-r-1-20261203t162427z-5bf50d6b", "name": "embed-r-1", "labels": {"model": "m"},
+             "created_at": "2026-12-03T16:24:28Z"},
+            {"id": "embed-0-20261203t162433z-157666d5", "name": "embed-0", "labels": {"model": "m"},
+             "created_at": "2026-12-03T16:24:33Z"}]
+    assert ret.created_ts(docs[1]) - ret.created_ts(docs[0]) == 5
+    decision = ret.plan(docs, [], ret.policy(keep_last=1, group_by=["model"]), now=ret.created_ts(docs[1]) + 60)
+    assert [e["id"] for e in decision.remove] == ["embed-r-1-20261203t162427z-5bf50d6b"]
