@@ -10,27 +10,30 @@ when its manifest is present. Plain Python (stdlib only).
 from __future__ import annotations
 
 import datetime
+import errno
 import json
 import os
-import re
 import secrets
 from typing import Any, Dict, List, Optional
 
+from ansible_collections.warmstart.snapshot.plugins.module_utils import _schema as schema
+
 SCHEMA_VERSION = 1
 MANIFEST = "manifest.json"
-
-_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
-_ID_RE = re.compile(r"^[0-9]{8}T[0-9]{6}Z-[0-9a-f]{8}$")
-_LABEL_KEY_RE = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9._/-]{0,126}[A-Za-z0-9])?$")
+MAX_MANIFEST_BYTES = 64 << 20
 
 
 class ManifestError(ValueError):
-    """A manifest, snapshot id, name or label that cannot be used."""
+    """A manifest, snapshot id, name or label that cannot be used; ``reasons`` lists every bad field."""
+
+    def __init__(self, message: str, reasons: Optional[List[str]] = None) -> None:
+        super().__init__(message)
+        self.reasons = list(reasons or [])
 
 
 def check_name(value: str, what: str = "snapshot name") -> str:
-    """A user handle that is safe as a path component (no '/', no '..')."""
-    if not isinstance(value, str) or not _NAME_RE.match(value) or ".." in value:
+    """A user handle that is safe as a path component (no '/', no '..'), matched in full."""
+    if not schema.is_name(value):
         raise ManifestError(
             f"{what} {value!r} is not allowed: use 1-128 letters, digits, '.', '_' or '-', "
             "starting with a letter or digit, without '/' or '..'"
@@ -39,11 +42,11 @@ def check_name(value: str, what: str = "snapshot name") -> str:
 
 
 def is_id(value: Any) -> bool:
-    return isinstance(value, str) and bool(_ID_RE.match(value))
+    return schema.is_id(value)
 
 
 def check_id(value: str) -> str:
-    if not isinstance(value, str) or not _ID_RE.match(value):
+    if not schema.is_id(value):
         raise ManifestError(f"snapshot id {value!r} is malformed (expected e.g. 20261202T120000Z-1a2b3c4d)")
     return value
 
@@ -51,10 +54,10 @@ def check_id(value: str) -> str:
 def check_labels(labels: Optional[Dict[str, Any]]) -> Dict[str, str]:
     out: Dict[str, str] = {}
     for key, value in (labels or {}).items():
-        if not _LABEL_KEY_RE.match(str(key)):
+        if not schema.is_label_key(key):
             raise ManifestError(f"label key {key!r} is not allowed (letters, digits, '.', '_', '-', '/')")
-        if len(str(value)) > 256:
-            raise ManifestError(f"label {key!r} value is longer than 256 characters")
+        if not isinstance(value, (str, int, float, bool)) or len(str(value)) > 256:
+            raise ManifestError(f"label {key!r} value is not a scalar or is longer than 256 characters")
         out[str(key)] = str(value)
     return out
 
@@ -93,39 +96,46 @@ def new_manifest(snapshot_id: str, name: str, labels: Dict[str, str], source: Di
 
 
 def validate(doc: Any, where: str) -> Dict[str, Any]:
-    """Check a loaded manifest; ``where`` names it in errors."""
-    if not isinstance(doc, dict):
-        raise ManifestError(f"{where}: manifest is not a JSON object")
-    schema = doc.get("schema")
-    if not isinstance(schema, int):
-        raise ManifestError(f"{where}: manifest has no integer 'schema'")
-    if schema > SCHEMA_VERSION:
-        raise ManifestError(
-            f"{where}: manifest schema {schema} is newer than this warmstart understands ({SCHEMA_VERSION}); "
-            "upgrade the collection on this node"
-        )
-    for key, kind in (("id", str), ("name", str), ("source", dict), ("targets", list), ("files", list)):
-        if not isinstance(doc.get(key), kind):
-            raise ManifestError(f"{where}: manifest field '{key}' is missing or not a {kind.__name__}")
-    check_id(doc["id"])
-    check_name(doc["name"])
-    for entry in doc["files"]:
-        path = entry.get("path") if isinstance(entry, dict) else None
-        if (not isinstance(path, str) or path.startswith("/") or ".." in path.split("/")
-                or not isinstance(entry.get("size"), int) or not isinstance(entry.get("sha256"), str)):
-            raise ManifestError(f"{where}: manifest file entry {entry!r} is malformed")
+    """Check a loaded manifest against the schema (``_schema``); ``where`` names it in errors.
+
+    The error's message is the first reason; ``reasons`` holds all of them.
+    """
+    found = schema.problems(doc, SCHEMA_VERSION)
+    if found:
+        more = f" (and {len(found) - 1} more)" if len(found) > 1 else ""
+        # one problem: the message says it all; several: every one in ``reasons``
+        raise ManifestError(f"{where}: manifest {found[0]}{more}",
+                            reasons=[f"{where}: {p}" for p in found] if len(found) > 1 else None)
     return doc
+
+
+def parse(data: bytes, where: str) -> Dict[str, Any]:
+    """Decode and validate a manifest's bytes, read from a store (untrusted)."""
+    if len(data) > MAX_MANIFEST_BYTES:
+        raise ManifestError(f"{where}: manifest is larger than {MAX_MANIFEST_BYTES >> 20} MiB")
+    try:
+        doc = json.loads(data)
+    except RecursionError:
+        raise ManifestError(f"{where}: manifest nested deeper than {schema.MAX_DEPTH} levels") from None
+    except ValueError as exc:
+        raise ManifestError(f"{where}: manifest cannot be read: {exc}") from None
+    return validate(doc, where)
 
 
 def load(path: str) -> Dict[str, Any]:
     try:
-        with open(path, "r", encoding="utf-8") as handle:
-            doc = json.load(handle)
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
     except FileNotFoundError:
         raise ManifestError(f"{path}: manifest is missing (snapshot not published or incomplete)") from None
-    except (OSError, ValueError) as exc:
-        raise ManifestError(f"{path}: manifest cannot be read: {exc}") from None
-    return validate(doc, path)
+    except OSError as exc:
+        raise ManifestError(f"{path}: manifest cannot be read: {exc.strerror}" +
+                            (" (a symlink)" if exc.errno == errno.ELOOP else "")) from None
+    try:
+        with os.fdopen(fd, "rb") as handle:
+            data = handle.read(MAX_MANIFEST_BYTES + 1)
+    except OSError as exc:
+        raise ManifestError(f"{path}: manifest cannot be read: {exc.strerror}") from None
+    return parse(data, path)
 
 
 def dump(doc: Dict[str, Any], path: str) -> None:

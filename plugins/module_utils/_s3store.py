@@ -23,7 +23,6 @@ logs them.
 from __future__ import annotations
 
 import concurrent.futures
-import json
 import os
 import shutil
 import threading
@@ -239,11 +238,7 @@ class S3Store:
             if "not found" in str(err):
                 raise StoreError(f"snapshot {snapshot_id} not found in store {self.root}") from None
             raise err from None
-        try:
-            doc = json.loads(body)
-        except ValueError as exc:
-            raise mf.ManifestError(f"{self.root}/{key}: manifest cannot be read: {exc}") from None
-        doc = mf.validate(doc, f"{self.root}/{key}")
+        doc = mf.parse(body, f"{self.root}/{key}")
         if doc["id"] != snapshot_id:
             raise StoreError(f"{self.root}/{key}: manifest id {doc['id']} does not match its prefix {snapshot_id}")
         return doc
@@ -298,16 +293,27 @@ class S3Store:
                for sid, info in sorted(self._ids().items()) if not info["published"]]
         return out + local_staging(os.path.join(self.cache, "tmp"))
 
-    def remote_problems(self, doc: Dict[str, Any]) -> List[str]:
-        """Files of ``doc`` missing from the bucket or of another size (no download)."""
+    def _object_sizes(self, snapshot_id: str) -> Dict[str, int]:
         sizes = {}
         paginator = self.client.get_paginator("list_objects_v2")
         pages = self._call("listing a snapshot",
-                           lambda: list(paginator.paginate(Bucket=self.bucket, Prefix=self.key(doc["id"], ""))))
+                           lambda: list(paginator.paginate(Bucket=self.bucket, Prefix=self.key(snapshot_id, ""))))
         for page in pages:
             for obj in page.get("Contents", []):
                 sizes[obj["Key"]] = int(obj.get("Size", 0))
-        problems = []
+        return sizes
+
+    def unlisted_problems(self, doc: Dict[str, Any], sizes: Optional[Dict[str, int]] = None) -> List[str]:
+        """Objects under the snapshot's prefix that its manifest does not list (never downloaded, but reported)."""
+        sizes = self._object_sizes(doc["id"]) if sizes is None else sizes
+        listed = {self.key(doc["id"], e["path"]) for e in doc["files"]} | {self.key(doc["id"], mf.MANIFEST)}
+        base = len(self.key(doc["id"], ""))
+        return [f"{key[base:]}: in the bucket but not listed in the manifest" for key in sorted(set(sizes) - listed)]
+
+    def remote_problems(self, doc: Dict[str, Any]) -> List[str]:
+        """Files of ``doc`` missing from the bucket, of another size, or not listed (no download)."""
+        sizes = self._object_sizes(doc["id"])
+        problems = self.unlisted_problems(doc, sizes)
         for entry in doc["files"]:
             have = sizes.get(self.key(doc["id"], entry["path"]))
             if have is None:

@@ -11,26 +11,7 @@ import pytest
 
 from ansible_collections.warmstart.snapshot.plugins.module_utils import _manifest as mf
 from ansible_collections.warmstart.snapshot.plugins.module_utils import _store as st
-
-
-def make_snapshot(store: st.FsStore, name: str = "embed", labels: Dict[str, str] | None = None,
-                  payload: bytes = b"memory pages " * 1000) -> Dict[str, Any]:
-    """Stage files, record them, publish; returns the manifest."""
-    snapshot_id = mf.new_id()
-    staging = store.stage(snapshot_id)
-    images = os.path.join(staging.path, "containers", name, "criu")
-    os.makedirs(images, mode=0o755)
-    with open(os.path.join(images, "pages-1.img"), "wb") as handle:
-        handle.write(payload)
-    with open(os.path.join(images, "core-1.img"), "wb") as handle:
-        handle.write(b"core")
-    os.chmod(os.path.join(images, "core-1.img"), 0o644)
-    doc = mf.new_manifest(snapshot_id, name, labels or {}, {"hostname": "node-a"})
-    doc["files"] = st.record_files(staging.path)
-    doc["size"] = sum(f["size"] for f in doc["files"])
-    doc["targets"] = [{"name": name, "kind": "process", "path": f"containers/{name}"}]
-    staging.publish(doc)
-    return doc
+from tests.support.store_fixtures import make_snapshot
 
 
 @pytest.fixture()
@@ -277,25 +258,25 @@ def test_manifest_id_must_match_directory(store: st.FsStore) -> None:
 
 
 @pytest.mark.parametrize("change, fragment", [
-    ({"schema": "1"}, "has no integer 'schema'"),
-    ({"name": 5}, "field 'name' is missing or not a str"),
-    ({"files": {}}, "field 'files' is missing or not a list"),
-    ({"source": None}, "field 'source' is missing or not a dict"),
-    ({"name": "a/b"}, "snapshot name 'a/b' is not allowed"),
-    ({"name": "a..b"}, "snapshot name 'a..b' is not allowed"),
-    ({"name": ".hidden"}, "snapshot name '.hidden' is not allowed"),
-    ({"id": "../../etc"}, "snapshot id '../../etc' is malformed"),
-    ({"files": [{"path": "/etc/shadow", "size": 1, "sha256": "x"}]}, "file entry"),
-    ({"files": [{"path": "a/../../b", "size": 1, "sha256": "x"}]}, "file entry"),
-    ({"files": [{"path": "a", "size": "1", "sha256": "x"}]}, "file entry"),
-    ({"files": [{"path": "a", "size": 1}]}, "file entry"),
-    ({"files": ["a"]}, "file entry"),
+    ({"schema": "1"}, "schema: missing or not a positive integer"),
+    ({"name": 5}, "name 5 is not a safe name"),
+    ({"files": {}}, "files: not a list"),
+    ({"source": None}, "source: missing or not a mapping"),
+    ({"name": "a/b"}, "name 'a/b' is not a safe name"),
+    ({"name": "a..b"}, "name 'a..b' is not a safe name"),
+    ({"name": ".hidden"}, "name '.hidden' is not a safe name"),
+    ({"name": "embed\n"}, "name 'embed\\n' is not a safe name"),
+    ({"id": "../../etc"}, "id '../../etc' is malformed"),
+    ({"files": [{"path": "/etc/shadow", "size": 1, "sha256": "0" * 64}]}, "files[0].path '/etc/shadow' is absolute"),
+    ({"files": [{"path": "a/../../b", "size": 1, "sha256": "0" * 64}]}, "has an empty, '.' or '..' component"),
+    ({"files": [{"path": "a", "size": "1", "sha256": "0" * 64}]}, "files[0].size: not a int"),
+    ({"files": [{"path": "a", "size": 1}]}, "files[0].sha256: not 64 lowercase hex digits"),
+    ({"files": ["a"]}, "files[0]: not a mapping"),
 ])
 def test_validate_rejects(change: Dict[str, Any], fragment: str) -> None:
     with pytest.raises(mf.ManifestError) as err:
         mf.validate(dict(good_doc(), **change), "where.json")
-    if not fragment.startswith("snapshot"):  # id/name errors come from check_id/check_name, without the path
-        assert str(err.value).startswith("where.json: ")
+    assert str(err.value).startswith("where.json: manifest ")
     assert fragment in str(err.value)
 
 

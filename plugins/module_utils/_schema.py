@@ -1,0 +1,265 @@
+# -*- coding: utf-8 -*-
+# Copyright (c) warmstart developers
+# GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+"""The manifest schema: every field a node reads from a store, checked before any use.
+
+A store is written by many nodes, so a manifest is untrusted input. ``problems(doc)`` returns one
+sentence per bad field (all of them, not the first), naming the field by its JSON path. Invariants
+that hold for a manifest with no problems:
+
+- ``id``, ``name``, target names and workload names match their patterns in full (no trailing
+  newline, no empty string, no '/' or '..');
+- every path (``files[].path``, ``targets[].workload_files[].path``) is relative, normalised, free of
+  '.', '..', empty components and control characters; ``targets[].path`` is exactly
+  ``containers/<target name>``: nothing in a manifest can name a place outside its snapshot;
+- modes are permission bits only (no setuid, setgid or sticky bit);
+- every field the engine reads has the type it expects, so a hostile manifest fails here, with its
+  reasons, instead of raising inside the engine.
+
+Pure, stdlib only. Node-side locations (workload dirs, control dirs, pidfiles) are never taken from
+a manifest: ``workloads_root`` and ``control_dir`` are only compared with the node's own.
+"""
+from __future__ import annotations
+
+import datetime
+import re
+from typing import Any, Dict, List, Optional
+
+MAX_DEPTH = 32
+MAX_FILES = 100_000
+MAX_TARGETS = 64
+MAX_PATH = 4096
+
+_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+_ID_RE = re.compile(r"[0-9]{8}T[0-9]{6}Z-[0-9a-f]{8}")
+_LABEL_KEY_RE = re.compile(r"[A-Za-z0-9]([A-Za-z0-9._/-]{0,126}[A-Za-z0-9])?")
+_SHA256_RE = re.compile(r"[0-9a-f]{64}")
+_CONTROL_RE = re.compile(r"[\x00-\x1f\x7f]")
+TCP_MODES = ("established", "close", "none")
+NETWORK_LOCKS = ("nftables", "iptables", "skip")
+KINDS = ("process", "container")
+
+
+def is_name(value: Any) -> bool:
+    return isinstance(value, str) and _NAME_RE.fullmatch(value) is not None and ".." not in value
+
+
+def is_id(value: Any) -> bool:
+    return isinstance(value, str) and _ID_RE.fullmatch(value) is not None
+
+
+def is_label_key(value: Any) -> bool:
+    return isinstance(value, str) and _LABEL_KEY_RE.fullmatch(value) is not None
+
+
+def relpath_problem(value: Any) -> Optional[str]:
+    """Why ``value`` is not a safe relative path inside a snapshot (None when it is)."""
+    if not isinstance(value, str) or not value:
+        return "is not a non-empty string"
+    if len(value) > MAX_PATH:
+        return f"is longer than {MAX_PATH} characters"
+    if _CONTROL_RE.search(value):
+        return "contains a control character"
+    if value.startswith("/"):
+        return "is absolute"
+    if any(part in ("", ".", "..") for part in value.split("/")):
+        return "has an empty, '.' or '..' component"
+    return None
+
+
+def abspath_problem(value: Any) -> Optional[str]:
+    """Why ``value`` is not a normalised absolute path (None when it is)."""
+    if not isinstance(value, str) or not value.startswith("/"):
+        return "is not an absolute path"
+    if len(value) > MAX_PATH or _CONTROL_RE.search(value):
+        return "is too long or contains a control character"
+    if value != "/" and any(part in ("", ".", "..") for part in value[1:].split("/")):
+        return "is not normalised (empty, '.' or '..' component)"
+    return None
+
+
+def depth(doc: Any, limit: int = MAX_DEPTH) -> int:
+    """Nesting depth of a JSON value, counted without recursion; stops counting past ``limit``."""
+    deepest, stack = 0, [(doc, 1)]
+    while stack:
+        value, level = stack.pop()
+        if not isinstance(value, (dict, list)):
+            continue
+        deepest = max(deepest, level)
+        if deepest > limit:
+            return deepest
+        children = value.values() if isinstance(value, dict) else value
+        stack.extend((child, level + 1) for child in children)
+    return deepest
+
+
+def _typed(doc: Dict[str, Any], key: str, kind: Any, where: str, out: List[str], required: bool = True) -> Any:
+    value = doc.get(key)
+    if value is None and not required:
+        return None
+    if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+        name = kind.__name__ if isinstance(kind, type) else " or ".join(k.__name__ for k in kind)
+        out.append(f"{where}{key}: {'missing' if key not in doc else 'not a ' + name}")
+        return None
+    return value
+
+
+def _created_at(value: Any, out: List[str]) -> None:
+    try:
+        datetime.datetime.strptime(value, "%Y-%m-%dT%H:%M:%S.%fZ")
+    except (TypeError, ValueError):
+        out.append(f"created_at: {value!r} is not a UTC timestamp like 2026-12-03T10:00:00.000000Z")
+
+
+def _labels(value: Any, out: List[str]) -> None:
+    if not isinstance(value, dict):
+        out.append("labels: not a mapping of strings")
+        return
+    for key, val in value.items():
+        if not is_label_key(key):
+            out.append(f"labels: key {key!r} is not allowed")
+        if not isinstance(val, str) or len(val) > 256:
+            out.append(f"labels.{key}: not a string of at most 256 characters")
+
+
+def _files(value: List[Any], out: List[str]) -> None:
+    if len(value) > MAX_FILES:
+        out.append(f"files: {len(value)} entries, more than {MAX_FILES}")
+        return
+    seen = set()
+    for n, entry in enumerate(value):
+        where = f"files[{n}]."
+        if not isinstance(entry, dict):
+            out.append(f"files[{n}]: not a mapping")
+            continue
+        path = entry.get("path")
+        why = relpath_problem(path)
+        if why:
+            out.append(f"{where}path {path!r} {why}")
+        elif path in seen:
+            out.append(f"{where}path {path!r} is listed twice")
+        elif path == "manifest.json":
+            out.append(f"{where}path: the manifest cannot list itself")
+        seen.add(path)
+        size = _typed(entry, "size", int, where, out)
+        if size is not None and size < 0:
+            out.append(f"{where}size: negative")
+        digest = entry.get("sha256")
+        if not isinstance(digest, str) or not _SHA256_RE.fullmatch(digest):
+            out.append(f"{where}sha256: not 64 lowercase hex digits")
+
+
+def _workload_files(value: Any, where: str, out: List[str]) -> None:
+    if not isinstance(value, list):
+        out.append(f"{where}workload_files: not a list")
+        return
+    for n, entry in enumerate(value):
+        at = f"{where}workload_files[{n}]."
+        if not isinstance(entry, dict):
+            out.append(f"{at[:-1]}: not a mapping")
+            continue
+        why = relpath_problem(entry.get("path"))
+        if why:
+            out.append(f"{at}path {entry.get('path')!r} {why}")
+        mode = entry.get("mode", 0o600)
+        if not isinstance(mode, int) or isinstance(mode, bool) or not 0 <= mode <= 0o777:
+            out.append(f"{at}mode {mode!r} is not permission bits 0-0o777 (setuid, setgid and sticky are refused)")
+
+
+def _criu_options(value: Any, where: str, out: List[str]) -> None:
+    opts = value.get("options") if isinstance(value, dict) else None
+    if value is None:
+        return
+    if not isinstance(opts, dict):
+        out.append(f"{where}criu.options: missing or not a mapping")
+        return
+    for key in ("ext_unix_sk", "file_locks", "link_remap", "shell_job", "manage_cgroups"):
+        if key in opts and not isinstance(opts[key], bool):
+            out.append(f"{where}criu.options.{key}: not a boolean")
+    for key in ("ghost_limit", "timeout"):
+        if key in opts and (not isinstance(opts[key], int) or isinstance(opts[key], bool) or opts[key] < 0):
+            out.append(f"{where}criu.options.{key}: not a non-negative integer")
+    if "tcp" in opts and opts["tcp"] not in TCP_MODES:
+        out.append(f"{where}criu.options.tcp: {opts['tcp']!r} is not one of {', '.join(TCP_MODES)}")
+    if "network_lock" in opts and opts["network_lock"] not in NETWORK_LOCKS:
+        out.append(f"{where}criu.options.network_lock: {opts['network_lock']!r} is not one of {', '.join(NETWORK_LOCKS)}")
+
+
+def _target(entry: Any, n: int, out: List[str]) -> None:
+    where = f"targets[{n}]."
+    if not isinstance(entry, dict):
+        out.append(f"targets[{n}]: not a mapping")
+        return
+    name = entry.get("name")
+    if not is_name(name):
+        out.append(f"{where}name {name!r} is not a safe name")
+    elif entry.get("path") != f"containers/{name}":
+        out.append(f"{where}path {entry.get('path')!r} is not 'containers/{name}'")
+    if entry.get("kind") not in KINDS:
+        out.append(f"{where}kind {entry.get('kind')!r} is not one of {', '.join(KINDS)}")
+    workload = entry.get("workload")
+    if workload is not None and not is_name(workload):
+        out.append(f"{where}workload {workload!r} is not a safe name")
+    for key in ("workloads_root", "control_dir"):
+        if entry.get(key) is not None:
+            why = abspath_problem(entry[key])
+            if why:
+                out.append(f"{where}{key} {entry[key]!r} {why}")
+    _workload_files(entry.get("workload_files", []), where, out)
+    in_use = entry.get("files_in_use", {})
+    if not isinstance(in_use, dict) or not all(isinstance(k, str) and isinstance(v, int) for k, v in in_use.items()):
+        out.append(f"{where}files_in_use: not a mapping of paths to sizes")
+    for key, kind in (("stdio", list), ("ns_pids", list), ("external_mounts", (dict, list)), ("container", dict),
+                      ("rootfs_diff", dict), ("cmdline", list)):
+        _typed(entry, key, kind, where, out, required=False)
+    if isinstance(entry.get("stdio"), list) and not all(isinstance(s, str) for s in entry["stdio"]):
+        out.append(f"{where}stdio: not a list of strings")
+    _criu_options(entry.get("criu"), where, out)
+
+
+def _source(value: Any, out: List[str]) -> None:
+    if not isinstance(value, dict):
+        out.append("source: missing or not a mapping")
+        return
+    for key in ("arch", "kernel", "criu_version", "cpu_vendor", "hostname"):
+        if value.get(key) is not None and not isinstance(value[key], str):
+            out.append(f"source.{key}: not a string")
+    flags = value.get("cpu_flags")
+    if flags is not None and (not isinstance(flags, list) or not all(isinstance(f, str) for f in flags)):
+        out.append("source.cpu_flags: not a list of strings")
+
+
+def problems(doc: Any, schema_version: int) -> List[str]:
+    """Every reason ``doc`` is not a usable manifest of at most ``schema_version`` (empty = usable)."""
+    if not isinstance(doc, dict):
+        return ["not a JSON object"]
+    if depth(doc) > MAX_DEPTH:
+        return [f"nested deeper than {MAX_DEPTH} levels"]
+    out: List[str] = []
+    schema = doc.get("schema")
+    if not isinstance(schema, int) or isinstance(schema, bool) or schema < 1:
+        return ["schema: missing or not a positive integer"]
+    if schema > schema_version:
+        return [f"schema {schema} is newer than this warmstart understands ({schema_version}); "
+                "upgrade the collection on this node"]
+    if not is_id(doc.get("id")):
+        out.append(f"id {doc.get('id')!r} is malformed (expected e.g. 20261202T120000Z-1a2b3c4d)")
+    if not is_name(doc.get("name")):
+        out.append(f"name {doc.get('name')!r} is not a safe name")
+    _labels(doc.get("labels", {}), out)
+    _created_at(doc.get("created_at"), out)
+    _source(doc.get("source"), out)
+    targets = _typed(doc, "targets", list, "", out)
+    if targets is not None:
+        if len(targets) > MAX_TARGETS:
+            out.append(f"targets: {len(targets)} entries, more than {MAX_TARGETS}")
+        else:
+            for n, entry in enumerate(targets):
+                _target(entry, n, out)
+    files = _typed(doc, "files", list, "", out)
+    if files is not None:
+        _files(files, out)
+    for key, kind in (("size", int), ("timings", dict), ("gpu", dict), ("pod", dict)):
+        _typed(doc, key, kind, "", out, required=False)
+    return out
