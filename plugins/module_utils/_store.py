@@ -19,12 +19,14 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shutil
+import stat
 import threading
 import time
 import uuid
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, Iterator, List, Optional
+from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
 from ansible_collections.warmstart.snapshot.plugins.module_utils import _manifest as mf
 from ansible_collections.warmstart.snapshot.plugins.module_utils import _progress as prog
@@ -38,7 +40,7 @@ class StoreError(RuntimeError):
 
 def sha256_file(path: str, progress: Optional[Callable[[int], None]] = None) -> str:
     digest = hashlib.sha256()
-    with open(path, "rb", buffering=0) as handle:
+    with os.fdopen(os.open(path, os.O_RDONLY | os.O_NOFOLLOW), "rb", buffering=0) as handle:
         buf = bytearray(CHUNK)
         view = memoryview(buf)
         while True:
@@ -217,8 +219,24 @@ class FsStore:
     def snapshot_dir(self, snapshot_id: str) -> str:
         return os.path.join(self.snapshots, mf.check_id(snapshot_id))
 
+    def check_layout(self) -> None:
+        """Refuse a store whose ``snapshots/`` or ``tmp/`` is a symlink (nothing is followed out of the store), and
+        say "permission denied" when this user cannot look into the store (not "no snapshots")."""
+        for path in (self.snapshots, self.tmp):
+            try:
+                info = os.lstat(path)
+            except FileNotFoundError:
+                continue
+            except PermissionError:
+                raise StoreError(f"store {self.root}: permission denied looking into it (snapshots are 0700 root: "
+                                 "run as root, become: true)") from None
+            if stat.S_ISLNK(info.st_mode):
+                raise StoreError(f"store {self.root}: {path} is a symlink (to {os.readlink(path)}); "
+                                 "refusing to use it (a store's layout must be real directories)")
+
     def ensure(self) -> None:
         """Create the store layout (0700) or explain why it cannot be used."""
+        self.check_layout()
         for path in (self.root, self.snapshots, self.tmp):
             try:
                 os.makedirs(path, mode=0o700, exist_ok=True)
@@ -240,9 +258,19 @@ class FsStore:
         return os.path.isfile(os.path.join(self.snapshot_dir(snapshot_id), mf.MANIFEST))
 
     def load(self, snapshot_id: str) -> Dict[str, Any]:
-        path = os.path.join(self.snapshot_dir(snapshot_id), mf.MANIFEST)
-        if not os.path.isdir(self.snapshot_dir(snapshot_id)):
-            raise StoreError(f"snapshot {snapshot_id} not found in store {self.root}")
+        self.check_layout()
+        top = self.snapshot_dir(snapshot_id)
+        path = os.path.join(top, mf.MANIFEST)
+        try:
+            info = os.lstat(top)
+        except FileNotFoundError:
+            raise StoreError(f"snapshot {snapshot_id} not found in store {self.root}") from None
+        except PermissionError:
+            raise StoreError(f"snapshot {snapshot_id} in store {self.root}: permission denied on {top} "
+                             "(snapshots are 0700 root: run as root, become: true)") from None
+        if not stat.S_ISDIR(info.st_mode):
+            raise StoreError(f"snapshot {snapshot_id} in store {self.root}: {top} is {_kind(info.st_mode)}, "
+                             "not a directory; refusing to follow it")
         doc = mf.load(path)
         if doc["id"] != snapshot_id:
             raise StoreError(f"{path}: manifest id {doc['id']} does not match its directory {snapshot_id}")
@@ -251,9 +279,15 @@ class FsStore:
     def list(self) -> List[Dict[str, Any]]:
         """Published snapshots, oldest first. Unreadable ones are returned with ``error``."""
         out: List[Dict[str, Any]] = []
+        self.check_layout()
         if not os.path.isdir(self.snapshots):
             return out
-        for entry in sorted(os.listdir(self.snapshots)):
+        try:
+            names = sorted(os.listdir(self.snapshots))
+        except PermissionError:
+            raise StoreError(f"store {self.root}: permission denied reading {self.snapshots} (snapshots are "
+                             "0700 root: run as root, become: true)") from None
+        for entry in names:
             try:
                 mf.check_id(entry)
             except mf.ManifestError:
@@ -272,8 +306,8 @@ class FsStore:
         """One file of the snapshot at ``path`` (a symlink into the store), checked against its manifest entry."""
         src = os.path.join(self.snapshot_dir(snapshot_id), entry["path"])
         problems = verify_files(self.snapshot_dir(snapshot_id), {"files": [entry]}, phase=False,
-                                cache=VerifiedFiles(snapshot_id)) if verify else []
-        if not verify and not os.path.isfile(src):
+                                cache=VerifiedFiles(snapshot_id), whole=False) if verify else []
+        if not verify and not stat.S_ISREG(os.lstat(src).st_mode if os.path.lexists(src) else 0):
             problems = [f"{entry['path']}: missing"]
         if problems:
             raise StoreError(problems[0])
@@ -285,6 +319,7 @@ class FsStore:
             return os.pread(handle.fileno(), length, offset)
 
     def staging_entries(self) -> List[Dict[str, Any]]:
+        self.check_layout()
         return local_staging(self.tmp)
 
     def delete(self, snapshot_id: str) -> int:
@@ -304,12 +339,24 @@ class FsStore:
         return size
 
 
+STAGING_RE = re.compile(r"[0-9a-f]{32}|deleting-[0-9]{8}T[0-9]{6}Z-[0-9a-f]{8}-[0-9a-f]{8}")
+
+
 def local_staging(tmp: str) -> List[Dict[str, Any]]:
-    """The staging directories under ``tmp`` (path, mtime, size): what cleanup judges by age."""
+    """warmstart's own staging directories under ``tmp`` (path, mtime, size): what cleanup judges by age.
+
+    Only entries of warmstart's naming (``<32 hex>`` staging, ``deleting-<id>-<8 hex>``) are listed:
+    anything else in ``tmp`` was not made by warmstart and is never removed. ``tmp`` itself must not be
+    a symlink.
+    """
     out: List[Dict[str, Any]] = []
+    if os.path.islink(tmp):
+        raise StoreError(f"{tmp} is a symlink (to {os.readlink(tmp)}); refusing to list or clean it")
     if not os.path.isdir(tmp):
         return out
     for entry in sorted(os.listdir(tmp)):
+        if not STAGING_RE.fullmatch(entry):
+            continue
         full = os.path.join(tmp, entry)
         try:
             stat = os.lstat(full)
@@ -423,27 +470,93 @@ def verify_local(store: Any, doc: Dict[str, Any], fetch: bool = True, cached: bo
     if not fetch and getattr(store, "kind", "fs") != "fs":
         return store.remote_problems(doc)
     local = store.local_dir(doc["id"])
-    if getattr(store, "verified", {}).get(doc["id"]):
-        return []
+    if getattr(store, "verified", {}).get(doc["id"]):  # an object store: checked while it fetched
+        return store.unlisted_problems(doc) if fetch and not cached else []
     return verify_files(local, doc, cache=VerifiedFiles(doc["id"]) if cached else None)
 
 
+_KINDS = ((stat.S_ISLNK, "a symlink"), (stat.S_ISFIFO, "a fifo"), (stat.S_ISSOCK, "a socket"),
+          (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"))
+
+
+def _kind(mode: int) -> str:
+    return next((name for test, name in _KINDS if test(mode)), "not a regular file")
+
+
+def real_dirs(top: str, rel: str) -> Optional[str]:
+    """Why ``top/rel`` is not reached through real directories only (None when it is): no component of
+    ``rel`` may be a symlink or anything but a directory, so nothing under it leads out of ``top``."""
+    path = top
+    for part in rel.split("/"):
+        path = os.path.join(path, part)
+        try:
+            info = os.lstat(path)
+        except FileNotFoundError:
+            return f"{os.path.relpath(path, top)}: missing"
+        if not stat.S_ISDIR(info.st_mode):
+            return f"{os.path.relpath(path, top)}: {_kind(info.st_mode)}, not a directory"
+    return None
+
+
+def scan_tree(top: str) -> Dict[str, Any]:
+    """Everything under ``top`` without following symlinks: {relative path: lstat result}, directories excluded."""
+    out: Dict[str, Any] = {}
+    for dirpath, dirs, files in os.walk(top):  # os.walk does not descend into symlinked directories
+        for name in files + [d for d in dirs if os.path.islink(os.path.join(dirpath, d))]:
+            full = os.path.join(dirpath, name)
+            try:
+                out[os.path.relpath(full, top)] = os.lstat(full)
+            except FileNotFoundError:
+                continue
+    return out
+
+
+def stray_entries(top: str, doc: Dict[str, Any], extra: Tuple[str, ...] = (mf.MANIFEST,)) -> List[Tuple[str, str]]:
+    """(relative path, why) for each entry of a snapshot directory its manifest does not account for:
+    unlisted files, and listed or unlisted entries that are not regular files (symlinks, devices, fifos,
+    sockets). ``extra``: files that belong there without being listed (the manifest itself)."""
+    listed = {e["path"] for e in doc.get("files", [])}
+    out = []
+    for rel, info in sorted(scan_tree(top).items()):
+        if not stat.S_ISREG(info.st_mode):
+            out.append((rel, f"{_kind(info.st_mode)}, not a regular file"))
+        elif rel not in listed and rel not in extra:
+            out.append((rel, "not listed in the manifest"))
+    return out
+
+
+def unaccounted(top: str, doc: Dict[str, Any]) -> List[str]:
+    """``stray_entries`` as sentences."""
+    return [f"{rel}: {why}" for rel, why in stray_entries(top, doc)]
+
+
 def verify_files(top: str, doc: Dict[str, Any], phase: bool = True,
-                 cache: Optional[VerifiedFiles] = None) -> List[str]:
+                 cache: Optional[VerifiedFiles] = None, whole: bool = True) -> List[str]:
     """Every problem with the files of a snapshot, as readable sentences (empty = intact).
 
-    With ``cache``, a file it knows unchanged since this node hashed it is not hashed again.
+    Every entry of ``top`` must be a regular file the manifest lists (``whole``; off when checking a
+    single file). With ``cache``, a file it knows unchanged since this node hashed it is not hashed again.
     """
-    problems = []
+    problems = unaccounted(top, doc) if whole else []
     if phase:
         prog.phase("verify", sum(int(e.get("size", 0)) for e in doc.get("files", [])))
     for entry in doc.get("files", []):
         full = os.path.join(top, entry["path"])
+        parent = os.path.dirname(entry["path"])
+        why = real_dirs(top, parent) if parent and not whole else None
+        if why:
+            problems.append(f"{entry['path']}: {why}")
+            continue
         try:
-            size = os.path.getsize(full)
+            info = os.lstat(full)
         except OSError:
             problems.append(f"{entry['path']}: missing")
             continue
+        if not stat.S_ISREG(info.st_mode):
+            if not whole:
+                problems.append(f"{entry['path']}: {_kind(info.st_mode)}, not a regular file")
+            continue
+        size = info.st_size
         if size != entry["size"]:
             problems.append(f"{entry['path']}: size {size} bytes, manifest says {entry['size']} (truncated or replaced)")
             continue
