@@ -235,7 +235,8 @@ def do_restore(E: SimpleNamespace, args: argparse.Namespace, store: Any, snap_id
         os.environ[VERIFIED_ENV] = os.path.join(args.dir, f"verified-none-{os.getpid()}-{time.monotonic_ns()}")
     try:
         return E.snap.restore(store, snapshot_id=snap_id, verify=True, criu_path=args.criu,
-                              restore_root=os.path.join(args.dir, "restore"), **kwargs)
+                              restore_root=os.path.join(args.dir, "restore"),
+                              workloads_root=os.path.join(args.dir, "workloads"), **kwargs)
     finally:
         if full:
             shutil.rmtree(os.environ[VERIFIED_ENV], ignore_errors=True)

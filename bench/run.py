@@ -243,7 +243,7 @@ def ours_cycle(E: SimpleNamespace, args: argparse.Namespace, mib: int, rep: int)
         settle(args, before_restore=True)
         t0 = time.perf_counter()
         rs = E.snap.restore(store, snapshot_id=ck["id"], verify=verify, criu_path=args.criu,
-                            restore_root=os.path.join(args.dir, "restore"))
+                            restore_root=os.path.join(args.dir, "restore"), workloads_root=wroot)
         wall = time.perf_counter() - t0
         LIVE.add(rs["pid"])
         check = memcheck(E, src["control"], rs["pid"], src["crc"], mib)
@@ -408,7 +408,8 @@ def run_demo(E: SimpleNamespace, args: argparse.Namespace) -> Dict[str, Any]:
                 stats = E.read_stats(os.path.join(work, "stats-restore"))
             else:
                 rs = E.snap.restore(store, snapshot_id=ck["id"], verify=variant == "ours_verify_on",
-                                    criu_path=args.criu, restore_root=os.path.join(args.dir, "restore"))
+                                    criu_path=args.criu, restore_root=os.path.join(args.dir, "restore"),
+                                    workloads_root=wroot)
                 wall = time.time() - t0
                 pid, timings, stats, work = rs["pid"], rs["timings"], rs["criu_stats"], rs["work_dir"]
             LIVE.add(pid)

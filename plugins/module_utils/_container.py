@@ -33,6 +33,7 @@ from ansible_collections.warmstart.snapshot.plugins.module_utils import _namespa
 from ansible_collections.warmstart.snapshot.plugins.module_utils import _proc as proc
 from ansible_collections.warmstart.snapshot.plugins.module_utils import _progress as prog
 from ansible_collections.warmstart.snapshot.plugins.module_utils import _rootfs as rootfs
+from ansible_collections.warmstart.snapshot.plugins.module_utils import _safefs as safefs
 from ansible_collections.warmstart.snapshot.plugins.module_utils import _snapshot as snap
 from ansible_collections.warmstart.snapshot.plugins.module_utils import _store as st
 from ansible_collections.warmstart.snapshot.plugins.module_utils._compat import describe_node, incompatibilities
@@ -324,8 +325,19 @@ def check_destination(runtime: Runtime, target: Dict[str, Any], dest: str, skip_
         ext[m["mountpoint"]] = path
     d.ext_mnt = ext
     if target.get("control_dir"):
-        d.control_host = container_host_path(info.pid, target["control_dir"], info.rootfs)
+        d.control_host = _confined_host_path(info, target["control_dir"])
     return d, problems
+
+
+def _confined_host_path(info: ContainerInfo, path: str) -> Optional[str]:
+    """``container_host_path``, kept only if it resolves inside the container's root or the mount it is on: the
+    manifest names the path, and no symlink on the host side may lead it elsewhere."""
+    host = container_host_path(info.pid, path, info.rootfs)
+    if host is None:
+        return None
+    m = nsu.mount_for(nsu.mountinfo(info.pid), path)
+    base = info.rootfs if m is None or m.mountpoint == "/" else nsu.host_path(m.dev, m.root)
+    return host if base and safefs.inside(host, [base]) else None
 
 
 def _offer_env(control: str, placeholder_pid: int, restored_pid: int) -> None:

@@ -47,7 +47,12 @@ class CheckpointRefused(RuntimeError):
 def write(control_dir: str, name: str, content: str = "") -> str:
     path = os.path.join(control_dir, name)
     tmp = f"{path}.tmp-{os.getpid()}"
-    with open(tmp, "w", encoding="utf-8") as handle:
+    try:
+        os.unlink(tmp)
+    except FileNotFoundError:
+        pass
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+    with os.fdopen(fd, "w", encoding="utf-8") as handle:
         handle.write(content)
         handle.flush()
         os.fsync(handle.fileno())

@@ -80,6 +80,14 @@ def fail(module: Any, exc: BaseException, **extra: Any) -> None:
     module.fail_json(msg=msg, **result)
 
 
+def refuse_empty(p: Dict[str, Any], *keys: str) -> None:
+    """An empty string is refused, never read as 'any': every such option named at once."""
+    empty = [k for k in keys if isinstance(p.get(k), str) and not p[k].strip()]
+    empty += [f"{k} (an element)" for k in keys if isinstance(p.get(k), list) and any(not str(v).strip() for v in p[k])]
+    if empty:
+        raise ManifestError(f"empty value for {', '.join(empty)}: give a snapshot id or name, or leave the option out")
+
+
 def criu_options(p: Dict[str, Any]) -> CriuOptions:
     return CriuOptions(tcp=p["tcp"], ext_unix_sk=p["ext_unix_sk"], file_locks=p["file_locks"],
                        link_remap=p["link_remap"], ghost_limit=p["ghost_limit"], timeout=p["timeout"])
@@ -175,24 +183,31 @@ def run_restore(module: Any) -> None:
 
 def _run_restore(module: Any) -> None:
     p = module.params
+    try:
+        refuse_empty(p, "snapshot", "name")
+    except ManifestError as exc:
+        fail(module, exc)
     if p.get("into"):
         _restore_into(module)
         return
+    roots = dict(workloads_root=p.get("workloads_root") or snap.wl.DEFAULT_ROOT)
     try:
         store = open_store(p["store"], p.get("store_options"))
         if module.check_mode:
             plan = snap.plan_restore(store, p["snapshot"], p["name"], p["labels"], verify=p["verify"],
                                      skip_compat=p["skip_compat_check"], criu_path=p["criu_path"],
-                                     cuda=p.get("cuda") or "auto")
+                                     cuda=p.get("cuda") or "auto", **roots)
             module.exit_json(changed=True, restore=plan, msg=f"would restore snapshot {plan['id']}")
         result = snap.restore(store, snapshot_id=p["snapshot"], name=p["name"], labels=p["labels"],
                               verify=p["verify"], skip_compat=p["skip_compat_check"], criu_path=p["criu_path"],
                               restore_root=p["restore_root"], cuda=p.get("cuda") or "auto",
                               lazy=bool(p.get("lazy")), lazy_wait=bool(p.get("lazy_wait")),
                               lazy_timeout=float(p.get("lazy_timeout") or lz.DEFAULT_TIMEOUT),
-                              page_server=p.get("page_server"))
+                              page_server=p.get("page_server"), control_roots=p.get("control_roots"), **roots)
     except ENGINE_ERRORS + (lz.LazyError,) as exc:
         fail(module, exc)
+    for warning in result.get("warnings", []):
+        module.warn(warning)
     module.exit_json(changed=True, restore=result)
 
 
@@ -298,10 +313,11 @@ def _mark_newer_schema(store: st.FsStore, entry: Dict[str, Any]) -> Dict[str, An
     newer = ret.is_newer_schema(entry)
     if not newer:
         try:
-            with open(os.path.join(store.snapshot_dir(entry["id"]), mf.MANIFEST), "r", encoding="utf-8") as handle:
-                schema = json.load(handle).get("schema")
+            fd = os.open(os.path.join(store.snapshot_dir(entry["id"]), mf.MANIFEST), os.O_RDONLY | os.O_NOFOLLOW)
+            with os.fdopen(fd, "rb") as handle:
+                schema = json.loads(handle.read(mf.MAX_MANIFEST_BYTES)).get("schema")
             newer = isinstance(schema, int) and schema > mf.SCHEMA_VERSION
-        except (OSError, ValueError, AttributeError):
+        except (OSError, ValueError, AttributeError, RecursionError):
             newer = False
     return dict(entry, newer_schema=newer, path=store.snapshot_dir(entry["id"]))
 
@@ -317,8 +333,9 @@ def run_snapshot_info(module: Any) -> None:
     p = module.params
     now = time.time()
     try:
+        refuse_empty(p, "name")
         store = open_store(p["store"], p.get("store_options"))
-        if p["name"]:
+        if p["name"] is not None:
             mf.check_name(p["name"])
         labels = mf.check_labels(p["labels"])
         listed = store.list()
@@ -386,6 +403,7 @@ def run_cleanup(module: Any) -> None:
     except ret.RetentionError as exc:
         module.fail_json(msg=str(exc))
     try:
+        refuse_empty(p, "name", "snapshot_ids")
         store = open_store(p["store"], p.get("store_options"))
         listed = store.list()
         staging = _staging(store, now)
@@ -460,6 +478,7 @@ def run_cleanup(module: Any) -> None:
             removed_cache.append(item)
     freed = sum(int(e.get("size") or 0) for e in removed_snapshots + removed_staging + removed_restore + removed_cache)
     verb = "would remove" if module.check_mode else "removed"
+    kept = [k for k in decision.kept if k not in {e["id"] for e in removed_snapshots}]
     result: Dict[str, Any] = dict(
         changed=bool(removed_snapshots or removed_staging or removed_restore or removed_cache),
         removed=[e["id"] for e in removed_snapshots],
@@ -469,12 +488,12 @@ def run_cleanup(module: Any) -> None:
         removed_cache=removed_cache,
         missing=missing,
         bytes_freed=freed,
-        kept=[k for k in decision.kept if k not in {e["id"] for e in removed_snapshots}],
+        kept=kept,
         broken=[{k: b[k] for k in ("id", "error", "remove", "reason")} for b in decision.broken],
         msg=(f"{verb} {len(removed_snapshots)} snapshot(s), {len(removed_staging)} staging dir(s) and "
              f"{len(removed_restore)} restore work dir(s)"
              + (f", {len(removed_cache)} cached snapshot(s)" if removed_cache else "")
-             + f", {_human(freed)}; kept {len(decision.kept)} snapshot(s)"),
+             + f", {_human(freed)}; kept {len(kept)} snapshot(s)"),
     )
     if errors:
         module.fail_json(**dict(result, msg="cleanup could not remove everything: " + "; ".join(errors),

@@ -37,6 +37,8 @@ from ansible_collections.warmstart.snapshot.plugins.module_utils import _cuda as
 from ansible_collections.warmstart.snapshot.plugins.module_utils import _lazy as lz
 from ansible_collections.warmstart.snapshot.plugins.module_utils import _manifest as mf
 from ansible_collections.warmstart.snapshot.plugins.module_utils import _progress as prog
+from ansible_collections.warmstart.snapshot.plugins.module_utils import _restorer as rst
+from ansible_collections.warmstart.snapshot.plugins.module_utils import _safefs as safefs
 from ansible_collections.warmstart.snapshot.plugins.module_utils import _proc as proc
 from ansible_collections.warmstart.snapshot.plugins.module_utils import _store as st
 from ansible_collections.warmstart.snapshot.plugins.module_utils import _workload as wl
@@ -361,7 +363,7 @@ def _copy_workload_files(target: Target, dest: str) -> List[Dict[str, Any]]:
         dst = os.path.join(dest, rel)
         os.makedirs(os.path.dirname(dst), mode=0o700, exist_ok=True)
         shutil.copyfile(src, dst)
-        out.append({"path": rel, "mode": os.stat(src).st_mode & 0o7777})
+        out.append({"path": rel, "mode": os.stat(src).st_mode & 0o777})
     return out
 
 
@@ -565,9 +567,9 @@ def select(store: st.FsStore, snapshot_id: Optional[str], name: Optional[str], l
            node: Dict[str, Any], skip_compat: bool, gpu_node: Optional[GpuNode] = None,
            cuda: str = "auto") -> Dict[str, Any]:
     """The manifest to restore: by id, or the newest compatible one matching name/labels (GPUs too, given ``gpu_node``)."""
-    if snapshot_id:
+    if snapshot_id is not None:  # "" is refused, never a wildcard
         return store.load(mf.check_id(snapshot_id))
-    if name:
+    if name is not None:
         mf.check_name(name)
     candidates = [d for d in store.list() if "error" not in d and mf.matches(d, name, labels)]
     if not candidates:
@@ -585,8 +587,11 @@ def select(store: st.FsStore, snapshot_id: Optional[str], name: Optional[str], l
 
 def preflight(store: st.FsStore, doc: Dict[str, Any], node: Dict[str, Any], verify: bool,
               skip_compat: bool, fetch: bool = True, gpu_node: Optional[GpuNode] = None,
-              cuda: str = "auto") -> List[str]:
-    """Everything that stops this restore, before any process is touched (GPU checks with ``gpu_node``)."""
+              cuda: str = "auto", workloads_root: str = wl.DEFAULT_ROOT) -> List[str]:
+    """Everything that stops this restore, before any process is touched (GPU checks with ``gpu_node``).
+
+    Node-side locations come from this node (``workloads_root``); the manifest's are only compared with them.
+    """
     problems = []
     if not skip_compat:
         problems += incompatibilities(doc["source"], node)
@@ -604,13 +609,27 @@ def preflight(store: st.FsStore, doc: Dict[str, Any], node: Dict[str, Any], veri
         problems.append("snapshot: not a single-process snapshot (restore it with the matching target kind)")
     else:
         t = targets[0]
+        problems += _layout_problems(store, doc, t, verify)
         if t.get("workload"):
-            running = wl.running_pid(t["workloads_root"], t["workload"])
+            if t.get("workloads_root") not in (None, workloads_root):
+                problems.append(
+                    f"workload {t['workload']}: it ran under {t['workloads_root']} at checkpoint and its open files "
+                    f"are restored there, but this node's workloads_root is {workloads_root} (restore with "
+                    f"workloads_root: {t['workloads_root']} if that is a workloads root of this node)")
+            running = wl.running_pid(workloads_root, t["workload"])
             if running is not None:
                 problems.append(
                     f"workload {t['workload']} is running on this node (pid {running}); a restored copy would "
                     "share its files and ports - stop it first")
     return problems
+
+
+def _layout_problems(store: Any, doc: Dict[str, Any], target: Dict[str, Any], verified: bool) -> List[str]:
+    """The target's images dir must be reached through real directories inside the snapshot (also unverified)."""
+    if verified or getattr(store, "kind", "fs") != "fs" or "path" not in target or not mf.is_id(doc.get("id")):
+        return []  # verify already refused any symlink or stray entry; an object store's copy is our own cache
+    why = st.real_dirs(store.snapshot_dir(doc["id"]), f"{target['path']}/criu")
+    return [f"snapshot layout: {why}"] if why else []
 
 
 def stage_images(src: str, dst: str) -> None:
@@ -622,20 +641,32 @@ def stage_images(src: str, dst: str) -> None:
         os.symlink(os.path.join(src, fname), os.path.join(dst, fname))
 
 
-def _put_back_files(target: Dict[str, Any], snap_dir: str) -> None:
-    base = wl.paths(target["workloads_root"], target["workload"])["dir"]
+def _put_back_files(target: Dict[str, Any], snap_dir: str, workloads_root: str, src_within: List[str]) -> None:
+    """The workload's own files, back into its dir under this node's ``workloads_root`` (never through a symlink;
+    read through one only when it leads into ``src_within``: the links a page-server restore stages)."""
+    base = wl.paths(workloads_root, target["workload"])["dir"]
     stamp = time.strftime("%Y%m%dT%H%M%S")
-    os.makedirs(base, mode=0o700, exist_ok=True)
+    os.makedirs(workloads_root, mode=0o700, exist_ok=True)
+    os.close(safefs.open_dir(workloads_root, target["workload"]))
     for entry in target.get("workload_files", []):
         src = os.path.join(snap_dir, target["path"], "files", entry["path"])
-        dst = os.path.join(base, entry["path"])
-        os.makedirs(os.path.dirname(dst), mode=0o700, exist_ok=True)
-        if os.path.exists(dst) and entry["path"].endswith(".log"):
-            os.rename(dst, f"{dst}.pre-restore-{stamp}")
-        tmp = f"{dst}.restore-tmp"
-        shutil.copyfile(src, tmp)
-        os.chmod(tmp, entry.get("mode", 0o600))
-        os.rename(tmp, dst)
+        keep = f".pre-restore-{stamp}" if entry["path"].endswith(".log") else None
+        safefs.copy_into(base, entry["path"], src, int(entry.get("mode", 0o600)), keep_old_suffix=keep,
+                         src_within=src_within)
+
+
+def _control_dir(target: Dict[str, Any], workloads_root: str, control_roots: List[str]) -> Any:
+    """(control dir to use, note): a workload's is derived from this node's root; a process's is used only
+    when it lies under one of this node's ``control_roots`` and is a real directory."""
+    if target.get("workload"):
+        return wl.paths(workloads_root, target["workload"])["control"], None
+    wanted = target.get("control_dir")
+    if not wanted:
+        return None, None
+    if not safefs.inside(wanted, control_roots) or os.path.realpath(wanted) != wanted:
+        return None, (f"control dir {wanted} is not under this node's control_roots ({', '.join(control_roots)}) "
+                      "or is reached through a symlink: restore-complete was not written there")
+    return wanted, None
 
 
 def _restored_cuda_pids(root: int, recorded: List[Dict[str, Any]]) -> List[int]:
@@ -718,19 +749,48 @@ def _stage_remote(store: Any, doc: Dict[str, Any], target: Dict[str, Any], image
     return [], fetched
 
 
+DEFAULT_CONTROL_ROOTS = ("/var/lib/warmstart", "/run/warmstart", "/tmp")
+
+
+def _restore_lock(target: Dict[str, Any], workloads_root: str) -> Optional[int]:
+    """A workload is restored by one restore at a time on a node (from the running check to its pidfile)."""
+    if not target.get("workload"):
+        return None
+    try:
+        return rst.exclusive(f"workload {target['workload']} under {workloads_root}")
+    except rst.Busy as exc:
+        raise SnapshotError(str(exc)) from None
+
+
+def _rebuild_error(report: Dict[str, Any]) -> BaseException:
+    """The restorer child's failure, as the exception it raised."""
+    if report.get("type") == "LazyError":
+        return lz.LazyError(report["error"], log_tail=report.get("log_tail"))
+    return CriuError(report["error"], log_tail=report.get("log_tail"))
+
+
+def _run_criu(criu: str, images: str, work: str, opts: CriuOptions, session: Optional[lz.Session],
+              pidfile: Optional[str]) -> int:
+    """CRIU's restore in the restorer child, which writes ``pidfile`` as soon as the tree exists (_restorer)."""
+    setup = (lambda o: setattr(o, "lazy_pages", True)) if session else None
+    return rst.restore_recorded(lambda: criu_restore(criu, images, work, opts, setup=setup),
+                                rst.tree_recorder(pidfile, proc.write_pidfile), _rebuild_error)
+
+
 def restore(store: st.FsStore, snapshot_id: Optional[str] = None, name: Optional[str] = None,
             labels: Optional[Dict[str, str]] = None, verify: bool = True, skip_compat: bool = False,
             options: Optional[CriuOptions] = None, criu_path: Optional[str] = None,
             restore_root: str = DEFAULT_RESTORE_ROOT, cuda: str = "auto",
             gpu_node: Optional[GpuNode] = None, lazy: bool = False, lazy_wait: bool = False,
-            lazy_timeout: float = lz.DEFAULT_TIMEOUT, page_server: Optional[str] = None) -> Dict[str, Any]:
+            lazy_timeout: float = lz.DEFAULT_TIMEOUT, page_server: Optional[str] = None,
+            workloads_root: str = wl.DEFAULT_ROOT, control_roots: Optional[List[str]] = None) -> Dict[str, Any]:
     """Restore a process snapshot; with GPU state (``cuda`` auto or required) the CUDA processes are restored too.
 
     ``lazy``: the tree resumes at once and CRIU's lazy-pages daemon streams its memory in (from the local
     images, or from ``page_server`` host:port, see ``_lazy``); without uffd on this node, or for a snapshot
-    with GPU state, it is restored eagerly and ``result['lazy']['reason']`` says why.
+    with GPU state, it is restored eagerly and ``result['lazy']['reason']`` says why. Node-side places
+    (``workloads_root``, ``control_roots``) are this node's: a manifest never chooses where we write.
     """
-    timings: Dict[str, float] = {}
     t_start, t_wall = time.monotonic(), time.time()
     if cuda not in CUDA_MODES:
         raise SnapshotError(f"cuda: {cuda!r} is not one of {', '.join(CUDA_MODES)}")
@@ -743,38 +803,64 @@ def restore(store: st.FsStore, snapshot_id: Optional[str] = None, name: Optional
     node = describe_node(criu)
     gpu_node = gpu_node or GpuNode()
     doc = select(store, snapshot_id, name, labels, node, skip_compat, gpu_node, cuda)
-    lazy_plan = _lazy_plan(criu, doc, lazy or bool(remote))
-    if not lazy_plan["used"]:
-        remote = None  # an eager restore reads the whole images from the store
-    t0 = time.monotonic()
-    problems = preflight(store, doc, node, verify and not remote, skip_compat, fetch=not remote, gpu_node=gpu_node,
-                         cuda=cuda)
     target = doc["targets"][0] if doc.get("targets") else {}
-    work = os.path.join(restore_root, f"{doc['id']}-{uuid.uuid4().hex[:8]}")
+    lock = _restore_lock(target, workloads_root)
+    try:
+        return _restore_locked(store, doc, node, criu, dict(
+            verify=verify, skip_compat=skip_compat, options=options, restore_root=restore_root, cuda=cuda,
+            gpu_node=gpu_node, lazy=lazy, lazy_wait=lazy_wait, lazy_timeout=lazy_timeout, page_server=page_server,
+            remote=remote, workloads_root=workloads_root,
+            control_roots=list(control_roots or DEFAULT_CONTROL_ROOTS), t_start=t_start, t_wall=t_wall))
+    finally:
+        if lock is not None:
+            os.close(lock)
+
+
+def _prepare(store: Any, doc: Dict[str, Any], node: Dict[str, Any], a: Dict[str, Any],
+             lazy_plan: Dict[str, Any], timings: Dict[str, float]) -> Any:
+    """Preflight, then the work dir with the images: (work dir, snapshot dir). Nothing is touched on refusal."""
+    remote = a["remote"] if lazy_plan["used"] else None
+    t0 = time.monotonic()
+    problems = preflight(store, doc, node, a["verify"] and not remote, a["skip_compat"], fetch=not remote,
+                         gpu_node=a["gpu_node"], cuda=a["cuda"], workloads_root=a["workloads_root"])
+    target = doc["targets"][0] if doc.get("targets") else {}
+    work = os.path.join(a["restore_root"], f"{doc['id']}-{uuid.uuid4().hex[:8]}")
+    snap_dir = os.path.join(work, "snapshot")
     if remote and not problems:
-        os.makedirs(restore_root, mode=0o700, exist_ok=True)
+        os.makedirs(a["restore_root"], mode=0o700, exist_ok=True)
         os.makedirs(work, mode=0o700)
         try:
-            problems, lazy_plan["eager_bytes"] = _stage_remote(store, doc, target, os.path.join(work, "images"), verify)
+            problems, lazy_plan["eager_bytes"] = _stage_remote(store, doc, target, os.path.join(work, "images"),
+                                                               a["verify"])
         finally:
             if problems:
                 shutil.rmtree(work, ignore_errors=True)
-        snap_dir = os.path.join(work, "snapshot")
     timings["preflight"] = time.monotonic() - t0
     if problems:
         raise SnapshotError(f"refusing to restore snapshot {doc['id']} ({doc['name']}) on this node", reasons=problems)
     if not remote:
         snap_dir = store.local_dir(doc["id"])
-        os.makedirs(restore_root, mode=0o700, exist_ok=True)
+        os.makedirs(a["restore_root"], mode=0o700, exist_ok=True)
         os.makedirs(work, mode=0o700)
         stage_images(os.path.join(snap_dir, target["path"], "criu"), os.path.join(work, "images"))
-    control = target.get("control_dir")
+    return work, snap_dir, remote
+
+
+def _restore_locked(store: Any, doc: Dict[str, Any], node: Dict[str, Any], criu: str,
+                    a: Dict[str, Any]) -> Dict[str, Any]:
+    timings: Dict[str, float] = {}
+    target = doc["targets"][0] if doc.get("targets") else {}
+    lazy_plan = _lazy_plan(criu, doc, a["lazy"] or bool(a["remote"]))
+    work, snap_dir, remote = _prepare(store, doc, node, a, lazy_plan, timings)
+    control, control_note = _control_dir(target, a["workloads_root"], a["control_roots"])
+    pidfile = wl.paths(a["workloads_root"], target["workload"])["pidfile"] if target.get("workload") else None
     if target.get("workload"):
-        _put_back_files(target, snap_dir)
+        within = [store.snapshot_dir(doc["id"])] if remote and getattr(store, "kind", "fs") == "fs" else []
+        _put_back_files(target, snap_dir, a["workloads_root"], within)
     if control and os.path.isdir(control):
         ctl.clear(control, ctl.RESTORE_COMPLETE, ctl.RESTORE_FAILED)
-    opts = options or CriuOptions(**{k: v for k, v in target["criu"]["options"].items()
-                                     if k in CriuOptions.__dataclass_fields__})
+    opts = a["options"] or CriuOptions(**{k: v for k, v in target["criu"]["options"].items()
+                                          if k in CriuOptions.__dataclass_fields__})
     gpu = doc.get("gpu")
     t0 = time.monotonic()
     images = os.path.join(work, "images")
@@ -782,74 +868,104 @@ def restore(store: st.FsStore, snapshot_id: Optional[str] = None, name: Optional
     try:
         if lazy_plan["used"]:
             prog.phase("lazy-pages daemon")
-            session = lz.start(criu, images, work, lazy_timeout, control, remote, doc["id"])
+            session = lz.start(criu, images, work, a["lazy_timeout"], control, remote, doc["id"])
         prog.phase("restore")
         with criu_plugins_off(bool(gpu)), lz.guard(session):
-            pid = criu_restore(criu, images, work, opts,
-                               setup=(lambda o: setattr(o, "lazy_pages", True)) if session else None)
+            pid = _run_criu(criu, images, work, opts, session, pidfile)
     except (CriuError, lz.LazyError) as exc:
-        if session is not None:
-            session.abort()
-            cause = session.failure()
-            if cause and isinstance(exc, CriuError):
-                where = f"page server {page_server}" if remote else "the local images"
-                exc = CriuError(f"{exc} (lazy-pages daemon, serving from {where}: {cause})", log_tail=exc.log_tail)
-        if control and os.path.isdir(control):
-            ctl.write(control, ctl.RESTORE_FAILED, f"{exc}\n")
-        if isinstance(exc, lz.LazyError):
-            raise SnapshotError(f"lazy restore of snapshot {doc['id']}: {exc}", log_tail=exc.log_tail) from None
-        raise exc from None
+        raise _restore_failed(exc, session, remote, a["page_server"], control, doc) from None
     if session is not None:
         session.attach(pid)
-        lazy_plan.update(daemon_pid=session.daemon_pid, resumed_after=round(time.monotonic() - t_start, 3))
+        lazy_plan.update(daemon_pid=session.daemon_pid, resumed_after=round(time.monotonic() - a["t_start"], 3))
     timings["restore"] = time.monotonic() - t0
-    cuda_result: Dict[str, Any] = {"used": False, "reason": "the snapshot holds no GPU state"}
-    if gpu:
-        try:
-            cuda_result = _resume_cuda(pid, gpu, gpu_node, timings)
-        except (cu.CudaError, cu.CudaUnavailable, SnapshotError, OSError) as exc:
-            proc.signal_tree(pid, signal.SIGKILL)  # never leave a half-restored copy (its GPU state is not back)
-            proc.wait_gone(pid, 10)
-            text = f"cuda restore of snapshot {doc['id']} failed: {exc}; the restored tree (pid {pid}) was killed"
-            if control and os.path.isdir(control):
-                ctl.write(control, ctl.RESTORE_FAILED, f"{text}\n")
-            raise SnapshotError(text) from None
+    cuda_result = _after_criu(pid, gpu, a["gpu_node"], timings, control, doc, pidfile)
     ns_pid = proc.ns_pids(pid)[-1] if proc.alive(pid) else None
     if control and os.path.isdir(control):
         ctl.write(control, ctl.RESTORE_COMPLETE, f"pid={ns_pid}\nhost_pid={pid}\nsnapshot={doc['id']}\n")
-    if target.get("workload"):
-        proc.write_pidfile(wl.paths(target["workloads_root"], target["workload"])["pidfile"], pid)
     stats = read_stats(os.path.join(work, "stats-restore"))
+    warnings = [w for w in (control_note, _log_warning(work)) if w]
     if session is None:
         shutil.rmtree(images, ignore_errors=True)  # symlinks only; keep restore.log (lazy: the supervisor removes it)
-    elif lazy_wait:
-        prog.phase("lazy: wait for memory")
-        state = lz.wait(work, lazy_timeout + 15)
-        if state.get("state") != "complete":
-            raise SnapshotError(state.get("error") or f"lazy restore of snapshot {doc['id']}: memory not complete "
-                                f"after {lazy_timeout:g} s", log_tail=log_tail(os.path.join(work, lz.LOG)))
-        lazy_plan["complete_after"] = round(state["complete_at"] - t_wall, 3)
-    timings["total"] = time.monotonic() - t_start
+    elif a["lazy_wait"]:
+        _wait_lazy(work, doc, a, lazy_plan)
+    timings["total"] = time.monotonic() - a["t_start"]
     return {
-        "id": doc["id"],
-        "name": doc["name"],
-        "pid": pid,
-        "pids": proc.descendants(pid),
-        "ns_pid": ns_pid,
-        "workload": target.get("workload"),
-        "work_dir": work,
-        "started_at": round(t_wall, 3),
-        "timings": {k: round(v, 3) for k, v in timings.items()},
-        "criu_stats": stats,
-        "transfer": dict(getattr(store, "transfer", None) or {}),
-        "cuda": cuda_result,
-        "lazy": lazy_plan,
+        "id": doc["id"], "name": doc["name"], "pid": pid, "pids": proc.descendants(pid), "ns_pid": ns_pid,
+        "workload": target.get("workload"), "work_dir": work, "started_at": round(a["t_wall"], 3),
+        "timings": {k: round(v, 3) for k, v in timings.items()}, "criu_stats": stats,
+        "transfer": dict(getattr(store, "transfer", None) or {}), "cuda": cuda_result, "lazy": lazy_plan,
+        "warnings": warnings,
     }
+
+
+def _restore_failed(exc: BaseException, session: Optional[lz.Session], remote: Any, page_server: Optional[str],
+                    control: Optional[str], doc: Dict[str, Any]) -> BaseException:
+    """The error of a failed CRIU restore (lazy daemon's cause added); restore-failed written for the workload."""
+    if session is not None:
+        session.abort()
+        cause = session.failure()
+        if cause and isinstance(exc, CriuError):
+            where = f"page server {page_server}" if remote else "the local images"
+            exc = CriuError(f"{exc} (lazy-pages daemon, serving from {where}: {cause})", log_tail=exc.log_tail)
+    if control and os.path.isdir(control):
+        ctl.write(control, ctl.RESTORE_FAILED, f"{exc}\n")
+    if isinstance(exc, lz.LazyError):
+        return SnapshotError(f"lazy restore of snapshot {doc['id']}: {exc}", log_tail=exc.log_tail)
+    return exc
+
+
+def _after_criu(pid: int, gpu: Optional[Dict[str, Any]], gpu_node: GpuNode, timings: Dict[str, float],
+                control: Optional[str], doc: Dict[str, Any], pidfile: Optional[str]) -> Dict[str, Any]:
+    """GPU state back into the restored tree; on failure the tree is killed (never half-restored) and forgotten."""
+    if not gpu:
+        return {"used": False, "reason": "the snapshot holds no GPU state"}
+    try:
+        return _resume_cuda(pid, gpu, gpu_node, timings)
+    except (cu.CudaError, cu.CudaUnavailable, SnapshotError, OSError) as exc:
+        proc.signal_tree(pid, signal.SIGKILL)  # never leave a half-restored copy (its GPU state is not back)
+        proc.wait_gone(pid, 10)
+        if pidfile:
+            with contextlib.suppress(OSError):
+                os.unlink(pidfile)
+        text = f"cuda restore of snapshot {doc['id']} failed: {exc}; the restored tree (pid {pid}) was killed"
+        if control and os.path.isdir(control):
+            ctl.write(control, ctl.RESTORE_FAILED, f"{text}\n")
+        raise SnapshotError(text) from None
+
+
+def _log_warning(work: str) -> Optional[str]:
+    """A restore whose CRIU log could not be written (full or read-only work dir) succeeds, but says so."""
+    path = os.path.join(work, "restore.log")
+    try:
+        if os.path.getsize(path) > 0:
+            return None
+    except OSError:
+        pass
+    return (f"CRIU's restore log {path} is empty or missing: the restore work dir may be full or read-only "
+            f"(free space: {_free(work)}); a later failure would have no log")
+
+
+def _free(path: str) -> str:
+    try:
+        vfs = os.statvfs(path)
+    except OSError:
+        return "unknown"
+    return f"{vfs.f_bavail * vfs.f_frsize >> 20} MiB"
+
+
+def _wait_lazy(work: str, doc: Dict[str, Any], a: Dict[str, Any], lazy_plan: Dict[str, Any]) -> None:
+    prog.phase("lazy: wait for memory")
+    state = lz.wait(work, a["lazy_timeout"] + 15)
+    if state.get("state") != "complete":
+        raise SnapshotError(state.get("error") or f"lazy restore of snapshot {doc['id']}: memory not complete "
+                            f"after {a['lazy_timeout']:g} s", log_tail=log_tail(os.path.join(work, lz.LOG)))
+    lazy_plan["complete_after"] = round(state["complete_at"] - a["t_wall"], 3)
 
 
 def plan_restore(store: st.FsStore, snapshot_id: Optional[str] = None, name: Optional[str] = None,
                  labels: Optional[Dict[str, str]] = None, verify: bool = True, skip_compat: bool = False,
-                 criu_path: Optional[str] = None, cuda: str = "auto", gpu_node: Optional[GpuNode] = None) -> Dict[str, Any]:
+                 criu_path: Optional[str] = None, cuda: str = "auto", gpu_node: Optional[GpuNode] = None,
+                 workloads_root: str = wl.DEFAULT_ROOT) -> Dict[str, Any]:
     """Check mode: select and preflight (GPU checks included), touch nothing."""
     if cuda not in CUDA_MODES:
         raise SnapshotError(f"cuda: {cuda!r} is not one of {', '.join(CUDA_MODES)}")
@@ -859,7 +975,8 @@ def plan_restore(store: st.FsStore, snapshot_id: Optional[str] = None, name: Opt
     node = describe_node(criu)
     gpu_node = gpu_node or GpuNode()
     doc = select(store, snapshot_id, name, labels, node, skip_compat, gpu_node, cuda)
-    problems = preflight(store, doc, node, verify, skip_compat, fetch=False, gpu_node=gpu_node, cuda=cuda)
+    problems = preflight(store, doc, node, verify, skip_compat, fetch=False, gpu_node=gpu_node, cuda=cuda,
+                         workloads_root=workloads_root)
     if problems:
         raise SnapshotError(f"refusing to restore snapshot {doc['id']} ({doc['name']}) on this node", reasons=problems)
     return {"id": doc["id"], "name": doc["name"], "verified": verify, "compat_checked": not skip_compat,

@@ -80,6 +80,25 @@ options:
     description: Node-local directory for CRIU's restore work files and logs.
     type: path
     default: /var/lib/warmstart/restore
+  workloads_root:
+    description:
+      - This node's root of workload directories (as M(warmstart.snapshot.workload) uses it). A workload
+        snapshot is restored into C(<workloads_root>/<name>), and its pidfile is written there; the paths in the
+        manifest are never used to choose where files are written.
+      - A workload that ran under another root at checkpoint is refused (its open files are restored at their
+        old paths), naming both roots.
+      - One restore of a workload at a time on a node; a second one meanwhile is refused.
+    type: path
+    default: /var/lib/warmstart/workloads
+  control_roots:
+    description:
+      - Directories under which the control directory (C(SNAPSHOT_CONTROL_DIR)) of a plain process snapshot
+        (O(warmstart.snapshot.checkpoint#module:pid) / O(warmstart.snapshot.checkpoint#module:pidfile)) may lie
+        for C(restore-complete) to be written into it. A control dir elsewhere, or reached through a symlink,
+        is left alone and the result's RV(restore.warnings) says so. Workloads and containers do not need this.
+    type: list
+    elements: path
+    default: [/var/lib/warmstart, /run/warmstart, /tmp]
   cuda:
     description:
       - GPU state of a snapshot that holds some (taken with M(warmstart.snapshot.checkpoint) O(warmstart.snapshot.checkpoint#module:cuda)).
@@ -260,6 +279,14 @@ restore:
       type: str
       returned: not in check mode, without into
       sample: /var/lib/warmstart/restore/x
+    warnings:
+      description:
+        - What went right but deserves a look (also shown as task warnings), for example a control dir
+          outside O(control_roots), or an empty CRIU restore log (a full or read-only O(restore_root)).
+      type: list
+      elements: str
+      returned: not in check mode, without into
+      sample: []
     started_at:
       description: When the restore started on the node (Unix time; RV(restore.timings) count from it).
       type: float
@@ -372,6 +399,8 @@ def main() -> None:
             verify=dict(type="bool", default=True),
             skip_compat_check=dict(type="bool", default=False),
             restore_root=dict(type="path", default="/var/lib/warmstart/restore"),
+            workloads_root=dict(type="path", default="/var/lib/warmstart/workloads"),
+            control_roots=dict(type="list", elements="path", default=["/var/lib/warmstart", "/run/warmstart", "/tmp"]),
             cuda=dict(type="str", choices=["auto", "required", "off"], default="auto"),
             lazy=dict(type="bool", default=False),
             lazy_wait=dict(type="bool", default=False),

@@ -3,7 +3,8 @@
     lazy_driver.py STORE RESTORE_ROOT SNAPSHOT_ID [--stop-daemon] [--lazy-timeout S] [--criu PATH]
 
 Prints one JSON line: the restore result, or {"error": ..., "reasons": [...]}. With --stop-daemon it SIGSTOPs
-the lazy-pages daemon the moment the restore returns (memory still loading), so the test can fault it.
+the lazy-pages daemon the moment CRIU's restore returned (before the engine hands the tree to the daemon's
+supervisor; memory still loading), so the test can fault it.
 """
 from __future__ import annotations
 
@@ -28,16 +29,22 @@ def main() -> None:
     ap.add_argument("--lazy-timeout", type=float, default=600)
     ap.add_argument("--criu")
     ap.add_argument("--page-server")
+    ap.add_argument("--workloads-root", default=snap.wl.DEFAULT_ROOT)
     args = ap.parse_args()
+    if args.stop_daemon:
+        attach = snap.lz.Session.attach
+
+        def stopped_then_attach(session: "snap.lz.Session", pid: int) -> None:
+            os.kill(session.daemon_pid, signal.SIGSTOP)
+            attach(session, pid)
+        snap.lz.Session.attach = stopped_then_attach  # type: ignore[method-assign]
     try:
         result = snap.restore(st.FsStore(args.store), snapshot_id=args.snapshot, lazy=True, criu_path=args.criu,
                               restore_root=args.restore_root, lazy_timeout=args.lazy_timeout,
-                              page_server=args.page_server)
+                              page_server=args.page_server, workloads_root=args.workloads_root)
     except Exception as exc:  # pylint: disable=broad-except  # reported to the test
         print(json.dumps({"error": str(exc), "reasons": getattr(exc, "reasons", [])}))
         return
-    if args.stop_daemon and result["lazy"].get("daemon_pid"):
-        os.kill(result["lazy"]["daemon_pid"], signal.SIGSTOP)
     print(json.dumps(result))
 
 

@@ -45,7 +45,8 @@ def test_snapshot_restore_cleanup_playbooks(lab: Lab, s3: Dict[str, Any]) -> Non
     assert snap["table"][0] == "warmstart snapshot" and snap["table"][1].split()[:3] == ["host", "result", "snapshot"]
     assert any(row["snapshot"] in line for line in snap["table"])
 
-    rst = run("restore", lab, dict(common, warmstart_restore_labels={"app": "fleet"}), "restore")
+    rst = run("restore", lab, dict(common, warmstart_restore_labels={"app": "fleet"},
+                                   warmstart_restore_workloads_root=str(lab.workloads)), "restore")
     assert rst["rc"] == 0, rst["messages"]
     row = rst["summary"]["rows"][0]
     assert row["result"] == "restored" and row["snapshot"] == snap["summary"]["rows"][0]["snapshot"]
@@ -58,7 +59,8 @@ def test_snapshot_restore_cleanup_playbooks(lab: Lab, s3: Dict[str, Any]) -> Non
     doc["source"]["arch"] = "riscv64"
     s3["client"].put_object(Bucket=s3["bucket"], Key=f"fleet/snapshots/{sid}/manifest.json", Body=json.dumps(doc).encode())
     lab.play([lab.stop("fleet")])
-    bad = run("restore", lab, dict(common, warmstart_restore_snapshot=sid), "refused")
+    bad = run("restore", lab, dict(common, warmstart_restore_snapshot=sid,
+                                   warmstart_restore_workloads_root=str(lab.workloads)), "refused")
     assert bad["rc"] != 0
     row = bad["summary"]["rows"][0]
     assert row["result"] == "refused" and "riscv64" in row["detail"], row

@@ -258,6 +258,8 @@ class Lab:
 
     def restore(self, task: str, store: Optional[Path] = None, restore_root: Optional[Path] = None,
                 expect_fail: bool = False, check: bool = False, **args: Any) -> Dict[str, Any]:
+        if "into" not in args:
+            args.setdefault("workloads_root", str(self.workloads))
         out: Dict[str, Any] = {"name": task, "warmstart.snapshot.restore": {
             "store": str(store or self.store), "restore_root": str(restore_root or self.restore_root), **args}}
         if expect_fail:

@@ -10,6 +10,7 @@ preflight's GPU refusals with both GPU lists.
 """
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -436,6 +437,33 @@ def test_preflight_and_check_mode_report_gpu_reasons(fake: Fake, libs: Dict[str,
 
 # --- restore with GPU state -----------------------------------------------------------------------------------------
 
+class CallLog:
+    """A list kept in a file: appended to by the restorer child (a forked process), read by the test."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def append(self, value: Optional[str]) -> None:
+        with open(self.path, "a", encoding="utf-8") as handle:
+            handle.write(json.dumps(value) + "\n")
+
+    def items(self) -> List[Optional[str]]:
+        if not self.path.exists():
+            return []
+        return [json.loads(line) for line in self.path.read_text(encoding="utf-8").splitlines()]
+
+    def __bool__(self) -> bool:
+        return bool(self.items())
+
+    def __getitem__(self, n: int) -> Optional[str]:
+        return self.items()[n]
+
+    def __eq__(self, other: object) -> bool:
+        return self.items() == other
+
+    __hash__ = None  # type: ignore[assignment]
+
+
 def restored(fake: Fake, engine: Dict[str, Any], ns: Ns, libs: Dict[str, Path], monkeypatch: pytest.MonkeyPatch,
              tmp_path: Path, source_gpus: Any, node_gpus: Any) -> Any:
     """A GPU snapshot of ``ns`` (source GPUs ``source_gpus``), and a restore whose CRIU step 'restores' a new ns."""
@@ -447,10 +475,10 @@ def restored(fake: Fake, engine: Dict[str, Any], ns: Ns, libs: Dict[str, Path], 
     copy = Ns()
     fake.add(copy.pid, "checkpointed", gpus=[u for u, _n in source_gpus])
     fake.clear_log()
-    libs_dirs: List[Optional[str]] = []
+    libs_dirs = CallLog(tmp_path / "criu-calls.json")
 
     def criu_restore(criu: str, images: str, work: str, options: Any, setup: Any = None) -> int:
-        libs_dirs.append(os.environ.get(snap.CRIU_LIBS_DIR))
+        libs_dirs.append(os.environ.get(snap.CRIU_LIBS_DIR))  # runs in the restorer child: logged to a file
         return copy.pid
 
     monkeypatch.setattr(snap, "criu_restore", criu_restore)

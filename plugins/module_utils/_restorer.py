@@ -1,0 +1,119 @@
+# -*- coding: utf-8 -*-
+# Copyright (c) warmstart developers
+# GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+"""A restored tree is never left untracked, and at most one copy of a workload is restored at a time.
+
+Invariants:
+
+- ``exclusive(lock_dir, key)`` holds a per-node lock (flock) from the "is it already running?" check to
+  the moment the restored tree is recorded; a second restore of the same workload meanwhile is refused
+  with the holder's pid. The lock belongs to the open file, so it also covers the restorer child below.
+- ``restore_recorded`` runs CRIU's restore in a child of its own session that holds the lock and, once
+  CRIU returns the tree's pid, calls ``record(pid)`` (the workload's pidfile) before anything else. If
+  the calling module is killed meanwhile (Ansible's timeout, SIGKILL, a lost connection), the child
+  still finishes the restore and records the tree, so the next restore sees it running instead of
+  starting a second, untracked copy.
+
+Stdlib only.
+"""
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import os
+from typing import Any, Callable, Dict, Optional
+
+LOCK_DIR = "/run/warmstart/locks"
+
+
+class Busy(RuntimeError):
+    """Another restore of the same workload holds the lock."""
+
+
+def exclusive(key: str, lock_dir: str = LOCK_DIR) -> int:
+    """Hold the restore lock of ``key``; returns its fd (closing it releases the lock)."""
+    os.makedirs(lock_dir, mode=0o700, exist_ok=True)
+    digest = hashlib.sha256(key.encode()).hexdigest()[:16]
+    path = os.path.join(lock_dir, f"restore-{digest}.lock")
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        try:
+            holder = os.pread(fd, 64, 0).decode("ascii", "replace").strip()
+        finally:
+            os.close(fd)
+        raise Busy(f"another restore of {key} is running on this node (warmstart pid {holder or '?'}); "
+                   "run one at a time") from None
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    return fd
+
+
+def _child(run: Callable[[], int], record: Callable[[int], None], out: int) -> None:  # pragma: no cover - forked
+    """In the restorer child: restore, record, report; never returns."""
+    code = 0
+    try:
+        os.setsid()  # a signal to the module's process group does not stop a restore half-way
+        try:
+            pid = run()
+        except Exception as exc:  # pylint: disable=broad-except  # reported to the parent, which re-raises
+            report: Dict[str, Any] = {"error": str(exc), "type": type(exc).__name__,
+                                      "log_tail": getattr(exc, "log_tail", None)}
+        else:
+            record(pid)
+            report = {"pid": pid}
+        data = json.dumps(report).encode()
+        while data:
+            try:
+                data = data[os.write(out, data):]
+            except BrokenPipeError:  # the module is gone: the tree is recorded, nobody to tell
+                break
+    except BaseException:  # pylint: disable=broad-except
+        code = 1
+    finally:
+        os._exit(code)
+
+
+def restore_recorded(run: Callable[[], int], record: Callable[[int], None],
+                     rebuild: Callable[[Dict[str, Any]], BaseException]) -> int:
+    """``run()`` (a CRIU restore returning the tree's pid) in a restorer child that calls ``record(pid)``.
+
+    Returns the pid; a failure of ``run`` is re-raised here as ``rebuild(report)`` (report: error text,
+    exception type name, CRIU log tail).
+    """
+    rfd, wfd = os.pipe()
+    child = os.fork()
+    if child == 0:  # pragma: no cover - runs in the forked child
+        os.close(rfd)
+        _child(run, record, wfd)
+    os.close(wfd)
+    chunks = []
+    try:
+        while True:
+            chunk = os.read(rfd, 65536)
+            if not chunk:
+                break
+            chunks.append(chunk)
+    finally:
+        os.close(rfd)
+        os.waitpid(child, 0)
+    try:
+        report = json.loads(b"".join(chunks) or b"{}")
+    except ValueError:
+        report = {}
+    if "pid" in report:
+        return int(report["pid"])
+    if "error" not in report:
+        report = {"error": "the restorer process ended without a result (killed?)", "type": "RuntimeError"}
+    raise rebuild(report)
+
+
+def tree_recorder(pidfile: Optional[str], write: Callable[[str, int], None]) -> Callable[[int], None]:
+    """``record`` for ``restore_recorded``: write the pidfile, when the target has one."""
+    def record(pid: int) -> None:
+        if pidfile:
+            write(pidfile, pid)
+    return record

@@ -1,0 +1,315 @@
+"""The store is input: property-based tests of the manifest schema, names, ids and paths, and the store's
+handling of hostile layouts (symlinks, unlisted files, foreign staging entries, broken manifests)."""
+from __future__ import annotations
+
+import json
+import os
+import posixpath
+import signal
+import string
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Dict
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as hs
+
+from ansible_collections.warmstart.snapshot.plugins.module_utils import _manifest as mf
+from ansible_collections.warmstart.snapshot.plugins.module_utils import _restorer as rst
+from ansible_collections.warmstart.snapshot.plugins.module_utils import _safefs as safefs
+from ansible_collections.warmstart.snapshot.plugins.module_utils import _schema as schema
+from ansible_collections.warmstart.snapshot.plugins.module_utils import _store as st
+
+from tests.support.store_fixtures import make_snapshot
+
+FAST = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+json_values = hs.recursive(
+    hs.none() | hs.booleans() | hs.integers() | hs.floats(allow_nan=False) | hs.text(max_size=20),
+    lambda inner: hs.lists(inner, max_size=4) | hs.dictionaries(hs.text(max_size=10), inner, max_size=4),
+    max_leaves=30)
+
+
+def good_doc() -> Dict[str, Any]:
+    doc = mf.new_manifest("20261202T120000Z-1a2b3c4d", "embed", {"model": "m"}, {"hostname": "a", "arch": "x86_64"})
+    doc["targets"] = [{"name": "embed", "kind": "process", "path": "containers/embed", "workload": "embed",
+                       "workloads_root": "/var/lib/warmstart/workloads",
+                       "workload_files": [{"path": "control/ready-for-snapshot", "mode": 0o644}],
+                       "control_dir": "/var/lib/warmstart/workloads/embed/control",
+                       "criu": {"options": {"tcp": "established", "shell_job": False}}}]
+    doc["files"] = [{"path": "containers/embed/criu/pages-1.img", "size": 4, "sha256": "a" * 64}]
+    return doc
+
+
+# --- properties -------------------------------------------------------------------------------
+
+@FAST
+@given(json_values)
+def test_any_json_value_is_judged_never_crashes(value: Any) -> None:
+    found = schema.problems(value, mf.SCHEMA_VERSION)
+    assert isinstance(found, list) and all(isinstance(p, str) for p in found)
+    if not isinstance(value, dict):
+        assert found == ["not a JSON object"]
+
+
+@FAST
+@given(hs.dictionaries(hs.sampled_from(["schema", "id", "name", "labels", "created_at", "source", "targets",
+                                        "files", "size", "gpu", "pod"]), json_values, max_size=11))
+def test_any_field_replaced_by_any_value_is_judged(change: Dict[str, Any]) -> None:
+    doc = dict(good_doc(), **change)
+    try:
+        mf.validate(doc, "m.json")
+    except mf.ManifestError as exc:
+        assert str(exc).startswith("m.json: manifest ")
+        assert len(exc.reasons) != 1, "one problem is said in the message; several are all in reasons"
+        return
+    # accepted: then every path in it stays inside a snapshot dir
+    for entry in doc["files"]:
+        assert not posixpath.isabs(entry["path"]) and ".." not in entry["path"].split("/")
+
+
+@FAST
+@given(hs.binary(max_size=200))
+def test_any_bytes_parse_or_fail_as_manifest_errors(data: bytes) -> None:
+    try:
+        mf.parse(data, "m.json")
+    except mf.ManifestError:
+        pass
+
+
+@FAST
+@given(hs.text(alphabet=string.ascii_letters + string.digits + "._-/\n\r\x00 ", max_size=40))
+def test_names_and_ids_match_in_full(value: str) -> None:
+    if schema.is_name(value):
+        assert "/" not in value and "\n" not in value and ".." not in value and value
+    if schema.is_id(value):
+        assert len(value) == 25 and "\n" not in value
+    for suffix in ("\n", "\r\n", " "):
+        assert not schema.is_name(value + suffix) and not schema.is_id(value + suffix)
+
+
+@FAST
+@given(hs.lists(hs.sampled_from(["a", "b", ".", "..", "", "c.img", "x\n", "/"]), min_size=1, max_size=6))
+def test_accepted_relative_paths_stay_inside_any_base(parts: list) -> None:
+    rel = "/".join(parts)
+    if schema.relpath_problem(rel) is None:
+        base = "/srv/store/snapshots/x"
+        assert posixpath.normpath(posixpath.join(base, rel)).startswith(base + "/")
+        assert posixpath.normpath(rel) == rel
+
+
+def test_deep_nesting_is_a_manifest_error_not_a_crash() -> None:
+    deep = b'{"schema": 1, "x": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"
+    with pytest.raises(mf.ManifestError, match="nested deeper than"):
+        mf.parse(deep, "deep.json")
+    nested: Any = 1
+    for _ in range(schema.MAX_DEPTH + 1):
+        nested = [nested]
+    assert schema.problems({"schema": 1, "a": nested}, 1) == [f"nested deeper than {schema.MAX_DEPTH} levels"]
+
+
+@pytest.mark.parametrize("change, fragment", [
+    ({"labels": ["a", "b"]}, "labels: not a mapping of strings"),
+    ({"targets": ["a", "b"]}, "targets[0]: not a mapping"),
+    ({"created_at": None}, "created_at: None is not a UTC timestamp"),
+    ({"id": ""}, "id '' is malformed"),
+    ({"name": ""}, "name '' is not a safe name"),
+])
+def test_shapes_that_crashed_before_are_reasons(change: Dict[str, Any], fragment: str) -> None:
+    with pytest.raises(mf.ManifestError) as err:
+        mf.validate(dict(good_doc(), **change), "m")
+    assert any(fragment in r for r in err.value.reasons or [str(err.value)]), (str(err.value), err.value.reasons)
+
+
+@pytest.mark.parametrize("field, value, fragment", [
+    ("workload_files", [{"path": "/etc/cron.d/x", "mode": 0o644}], "workload_files[0].path '/etc/cron.d/x' is absolute"),
+    ("workload_files", [{"path": "../../../../etc/x", "mode": 0o644}], "has an empty, '.' or '..' component"),
+    ("workload_files", [{"path": "bin/sh", "mode": 0o4755}], "setuid, setgid and sticky are refused"),
+    ("path", "containers/../../etc", "path 'containers/../../etc' is not 'containers/embed'"),
+    ("path", "/etc", "path '/etc' is not 'containers/embed'"),
+    ("workloads_root", "relative/root", "workloads_root 'relative/root' is not an absolute path"),
+    ("control_dir", "/a/../etc", "control_dir '/a/../etc' is not normalised"),
+    ("criu", {"options": {"tcp": "bogus"}}, "criu.options.tcp: 'bogus' is not one of"),
+    ("name", "a\n", "targets[0].name 'a\\n' is not a safe name"),
+])
+def test_target_fields_that_steered_writes_are_refused(field: str, value: Any, fragment: str) -> None:
+    doc = good_doc()
+    doc["targets"][0][field] = value
+    with pytest.raises(mf.ManifestError) as err:
+        mf.validate(doc, "m")
+    assert any(fragment in r for r in err.value.reasons or [str(err.value)]), (str(err.value), err.value.reasons)
+
+
+def test_every_bad_field_is_listed_at_once() -> None:
+    doc = dict(good_doc(), labels=[1], created_at="yesterday", files=[{"path": "/x", "size": -1, "sha256": "z"}])
+    with pytest.raises(mf.ManifestError) as err:
+        mf.validate(doc, "m")
+    assert len(err.value.reasons) >= 5 and "(and " in str(err.value)
+
+
+# --- the store's layout ------------------------------------------------------------------------
+
+@pytest.fixture()
+def store(tmp_path: Path) -> st.FsStore:
+    return st.FsStore(str(tmp_path / "store"))
+
+
+def test_one_broken_manifest_never_hides_the_others(store: st.FsStore) -> None:
+    good = make_snapshot(store, "good")
+    bad_ids = []
+    for n, body in enumerate([b"[" * 50_000, json.dumps(dict(good_doc(), labels=["x"])).encode(),
+                              json.dumps(dict(good_doc(), targets=["x"])).encode(),
+                              json.dumps({k: v for k, v in good_doc().items() if k != "created_at"}).encode()]):
+        sid = f"20261202T12000{n}Z-0000000{n}"
+        path = Path(store.snapshot_dir(sid))
+        path.mkdir(parents=True)
+        doc_bytes = body.replace(b"20261202T120000Z-1a2b3c4d", sid.encode())
+        (path / "manifest.json").write_bytes(doc_bytes)
+        bad_ids.append(sid)
+    listed = {d["id"]: d for d in store.list()}
+    assert "error" not in listed[good["id"]]
+    for sid in bad_ids:
+        assert listed[sid]["error"].startswith(f"{store.snapshot_dir(sid)}/manifest.json: manifest "), listed[sid]
+
+
+@pytest.mark.parametrize("which", ["tmp", "snapshots"])
+def test_symlinked_layout_is_refused(store: st.FsStore, tmp_path: Path, which: str) -> None:
+    store.ensure()
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "precious").write_text("keep me")
+    os.rmdir(os.path.join(store.root, which))
+    os.symlink(elsewhere, os.path.join(store.root, which))
+    with pytest.raises(st.StoreError, match=f"{which} is a symlink"):
+        store.staging_entries() if which == "tmp" else store.list()
+    assert (elsewhere / "precious").read_text() == "keep me"
+
+
+def test_only_warmstart_staging_entries_are_listed(store: st.FsStore) -> None:
+    store.ensure()
+    ours = Path(store.tmp) / ("ab" * 16)
+    deleting = Path(store.tmp) / "deleting-20261202T120000Z-1a2b3c4d-0a0b0c0d"
+    for path in (ours, deleting):
+        path.mkdir()
+    for foreign in ("important", "AB" * 16, ("ab" * 16) + "\n", "deleting-x"):
+        (Path(store.tmp) / foreign).mkdir()
+    assert sorted(e["path"] for e in store.staging_entries()) == sorted([str(ours), str(deleting)])
+
+
+@pytest.mark.parametrize("tamper", ["unlisted", "symlink", "fifo", "unlisted_pages", "symlinked_dir"])
+def test_verify_accounts_for_every_entry(store: st.FsStore, tmp_path: Path, tamper: str) -> None:
+    doc = make_snapshot(store)
+    top = Path(store.snapshot_dir(doc["id"]))
+    images = top / "containers" / "embed" / "criu"
+    if tamper == "unlisted":
+        (images / "extra.img").write_bytes(b"x")
+        want = "containers/embed/criu/extra.img: not listed in the manifest"
+    elif tamper == "symlink":
+        (images / "core-1.img").unlink()
+        (images / "core-1.img").symlink_to("/etc/hostname")
+        want = "containers/embed/criu/core-1.img: a symlink, not a regular file"
+    elif tamper == "fifo":
+        os.mkfifo(images / "fifo.img")
+        want = "containers/embed/criu/fifo.img: a fifo, not a regular file"
+    elif tamper == "unlisted_pages":  # dropped from files[] (manifest rewritten), then corrupted
+        doc["files"] = [e for e in doc["files"] if not e["path"].endswith("pages-1.img")]
+        mf.dump(doc, str(top / "manifest.json"))
+        (images / "pages-1.img").write_bytes(b"planted")
+        want = "containers/embed/criu/pages-1.img: not listed in the manifest"
+    else:
+        real = tmp_path / "real"
+        os.rename(images, real)
+        images.symlink_to(real)
+        want = "containers/embed/criu: a symlink, not a regular file"
+    problems = st.verify_files(str(top), doc)
+    assert want in problems, problems
+
+
+def test_load_refuses_a_symlinked_snapshot_dir(store: st.FsStore, tmp_path: Path) -> None:
+    doc = make_snapshot(store)
+    real = tmp_path / "moved"
+    os.rename(store.snapshot_dir(doc["id"]), real)
+    os.symlink(real, store.snapshot_dir(doc["id"]))
+    with pytest.raises(st.StoreError, match="is a symlink, not a directory; refusing to follow it"):
+        store.load(doc["id"])
+
+
+# --- writing on the node -----------------------------------------------------------------------
+
+def test_copy_into_never_follows_a_symlink(tmp_path: Path) -> None:
+    base = tmp_path / "wl"
+    (base / "sub").mkdir(parents=True)
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    src = tmp_path / "src"
+    src.write_text("data")
+    (base / "logs").symlink_to(outside)
+    with pytest.raises(safefs.UnsafePath, match="component 'logs'"):
+        safefs.copy_into(str(base), "logs/x.log", str(src), 0o644)
+    assert list(outside.iterdir()) == []
+    (base / "sub" / "f").symlink_to(outside / "victim")
+    safefs.copy_into(str(base), "sub/f", str(src), 0o4755)  # replaces the link itself, drops setuid
+    assert not (outside / "victim").exists()
+    assert (base / "sub" / "f").read_text() == "data" and not (base / "sub" / "f").is_symlink()
+    assert (os.stat(base / "sub" / "f").st_mode & 0o7777) == 0o755
+
+
+def test_inside_resolves_paths(tmp_path: Path) -> None:
+    (tmp_path / "root" / "a").mkdir(parents=True)
+    (tmp_path / "link").symlink_to("/etc")
+    assert safefs.inside(str(tmp_path / "root" / "a"), [str(tmp_path / "root")])
+    assert not safefs.inside(str(tmp_path / "root" / ".." / "x"), [str(tmp_path / "root")])
+    assert not safefs.inside(str(tmp_path / "link"), [str(tmp_path)])
+
+
+# --- one restore of a workload at a time, never untracked --------------------------------------
+
+def test_restore_lock_is_exclusive_and_names_the_holder(tmp_path: Path) -> None:
+    fd = rst.exclusive("workload w under /x", lock_dir=str(tmp_path))
+    try:
+        with pytest.raises(rst.Busy, match=f"another restore of workload w under /x is running.*pid {os.getpid()}"):
+            rst.exclusive("workload w under /x", lock_dir=str(tmp_path))
+        os.close(rst.exclusive("workload other under /x", lock_dir=str(tmp_path)))
+    finally:
+        os.close(fd)
+    os.close(rst.exclusive("workload w under /x", lock_dir=str(tmp_path)))
+
+
+def test_restore_recorded_returns_pid_and_rebuilds_errors(tmp_path: Path) -> None:
+    recorded = tmp_path / "pid"
+    assert rst.restore_recorded(lambda: 4242, lambda pid: recorded.write_text(str(pid)), RuntimeError) == 4242
+    assert recorded.read_text() == "4242"
+
+    def fails() -> int:
+        raise ValueError("criu said no")
+    with pytest.raises(RuntimeError) as err:
+        rst.restore_recorded(fails, lambda pid: None, lambda report: RuntimeError(report["error"]))
+    assert "criu said no" in str(err.value)
+
+
+CALLER = r'''
+import sys, time
+sys.path.insert(0, sys.argv[1])
+from ansible_collections.warmstart.snapshot.plugins.module_utils import _restorer as rst
+out = sys.argv[2]
+def slow_restore():
+    time.sleep(1.5)   # the caller is SIGKILLed meanwhile
+    return 31337
+rst.restore_recorded(slow_restore, lambda pid: open(out, "w").write(str(pid)), RuntimeError)
+'''
+
+
+def test_a_killed_caller_still_gets_its_tree_recorded(tmp_path: Path) -> None:
+    record = tmp_path / "pidfile"
+    collections = str(Path(__file__).resolve().parents[2] / ".collections")
+    caller = subprocess.Popen([sys.executable, "-c", CALLER, collections, str(record)])
+    time.sleep(0.5)
+    caller.send_signal(signal.SIGKILL)
+    caller.wait()
+    end = time.monotonic() + 10
+    while not record.exists() and time.monotonic() < end:
+        time.sleep(0.05)
+    assert record.read_text() == "31337"
