@@ -39,7 +39,7 @@ from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 from ansible_collections.warmstart.snapshot.plugins.module_utils import _control as ctl
 from ansible_collections.warmstart.snapshot.plugins.module_utils import _proc as proc
-from ansible_collections.warmstart.snapshot.plugins.module_utils._criu import CriuError, probe_feature
+from ansible_collections.warmstart.snapshot.plugins.module_utils._criu import probe_feature
 from ansible_collections.warmstart.snapshot.plugins.module_utils._criu_rpc import _error_lines, log_tail
 
 STATE = "lazy-state.json"
@@ -522,47 +522,98 @@ def port_free(address: str, port: int) -> bool:
     return False
 
 
+def _listen(address: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in address else socket.AF_INET
+    srv = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        srv.bind((address, port))
+        srv.listen(16)
+    except OSError as exc:
+        srv.close()
+        raise LazyError(f"page server: cannot listen on {address}:{port}: {exc.strerror or exc} "
+                        "(in use, or not an address of this node)") from None
+    return srv
+
+
+def _first_client(srv: socket.socket, deadline: float, note: Any) -> Optional[socket.socket]:
+    """The first connection that sends a request; connections closed before sending one (port probes,
+    health checks) are noted and dropped, and the listener goes on. None when ``deadline`` passes first."""
+    pending: Dict[socket.socket, Any] = {}
+    while time.monotonic() < deadline:
+        ready, _w, _x = select.select([srv, *pending], [], [], min(1.0, max(0.0, deadline - time.monotonic())))
+        for sock in ready:
+            if sock is srv:
+                conn, peer = srv.accept()
+                pending[conn] = peer
+                continue
+            try:
+                data = sock.recv(1, socket.MSG_PEEK)
+            except OSError:
+                data = b""
+            peer = pending.pop(sock)
+            if data:
+                for other in pending:
+                    other.close()
+                note(f"serving {peer[0]}:{peer[1]}")
+                return sock
+            note(f"ignored a connection from {peer[0]}:{peer[1]}: closed without a page request (a port probe?)")
+            sock.close()
+    for other in pending:
+        other.close()
+    return None
+
+
 def serve(criu: str, images: str, log_dir: str, address: str, port: int, timeout: float) -> Dict[str, Any]:
-    """Start ``criu page-server --lazy-pages`` for ``images`` on address:port (one client; gone after ``timeout``)."""
-    if not port_free(address, port):
-        raise LazyError(f"page server: {address}:{port} is in use or not an address of this node")
+    """Serve ``images`` to one lazy restore on address:port, for at most ``timeout`` seconds.
+
+    A detached listener accepts connections; one that closes without sending a page request (a port probe,
+    a health check) is ignored and noted in ``page-server-<port>.connections.log``; the first that sends one is
+    handed to ``criu page-server --lazy-pages --ps-socket``, which serves that restore; then all exits.
+    """
     raise_pipe_limit()
+    srv = _listen(address, port)
     log = os.path.join(log_dir, f"page-server-{port}.log")
-    argv = [criu, "page-server", "--lazy-pages", "-D", images, "--address", address, "--port", str(port),
-            "-o", log, "-v4"]
-    rfd, wfd = os.pipe()
+    notes = os.path.join(log_dir, f"page-server-{port}.connections.log")
+    deadline = time.monotonic() + timeout
+
+    def note(text: str) -> None:
+        with open(notes, "a", encoding="utf-8") as handle:
+            handle.write(f"{time.strftime('%Y-%m-%dT%H:%M:%S')} {text}\n")
 
     def supervise() -> None:  # pragma: no cover - runs in the detached supervisor
-        try:
-            server = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                      stderr=subprocess.DEVNULL, close_fds=True)
-        except OSError as exc:
-            os.write(wfd, f"failed {exc}\n".encode())
+        client = _first_client(srv, deadline, note)
+        srv.close()
+        if client is None:
+            note(f"no restore connected within {timeout:g} s; exiting")
             return
-        os.write(wfd, f"pid {server.pid} {os.getpid()}\n".encode())
-        os.close(wfd)
+        argv = [criu, "page-server", "--lazy-pages", "-D", images, "--ps-socket", str(client.fileno()),
+                "-o", log, "-v4"]
+        server = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                  stderr=subprocess.DEVNULL, pass_fds=(client.fileno(),))
+        client.close()
         try:
-            server.wait(timeout=timeout)
+            server.wait(timeout=max(1.0, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
             server.kill()
             server.wait()
+            note(f"killed the page server after {timeout:g} s")
+        else:
+            note(f"the page server exited with {server.returncode}")
 
-    proc.detach(supervise, keep=(wfd,))
+    rfd, wfd = os.pipe()
+
+    def announce() -> None:  # pragma: no cover - runs in the detached supervisor
+        os.write(wfd, f"pid {os.getpid()}\n".encode())
+        os.close(wfd)
+        supervise()
+
+    proc.detach(announce, keep=(wfd, srv.fileno()))
     os.close(wfd)
+    srv.close()
     said = os.read(rfd, 256).decode("utf-8", "replace").split()
     os.close(rfd)
     if not said or said[0] != "pid":
         raise LazyError(f"page server did not start: {' '.join(said[1:]) or 'no answer'}")
-    pid = int(said[1])
-    end = time.monotonic() + START_TIMEOUT
-    while time.monotonic() < end:
-        if not proc.alive(pid):
-            raise CriuError(f"CRIU page server for {images} exited at start; log {log}", log_tail=log_tail(log))
-        if not port_free(address, port):
-            break
-        time.sleep(0.01)
-    else:
-        os.kill(pid, signal.SIGKILL)
-        raise LazyError(f"page server did not listen on {address}:{port} within {START_TIMEOUT:.0f} s; log {log}")
-    return {"pid": pid, "supervisor_pid": int(said[2]), "address": address, "port": port, "log": log,
-            "timeout": timeout}
+    return {"pid": int(said[1]), "supervisor_pid": int(said[1]), "address": address, "port": port, "log": log,
+            "connections_log": notes, "timeout": timeout}

@@ -43,7 +43,8 @@ def snapshot(lab: Lab, name: str, mb: int, *extra: str) -> Dict[str, Any]:
 
 
 def drive(lab: Lab, snap_id: str, *args: str) -> Dict[str, Any]:
-    done = subprocess.run(["/usr/bin/python3", str(DRIVER), str(lab.store), str(lab.restore_root), snap_id, *args],
+    done = subprocess.run(["/usr/bin/python3", str(DRIVER), str(lab.store), str(lab.restore_root), snap_id,
+                           "--workloads-root", str(lab.workloads), *args],
                           capture_output=True, text=True, check=False, timeout=300, cwd=REPO)
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout.strip().splitlines()[-1])
@@ -249,3 +250,26 @@ def test_page_server_unreachable(lab: Lab) -> None:
     assert not lab.ours(), "a half-restored copy is running"
     failed = lab.wdir("lazy10") / "control" / "restore-failed"
     assert failed.exists()
+
+
+@pytest.mark.parametrize("probes", [1, 3])
+def test_page_server_ignores_probes_and_serves_the_restore(lab: Lab, probes: int) -> None:
+    """A port probe or health check (connect, close) used to end the page server before its restore came."""
+    snap = snapshot(lab, f"lazyp{probes}", 32)
+    port = free_port()
+    served = lab.play([{"name": "serve", "warmstart.snapshot.page_server": {
+        "store": str(lab.store), "snapshot": snap["id"], "address": "127.0.0.1", "port": port, "timeout": 120,
+        "log_dir": str(lab.tmp / "ps")}}])["serve"]["page_server"]
+    for _ in range(probes):
+        with socket.create_connection(("127.0.0.1", port), timeout=5):
+            pass
+    time.sleep(0.3)
+    assert not gone(served["pid"], 0.5), "a probe ended the page server"
+    out = lab.play([lab.restore("restore", snapshot=snap["id"], page_server=f"127.0.0.1:{port}",
+                                lazy_wait=True)])["restore"]["restore"]
+    assert out["lazy"]["used"] is True and out["lazy"]["complete_after"] > 0
+    digest(snap["port"])
+    notes = Path(served["connections_log"]).read_text()
+    assert notes.count("ignored a connection from 127.0.0.1") == probes, notes
+    assert "serving 127.0.0.1" in notes
+    assert gone(served["pid"], 15), "the page server did not exit after serving its restore"
