@@ -32,6 +32,7 @@ from ansible_collections.warmstart.snapshot.plugins.module_utils import _control
 from ansible_collections.warmstart.snapshot.plugins.module_utils import _namespaces as nsu
 from ansible_collections.warmstart.snapshot.plugins.module_utils import _proc as proc
 from ansible_collections.warmstart.snapshot.plugins.module_utils import _progress as prog
+from ansible_collections.warmstart.snapshot.plugins.module_utils import _pstree as pstree
 from ansible_collections.warmstart.snapshot.plugins.module_utils import _rootfs as rootfs
 from ansible_collections.warmstart.snapshot.plugins.module_utils import _safefs as safefs
 from ansible_collections.warmstart.snapshot.plugins.module_utils import _snapshot as snap
@@ -163,12 +164,17 @@ class ContainerCapture:
                 nsu.nft(self.root_pid, f"delete table inet {table}")
 
     def while_stopped(self, target_dir: str) -> Dict[str, Any]:
+        try:  # the tree leads its own session: restorable beside any placeholder's PID 1 (see _pstree)
+            moved = pstree.rewrite_file(os.path.join(target_dir, "criu", "pstree.img"))
+        except pstree.PstreeError as exc:
+            raise snap.SnapshotError(f"container {self.info.name}: {exc}") from None
         prog.phase("rootfs diff")
         try:
             stats = rootfs.capture(self.info.upper_dir or "", target_dir)
         except (OSError, rootfs.RootfsError) as exc:
             raise snap.SnapshotError(f"container {self.info.name}: rootfs changes cannot be captured: {exc}") from None
-        return {"rootfs_diff": dict(stats, tar=rootfs.DIFF_TAR, deleted_files=rootfs.DELETED)}
+        session = {"own_session": True, "moved_from": {k: sorted(v) for k, v in moved.items()}}
+        return {"rootfs_diff": dict(stats, tar=rootfs.DIFF_TAR, deleted_files=rootfs.DELETED), "session": session}
 
     def entry(self) -> Dict[str, Any]:
         i = self.info

@@ -1,0 +1,104 @@
+# -*- coding: utf-8 -*-
+# Copyright (c) warmstart developers
+# GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+"""A container's dumped process tree made the leader of its own session, so it restores beside any PID 1.
+
+Why: a workload under the container's init (``podman run --init``, a pod's pause process) belongs to the
+init's session and process group, whose leader is not part of the dump. CRIU's ``--shell-job`` restores such
+a tree by moving it into the restorer's session, numbered as the restorer sees it, in the host's PID
+namespace. Restored into a placeholder's PID namespace, where that leader is invisible (``getsid`` is 0 there),
+the root task is let through but every child fails CRIU's check ("Requested sid N doesn't match inherited
+0"): only single-process trees restored.
+
+What this does, at checkpoint time, on the staged ``pstree.img``: every ``sid`` and ``pgid`` that names no
+task of the dumped tree (the init's session and group) becomes the root task's pid. The restored root then
+calls ``setsid()`` itself, its children inherit that session inside the placeholder's namespace, and the
+restored tree can be checkpointed again (its session leader is inside it). Invariants: ids that name a task
+of the tree are kept; the image header and every other field are kept; nothing changes when the root already
+leads its session. Decoding uses pycriu's generated ``pstree_entry`` message only (works across protobuf
+versions, unlike pycriu's dict decoder).
+"""
+from __future__ import annotations
+
+import os
+import struct
+from typing import Any, Dict, List, Tuple
+
+HEADER = 8  # u32 IMG_COMMON magic, u32 PSTREE magic
+
+
+class PstreeError(RuntimeError):
+    """pstree.img cannot be read or rewritten."""
+
+
+def _message() -> Any:
+    try:
+        from pycriu.images import pstree_pb2  # pylint: disable=import-outside-toplevel
+    except ImportError as exc:
+        raise PstreeError(f"pycriu's images are not importable ({exc}); prepare the node with "
+                          "warmstart.snapshot.node_prep") from None
+    return pstree_pb2.pstree_entry
+
+
+def decode(data: bytes) -> Tuple[bytes, List[Any]]:
+    """(header, entries) of a pstree image."""
+    entry_type = _message()
+    if len(data) < HEADER:
+        raise PstreeError(f"pstree image of {len(data)} bytes has no header")
+    out, off = [], HEADER
+    while off < len(data):
+        if off + 4 > len(data):
+            raise PstreeError(f"pstree image truncated at byte {off}")
+        (size,) = struct.unpack_from("<I", data, off)
+        body = data[off + 4:off + 4 + size]
+        if len(body) != size:
+            raise PstreeError(f"pstree image truncated in the entry at byte {off}")
+        entry = entry_type()
+        entry.ParseFromString(body)
+        out.append(entry)
+        off += 4 + size
+    return data[:HEADER], out
+
+
+def encode(header: bytes, entries: List[Any]) -> bytes:
+    parts = [header]
+    for entry in entries:
+        body = entry.SerializeToString()
+        parts.append(struct.pack("<I", len(body)) + body)
+    return b"".join(parts)
+
+
+def own_session(entries: List[Any]) -> Dict[str, Dict[int, int]]:
+    """Rewrite, in place, sids and pgids naming no task of the tree to the root's pid; returns what changed."""
+    if not entries:
+        return {}
+    root = entries[0].pid
+    tasks = {e.pid for e in entries}
+    changed: Dict[str, Dict[int, int]] = {"sid": {}, "pgid": {}}
+    for entry in entries:
+        for field in ("sid", "pgid"):
+            value = getattr(entry, field)
+            if value not in tasks:
+                changed[field][value] = root
+                setattr(entry, field, root)
+    return {k: v for k, v in changed.items() if v}
+
+
+def rewrite_file(path: str) -> Dict[str, Dict[int, int]]:
+    """``own_session`` on the pstree image at ``path`` (replaced atomically, mode kept); returns what changed."""
+    try:
+        with open(path, "rb") as handle:
+            data = handle.read()
+    except OSError as exc:
+        raise PstreeError(f"{path}: {exc.strerror}") from None
+    header, entries = decode(data)
+    changed = own_session(entries)
+    if not changed:
+        return {}
+    tmp = f"{path}.tmp-{os.getpid()}"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, os.stat(path).st_mode & 0o777)
+    with os.fdopen(fd, "wb") as handle:
+        handle.write(encode(header, entries))
+    os.rename(tmp, path)
+    return changed

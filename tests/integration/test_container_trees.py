@@ -1,0 +1,125 @@
+"""Container workloads that are process trees, restored into inert placeholders (podman, runc, --init).
+
+Real inference servers are trees: one worker per GPU, gunicorn/uvicorn workers, data-loader forks, shell
+entrypoints. Each shape below runs under ``podman run --init``, is checkpointed, and restored into two
+placeholders from one snapshot (a container map); every process of the tree must be alive there and its
+counters must go on from where the source was.
+
+The cause of the old failure ("Requested sid N doesn't match inherited 0"): the tree belonged to the
+container init's session, whose leader is not dumped; CRIU's shell-job restore moved it into the restorer's
+session, invisible inside the placeholder's PID namespace, and every child but the root failed CRIU's
+session check. The checkpoint now makes the tree lead its own session (_pstree).
+"""
+from __future__ import annotations
+
+import time
+from typing import Any, Dict, List
+
+import pytest
+
+from .test_container_snapshot import Pod, wait_file
+
+pytestmark = pytest.mark.integration
+
+# Every process writes "<role> <counter>" into /tmp/c-<role> every 0.1 s; "ready-for-snapshot" once all run.
+TREE = r'''
+import os, sys, threading, time
+ctl = os.environ["SNAPSHOT_CONTROL_DIR"]
+
+def tick(role):
+    n = 0
+    while True:
+        n += 1
+        with open(f"/tmp/c-{role}.tmp", "w") as f:
+            f.write(str(n))
+        os.replace(f"/tmp/c-{role}.tmp", f"/tmp/c-{role}")
+        time.sleep(0.1)
+
+def child(role, grandchild=False, own_group=False):
+    pid = os.fork()
+    if pid:
+        return pid
+    if own_group:
+        os.setpgid(0, 0)
+    if grandchild:
+        child(role + "-g")
+    threading.Thread(target=tick, args=(role + "-t",), daemon=True).start()  # a second thread
+    tick(role)
+
+child("a", grandchild=True)
+child("b", own_group=True)
+time.sleep(0.5)
+open(os.path.join(ctl, "ready-for-snapshot"), "w").close()
+tick("root")
+'''
+TREE_ROLES = ["root", "a", "a-t", "a-g", "a-g-t", "b", "b-t"]
+
+# A shell entrypoint that execs nothing: it forks `sleep` every 0.2 s (often mid fork/exec at dump time).
+SHELL = ('i=0; while :; do i=$((i+1)); echo $i > /tmp/c-sh; '
+         '[ $i = 5 ] && : > "$SNAPSHOT_CONTROL_DIR/ready-for-snapshot"; sleep 0.2; done')
+
+
+def counters(pod: Pod, full: str, roles: List[str]) -> Dict[str, int]:
+    out = {}
+    for role in roles:
+        done = pod.podman("exec", full, "cat", f"/tmp/c-{role}", check=False)
+        out[role] = int(done.stdout.strip()) if done.returncode == 0 and done.stdout.strip() else -1
+    return out
+
+
+def tree_restore(pod: Pod, name: str, cmd: List[str], roles: List[str]) -> Dict[str, Any]:
+    src = pod.run(name, *cmd)
+    wait_file(pod.control(name) / "ready-for-snapshot", 60)
+    ph = [pod.placeholder(f"{name}-ph{n}") for n in range(2)]
+    time.sleep(3.0)  # counters well above what a fresh start reaches in the second after a restore
+    before = counters(pod, src, roles)
+    res = pod.play([
+        pod.checkpoint("checkpoint", container=src, wait_ready=True, leave_running=False),
+        pod.restore("restore", name=src, into={"container_map": [f"{src}={p}" for p in ph]}),
+    ], name)
+    time.sleep(1.0)
+    first = {p: counters(pod, p, roles) for p in ph}
+    time.sleep(1.0)
+    second = {p: counters(pod, p, roles) for p in ph}
+    return {"src": src, "ph": ph, "res": res, "before": before, "first": first, "second": second}
+
+
+@pytest.fixture(scope="module")
+def pod(tmp_path_factory: pytest.TempPathFactory):
+    world = Pod(tmp_path_factory.mktemp("trees"))
+    (world.app / "tree.py").write_text(TREE)
+    try:
+        yield world
+    finally:
+        world.cleanup()
+
+
+@pytest.mark.parametrize("shape", ["python_tree", "shell_loop"])
+def test_a_process_tree_restores_into_two_placeholders(pod: Pod, shape: str) -> None:
+    if shape == "python_tree":
+        cmd, roles = ["python3", "/app/tree.py"], TREE_ROLES
+    else:
+        cmd, roles = ["sh", "-c", SHELL], ["sh"]
+    out = tree_restore(pod, shape.replace("_", "-"), cmd, roles)
+    res = out["res"]
+    assert res["restore"]["restore"]["outcome"] == "succeeded", res["restore"]
+    target = res["checkpoint"]["snapshot"]
+    assert target["name"] == out["src"]
+    for p in out["ph"]:
+        first, second = out["first"][p], out["second"][p]
+        assert all(first[r] >= out["before"][r] > 0 for r in roles), \
+            f"{p}: counters did not go on from the dump: {out['before']} -> {first}"
+        assert all(second[r] > first[r] for r in roles), f"{p}: a process of the tree does not run: {first} -> {second}"
+        lines = pod.ps(p)
+        assert lines[0].split()[0] == "1" and "sleep infinity" in lines[0], lines
+        if shape == "python_tree":
+            assert sum("/app/tree.py" in line for line in lines) == 4, lines  # root, a, a-g, b
+
+
+def test_a_restored_tree_leads_its_session_and_can_be_checkpointed_again(pod: Pod) -> None:
+    out = tree_restore(pod, "again", ["python3", "/app/tree.py"], TREE_ROLES)
+    again = pod.play([pod.checkpoint("checkpoint the copy", container=out["ph"][0], name="again-copy")], "again2")
+    snap = again["checkpoint the copy"]["snapshot"]
+    assert snap["name"] == "again-copy" and snap["source_running"] is True
+    time.sleep(0.5)
+    assert all(v > 0 for v in counters(pod, out["ph"][0], TREE_ROLES).values())
