@@ -260,7 +260,7 @@ def test_page_server_ignores_probes_and_serves_the_restore(lab: Lab, probes: int
     served = lab.play([{"name": "serve", "warmstart.snapshot.page_server": {
         "store": str(lab.store), "snapshot": snap["id"], "address": "127.0.0.1", "port": port, "timeout": 120,
         "log_dir": str(lab.tmp / "ps")}}])["serve"]["page_server"]
-    for _ in range(probes):
+    for _probe in range(probes):
         with socket.create_connection(("127.0.0.1", port), timeout=5):
             pass
     time.sleep(0.3)

@@ -106,7 +106,7 @@ def test_deep_nesting_is_a_manifest_error_not_a_crash() -> None:
     with pytest.raises(mf.ManifestError, match="nested deeper than"):
         mf.parse(deep, "deep.json")
     nested: Any = 1
-    for _ in range(schema.MAX_DEPTH + 1):
+    for _level in range(schema.MAX_DEPTH + 1):
         nested = [nested]
     assert schema.problems({"schema": 1, "a": nested}, 1) == [f"nested deeper than {schema.MAX_DEPTH} levels"]
 
