@@ -33,6 +33,7 @@ from ansible_collections.warmstart.snapshot.plugins.module_utils import _namespa
 from ansible_collections.warmstart.snapshot.plugins.module_utils import _proc as proc
 from ansible_collections.warmstart.snapshot.plugins.module_utils import _progress as prog
 from ansible_collections.warmstart.snapshot.plugins.module_utils import _pstree as pstree
+from ansible_collections.warmstart.snapshot.plugins.module_utils import _restorer as rst
 from ansible_collections.warmstart.snapshot.plugins.module_utils import _rootfs as rootfs
 from ansible_collections.warmstart.snapshot.plugins.module_utils import _safefs as safefs
 from ansible_collections.warmstart.snapshot.plugins.module_utils import _snapshot as snap
@@ -509,6 +510,24 @@ def _select(store: st.FsStore, snapshot_id: Optional[str], name: Optional[str], 
     return doc
 
 
+def _restore_exclusive(runtime: Runtime, criu: str, store: Any, doc: Dict[str, Any], d: Destination,
+                       opts: CriuOptions, restore_root: str, kill_on_failure: bool,
+                       skip_image_check: bool) -> Dict[str, Any]:
+    """One restore into a placeholder at a time: its lock held from a fresh inertness check to the end."""
+    refused = {"container": d.name, "source": d.source["name"], "result": "refused"}
+    try:
+        lock = rst.exclusive(f"placeholder {d.info.id if d.info else d.name}")
+    except rst.Busy as exc:
+        return dict(refused, error=f"refusing to restore into {d.name}: {exc}", reasons=[str(exc)])
+    try:
+        d, problems = check_destination(runtime, d.source, d.name, skip_image_check)  # another restore may have won
+        if problems:
+            return dict(refused, error=f"refusing to restore into {d.name}: " + "; ".join(problems), reasons=problems)
+        return restore_one(criu, store.local_dir(doc["id"]), doc, d, opts, restore_root, kill_on_failure)
+    finally:
+        os.close(lock)
+
+
 def restore_into(store: st.FsStore, into: Any, snapshot_id: Optional[str] = None, name: Optional[str] = None,
                  labels: Optional[Dict[str, str]] = None, verify: bool = True, skip_compat: bool = False,
                  skip_image_check: bool = False, kill_on_failure: bool = True, runtime_name: str = "podman",
@@ -542,7 +561,8 @@ def restore_into(store: st.FsStore, into: Any, snapshot_id: Optional[str] = None
         else:
             opts = options or CriuOptions(**{k: v for k, v in d.source["criu"]["options"].items()
                                              if k in CriuOptions.__dataclass_fields__})
-            results.append(restore_one(criu, store.local_dir(doc["id"]), doc, d, opts, restore_root, kill_on_failure))
+            results.append(_restore_exclusive(runtime, criu, store, doc, d, opts, restore_root, kill_on_failure,
+                                              skip_image_check))
     ok = sum(1 for r in results if r["result"] in ("succeeded", "would restore"))
     outcome = "succeeded" if ok == len(results) else ("failed" if ok == 0 else "partially_succeeded")
     return {"id": doc["id"], "name": doc["name"], "outcome": outcome, "destinations": results,

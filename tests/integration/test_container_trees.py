@@ -12,6 +12,9 @@ session check. The checkpoint now makes the tree lead its own session (_pstree).
 """
 from __future__ import annotations
 
+import os
+import shutil
+import threading
 import time
 from typing import Any, Dict, List
 
@@ -123,3 +126,33 @@ def test_a_restored_tree_leads_its_session_and_can_be_checkpointed_again(pod: Po
     assert snap["name"] == "again-copy" and snap["source_running"] is True
     time.sleep(0.5)
     assert all(v > 0 for v in counters(pod, out["ph"][0], TREE_ROLES).values())
+
+
+def test_two_restores_into_one_placeholder_start_one_copy(pod: Pod, tmp_path_factory: pytest.TempPathFactory) -> None:
+    """Both see an inert placeholder; the placeholder's lock lets one restore, the other is refused (and the
+    placeholder, with the first one's copy in it, is not killed as a failed restore would)."""
+    real = shutil.which("criu") or "/usr/local/bin/criu"
+    slow = tmp_path_factory.mktemp("slowcriu") / "criu"
+    slow.write_text(f"#!/bin/sh\nif [ \"$1\" = swrk ]; then sleep 2; fi\nexec {os.path.realpath(real)} \"$@\"\n")
+    slow.chmod(0o755)
+    src = pod.run("twice", "python3", "/app/tree.py")
+    wait_file(pod.control("twice") / "ready-for-snapshot", 60)
+    ph = pod.placeholder("twice-ph")
+    pod.play([pod.checkpoint("checkpoint", container=src, wait_ready=True)], "twice-ck")
+    results: List[Dict[str, Any]] = []
+
+    def one(n: int) -> None:
+        res = pod.play([pod.restore(f"restore {n}", name=src, into={"container": ph}, criu_path=str(slow),
+                                    expect_fail=True)], f"twice-{n}", ok=False)
+        results.append(res[f"restore {n}"])
+    threads = [threading.Thread(target=one, args=(n,)) for n in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(300)
+    outcomes = sorted(r["restore"]["destinations"][0]["result"] for r in results)
+    assert outcomes == ["refused", "succeeded"], results
+    loser = next(r for r in results if r["restore"]["destinations"][0]["result"] == "refused")
+    assert "another restore of placeholder" in loser["msg"] or "is not inert" in loser["msg"], loser["msg"]
+    assert pod.running(ph)
+    assert sum("/app/tree.py" in line for line in pod.ps(ph)) == 4, pod.ps(ph)

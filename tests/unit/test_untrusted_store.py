@@ -313,3 +313,12 @@ def test_a_killed_caller_still_gets_its_tree_recorded(tmp_path: Path) -> None:
     while not record.exists() and time.monotonic() < end:
         time.sleep(0.05)
     assert record.read_text() == "31337"
+
+
+def test_an_empty_criu_log_is_a_warning_naming_the_free_space(tmp_path: Path) -> None:
+    from ansible_collections.warmstart.snapshot.plugins.module_utils import _snapshot as snap
+    (tmp_path / "restore.log").write_text("")
+    warning = snap._log_warning(str(tmp_path))  # pylint: disable=protected-access
+    assert warning and "restore.log is empty or missing" in warning and "MiB" in warning
+    (tmp_path / "restore.log").write_text("(00.000001) Version: 4.2.1\n")
+    assert snap._log_warning(str(tmp_path)) is None  # pylint: disable=protected-access
