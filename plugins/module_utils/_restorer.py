@@ -23,6 +23,7 @@ import fcntl
 import hashlib
 import json
 import os
+import signal
 from typing import Any, Callable, Dict, Optional
 
 LOCK_DIR = "/run/warmstart/locks"
@@ -63,8 +64,13 @@ def _child(run: Callable[[], int], record: Callable[[int], None], out: int) -> N
             report: Dict[str, Any] = {"error": str(exc), "type": type(exc).__name__,
                                       "log_tail": getattr(exc, "log_tail", None)}
         else:
-            record(pid)
-            report = {"pid": pid}
+            try:
+                record(pid)
+                report = {"pid": pid}
+            except Exception as exc:  # pylint: disable=broad-except  # never an untracked copy: end it
+                os.kill(pid, signal.SIGKILL)  # a workload's root is its PID namespace's init: the tree goes with it
+                report = {"error": f"the restored tree (pid {pid}) could not be recorded ({exc}); it was killed",
+                          "type": "RuntimeError"}
         data = json.dumps(report).encode()
         while data:
             try:

@@ -322,3 +322,15 @@ def test_an_empty_criu_log_is_a_warning_naming_the_free_space(tmp_path: Path) ->
     assert warning and "restore.log is empty or missing" in warning and "MiB" in warning
     (tmp_path / "restore.log").write_text("(00.000001) Version: 4.2.1\n")
     assert snap._log_warning(str(tmp_path)) is None  # pylint: disable=protected-access
+
+
+def test_a_tree_that_cannot_be_recorded_is_killed_not_left_running(tmp_path: Path) -> None:
+    victim = subprocess.Popen(["sleep", "60"])
+    try:
+        def fail_to_record(pid: int) -> None:
+            raise OSError(28, "No space left on device")
+        with pytest.raises(RuntimeError, match=f"pid {victim.pid}.*could not be recorded.*it was killed"):
+            rst.restore_recorded(lambda: victim.pid, fail_to_record, lambda report: RuntimeError(report["error"]))
+        assert victim.wait(5) == -signal.SIGKILL
+    finally:
+        victim.kill()
