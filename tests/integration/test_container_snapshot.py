@@ -29,7 +29,7 @@ from .podman_lab import node_image, play as _play, podman_env
 pytestmark = pytest.mark.integration
 
 APP = r'''
-import hashlib, json, os, socket, sys, threading
+import hashlib, json, os, socket, sys, threading, time
 sys.path.insert(0, "/app")
 import warmstart_workload as ws
 
@@ -42,6 +42,28 @@ if os.environ.get("APP_GHOST"):  # an open, deleted 1 MiB file: beyond a small g
     ghost.write(os.urandom(1 << 20))
     ghost.flush()
     os.unlink("/tmp/ghost")
+workers = []  # APP_WORKERS=N: N child processes ticking a counter each (the server is then a process tree)
+for n in range(int(os.environ.get("APP_WORKERS", "0"))):
+    pid = os.fork()
+    if pid == 0:
+        tick = 0
+        while True:
+            tick += 1
+            with open(f"/tmp/worker-{n}.tmp", "w") as out:
+                out.write(str(tick))
+            os.replace(f"/tmp/worker-{n}.tmp", f"/tmp/worker-{n}")
+            time.sleep(0.1)
+    workers.append(pid)
+
+def worker_state():
+    alive = sum(1 for pid in workers if os.waitpid(pid, os.WNOHANG) == (0, 0))
+    ticks = []
+    for n in range(len(workers)):
+        try:
+            ticks.append(int(open(f"/tmp/worker-{n}").read()))
+        except (OSError, ValueError):
+            ticks.append(-1)
+    return {"alive": alive, "ticks": ticks}
 with open("/tmp/state.txt", "w") as handle:
     handle.write(token)
 if os.path.exists("/etc/issue.net"):
@@ -73,6 +95,7 @@ while True:
             "sha256": hashlib.sha256(mem).hexdigest(), "pid": os.getpid(), "hostname": socket.gethostname(),
             "restores": state["restores"], "state_file": on_disk,
             "issue_net": os.path.exists("/etc/issue.net"), "env_role": os.environ.get("ROLE"),
+            "workers": worker_state(),
         }) + "\n").encode())
 '''
 

@@ -115,7 +115,8 @@ def run_playbook(c: Dict[str, Any], name: str, extra: Dict[str, Any], ok: bool =
 def source_pod(c: Dict[str, Any], name: str, node: str = "localhost") -> str:
     """A running source pod: the API object, and its container as a real podman container."""
     lab: Pod = c["lab"]
-    full = lab.run(f"src-{name}", *COMMAND, labels=cri_labels(NS, name, "main"))
+    # two worker processes under the server: the pod's workload is a process tree, as inference servers are
+    full = lab.run(f"src-{name}", *COMMAND, labels=cri_labels(NS, name, "main"), env={"APP_WORKERS": "2"})
     cid = lab.inspect(full)["Id"]
     c["api"].add_pod(name, NS, containers=[{"name": "main", "image": lab.image, "command": list(COMMAND)}],
                      labels=dict(POD_LABELS, role="source"), node=node)
@@ -201,6 +202,11 @@ def test_restore_playbook_starts_restored_pods_through_the_contract(
         full = cluster["kubelet"].started[name]
         answer = ask(lab.ip(full))
         assert answer["token"] == token and answer["sha256"] == answer["digest"], answer
+        assert answer["workers"]["alive"] == 2, answer["workers"]  # the whole tree came back
+        time.sleep(0.3)
+        later = ask(lab.ip(full))["workers"]["ticks"]
+        assert all(b > a >= captured["before"]["workers"]["ticks"][i] for i, (a, b) in
+                   enumerate(zip(answer["workers"]["ticks"], later))), (captured["before"]["workers"], later)
         assert (lab.control(f"k8s-{name}") / "restore-complete").read_text().startswith("pid=")
     assert cluster["kubelet"].errors == []
 
