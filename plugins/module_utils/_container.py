@@ -322,9 +322,10 @@ def check_destination(runtime: Runtime, target: Dict[str, Any], dest: str, skip_
     for m in target.get("external_mounts") or []:
         mine = by_mp.get(m["mountpoint"])
         path = nsu.host_path(mine.dev, mine.root, host) if mine else None
-        if path is None and m.get("source") and os.path.exists(m["source"]):
-            path = m["source"]
-            d.notes.append(f"{m['mountpoint']}: not mounted in {info.name}; bound from {path} as in the source")
+        if path is None and _is_runtime_init(m.get("source")):
+            path = os.path.realpath(m["source"])
+            d.notes.append(f"{m['mountpoint']}: not mounted in {info.name}; bound from this node's {path} (the "
+                           "container runtime's init, as in the source)")
         if path is None:
             problems.append(f"placeholder {info.name} has no mount at {m['mountpoint']} (the snapshot's container had "
                             f"{m.get('source') or m.get('fstype')} there): start it with the same mounts")
@@ -334,6 +335,19 @@ def check_destination(runtime: Runtime, target: Dict[str, Any], dest: str, skip_
     if target.get("control_dir"):
         d.control_host = _confined_host_path(info, target["control_dir"])
     return d, problems
+
+
+RUNTIME_INITS = ("/usr/bin/catatonit", "/usr/libexec/podman/catatonit", "/usr/libexec/catatonit/catatonit",
+                 "/usr/bin/tini", "/usr/bin/docker-init")
+
+
+def _is_runtime_init(source: Any) -> bool:
+    """A manifest's mount source is bound into a placeholder only when it is this node's container init binary
+    (podman --init mounts it at /run/podman-init); any other host path named by a manifest never is."""
+    if not isinstance(source, str) or not source.startswith("/"):
+        return False
+    real = os.path.realpath(source)
+    return os.path.isfile(real) and real in {os.path.realpath(p) for p in RUNTIME_INITS if os.path.exists(p)}
 
 
 def _confined_host_path(info: ContainerInfo, path: str) -> Optional[str]:

@@ -210,9 +210,16 @@ def _target(entry: Any, n: int, out: List[str]) -> None:
     in_use = entry.get("files_in_use", {})
     if not isinstance(in_use, dict) or not all(isinstance(k, str) and isinstance(v, int) for k, v in in_use.items()):
         out.append(f"{where}files_in_use: not a mapping of paths to sizes")
-    for key, kind in (("stdio", list), ("ns_pids", list), ("external_mounts", (dict, list)), ("container", dict),
-                      ("rootfs_diff", dict), ("cmdline", list)):
+    for key, kind in (("stdio", list), ("container", dict), ("rootfs_diff", dict), ("cmdline", list)):
         _typed(entry, key, kind, where, out, required=False)
+    ns_pids = entry.get("ns_pids", [])
+    if not isinstance(ns_pids, list) or not all(isinstance(p, int) and not isinstance(p, bool) and p > 0
+                                                for p in ns_pids):
+        out.append(f"{where}ns_pids: not a list of positive integers")
+    mounts = entry.get("external_mounts", [])
+    if not isinstance(mounts, list) or not all(isinstance(m, dict) and abspath_problem(m.get("mountpoint")) is None
+                                               for m in mounts):
+        out.append(f"{where}external_mounts: not a list of {{mountpoint: absolute path, ...}}")
     if isinstance(entry.get("stdio"), list) and not all(isinstance(s, str) for s in entry["stdio"]):
         out.append(f"{where}stdio: not a list of strings")
     _criu_options(entry.get("criu"), where, out)
@@ -228,6 +235,27 @@ def _source(value: Any, out: List[str]) -> None:
     flags = value.get("cpu_flags")
     if flags is not None and (not isinstance(flags, list) or not all(isinstance(f, str) for f in flags)):
         out.append("source.cpu_flags: not a list of strings")
+
+
+def _gpu(value: Any, out: List[str]) -> None:
+    """The GPU section: what the restore preflight and the CUDA restore read from it."""
+    if value is None:
+        return
+    if not isinstance(value, dict):
+        out.append("gpu: not a mapping")
+        return
+    for key in ("cuda_version", "driver_version"):
+        if value.get(key) is not None and not isinstance(value[key], (str, int)):
+            out.append(f"gpu.{key}: not a string")
+    pids = value.get("pids", [])
+    if not isinstance(pids, list) or not all(
+            isinstance(p, dict) and isinstance(p.get("ns_pid"), int) and not isinstance(p.get("ns_pid"), bool)
+            and p["ns_pid"] > 0 for p in pids):
+        out.append("gpu.pids: not a list of {ns_pid: positive integer, ...}")
+    gpus = value.get("gpus", [])
+    if not isinstance(gpus, list) or not all(isinstance(g, dict) and isinstance(g.get("uuid"), (str, type(None)))
+                                             for g in gpus):
+        out.append("gpu.gpus: not a list of {uuid: string, ...}")
 
 
 def problems(doc: Any, schema_version: int) -> List[str]:
@@ -260,6 +288,7 @@ def problems(doc: Any, schema_version: int) -> List[str]:
     files = _typed(doc, "files", list, "", out)
     if files is not None:
         _files(files, out)
-    for key, kind in (("size", int), ("timings", dict), ("gpu", dict), ("pod", dict)):
+    for key, kind in (("size", int), ("timings", dict), ("pod", dict)):
         _typed(doc, key, kind, "", out, required=False)
+    _gpu(doc.get("gpu"), out)
     return out

@@ -12,6 +12,7 @@ session check. The checkpoint now makes the tree lead its own session (_pstree).
 """
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import threading
@@ -19,6 +20,8 @@ import time
 from typing import Any, Dict, List
 
 import pytest
+
+from ansible_collections.warmstart.snapshot.plugins.module_utils import _manifest as mf
 
 from .test_container_snapshot import Pod, wait_file
 
@@ -156,3 +159,25 @@ def test_two_restores_into_one_placeholder_start_one_copy(pod: Pod, tmp_path_fac
     assert "another restore of placeholder" in loser["msg"] or "is not inert" in loser["msg"], loser["msg"]
     assert pod.running(ph)
     assert sum("/app/tree.py" in line for line in pod.ps(ph)) == 4, pod.ps(ph)
+
+
+@pytest.mark.parametrize("host_dir", ["/etc", "/", "/etc/shadow"])
+def test_a_manifest_cannot_bind_a_host_path_into_a_placeholder(pod: Pod, host_dir: str) -> None:
+    """A store writer adds an external mount whose source is a host path; the placeholder lacks that mount.
+    It used to be bound from the manifest's source path; now only the placeholder's own mounts count."""
+    name = f"bind{len(host_dir)}"
+    src = pod.run(name, "python3", "/app/tree.py")
+    wait_file(pod.control(name) / "ready-for-snapshot", 60)
+    snap = pod.play([pod.checkpoint("checkpoint", container=src, wait_ready=True)], f"{name}-ck")["checkpoint"]["snapshot"]
+    sid = mf.new_id()
+    shutil.copytree(pod.store / "snapshots" / snap["id"], pod.store / "snapshots" / sid)
+    doc = json.loads((pod.store / "snapshots" / sid / "manifest.json").read_text())
+    doc["id"] = sid
+    doc["targets"][0]["external_mounts"].append({"mountpoint": "/hostroot", "source": host_dir, "fstype": "none"})
+    (pod.store / "snapshots" / sid / "manifest.json").write_text(json.dumps(doc))
+    ph = pod.placeholder(f"{name}-ph")
+    res = pod.play([pod.restore("restore", snapshot=sid, into={"container": ph}, expect_fail=True)], f"{name}-rs",
+                   ok=False)["restore"]
+    assert res.get("failed") and "has no mount at /hostroot" in res["msg"], res["msg"]
+    assert pod.running(ph) and len(pod.ps(ph)) == 1, "the placeholder was touched"
+    assert not any("/hostroot" in line for line in open(f"/proc/{pod.pid1(ph)}/mountinfo"))

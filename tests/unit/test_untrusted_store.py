@@ -124,6 +124,21 @@ def test_shapes_that_crashed_before_are_reasons(change: Dict[str, Any], fragment
     assert any(fragment in r for r in err.value.reasons or [str(err.value)]), (str(err.value), err.value.reasons)
 
 
+@pytest.mark.parametrize("gpu, fragment", [
+    ("x", "gpu: not a mapping"),
+    ({"pids": [{"ns_pid": "1"}]}, "gpu.pids: not a list"),
+    ({"pids": [{"ns_pid": -3}]}, "gpu.pids: not a list"),
+    ({"gpus": ["GPU-1"]}, "gpu.gpus: not a list"),
+])
+def test_the_gpu_section_the_cuda_restore_reads_is_checked(gpu: Any, fragment: str) -> None:
+    with pytest.raises(mf.ManifestError) as err:
+        mf.validate(dict(good_doc(), gpu=gpu), "m")
+    assert any(fragment in r for r in err.value.reasons or [str(err.value)])
+    good = {"pids": [{"pid": 10, "ns_pid": 1}], "gpus": [{"index": 0, "uuid": "GPU-a", "name": "H100"}],
+            "cuda_version": 12080, "driver_version": "580.1"}
+    assert mf.validate(dict(good_doc(), gpu=good), "m")["gpu"] == good
+
+
 @pytest.mark.parametrize("field, value, fragment", [
     ("workload_files", [{"path": "/etc/cron.d/x", "mode": 0o644}], "workload_files[0].path '/etc/cron.d/x' is absolute"),
     ("workload_files", [{"path": "../../../../etc/x", "mode": 0o644}], "has an empty, '.' or '..' component"),
@@ -134,6 +149,9 @@ def test_shapes_that_crashed_before_are_reasons(change: Dict[str, Any], fragment
     ("control_dir", "/a/../etc", "control_dir '/a/../etc' is not normalised"),
     ("criu", {"options": {"tcp": "bogus"}}, "criu.options.tcp: 'bogus' is not one of"),
     ("name", "a\n", "targets[0].name 'a\\n' is not a safe name"),
+    ("ns_pids", ["1"], "ns_pids: not a list of positive integers"),
+    ("external_mounts", {"/data": "/"}, "external_mounts: not a list of {mountpoint: absolute path"),
+    ("external_mounts", [{"mountpoint": "../etc", "source": "/"}], "external_mounts: not a list"),
 ])
 def test_target_fields_that_steered_writes_are_refused(field: str, value: Any, fragment: str) -> None:
     doc = good_doc()
