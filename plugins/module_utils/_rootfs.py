@@ -146,7 +146,7 @@ def apply(rootfs: str, diff_dir: str, mountpoints: Iterable[str] = ()) -> Dict[s
             deleted = json.load(handle)
         if not isinstance(deleted, dict):
             raise ValueError("not an object")
-    except (OSError, ValueError) as exc:
+    except (OSError, ValueError, RecursionError) as exc:
         raise RootfsError(f"{os.path.join(diff_dir, DELETED)} cannot be read: {exc}") from None
     if not os.path.isdir(rootfs):
         raise RootfsError(f"destination root file system {rootfs} does not exist")
