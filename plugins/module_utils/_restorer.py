@@ -33,11 +33,9 @@ class Busy(RuntimeError):
     """Another restore of the same workload holds the lock."""
 
 
-def exclusive(key: str, lock_dir: str = LOCK_DIR) -> int:
-    """Hold the restore lock of ``key``; returns its fd (closing it releases the lock)."""
-    os.makedirs(lock_dir, mode=0o700, exist_ok=True)
-    digest = hashlib.sha256(key.encode()).hexdigest()[:16]
-    path = os.path.join(lock_dir, f"restore-{digest}.lock")
+def hold(path: str) -> int:
+    """Lock ``path`` exclusively without waiting (flock; the lock goes with the fd, also when we die) and write
+    our pid into it; its fd. ``Busy(holder pid)`` when another process holds it."""
     fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -46,11 +44,21 @@ def exclusive(key: str, lock_dir: str = LOCK_DIR) -> int:
             holder = os.pread(fd, 64, 0).decode("ascii", "replace").strip()
         finally:
             os.close(fd)
-        raise Busy(f"another restore of {key} is running on this node (warmstart pid {holder or '?'}); "
-                   "run one at a time") from None
+        raise Busy(holder or "?") from None
     os.ftruncate(fd, 0)
     os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
     return fd
+
+
+def exclusive(key: str, lock_dir: str = LOCK_DIR) -> int:
+    """Hold the restore lock of ``key``; returns its fd (closing it releases the lock)."""
+    os.makedirs(lock_dir, mode=0o700, exist_ok=True)
+    digest = hashlib.sha256(key.encode()).hexdigest()[:16]
+    try:
+        return hold(os.path.join(lock_dir, f"restore-{digest}.lock"))
+    except Busy as exc:
+        raise Busy(f"another restore of {key} is running on this node (warmstart pid {exc}); "
+                   "run one at a time") from None
 
 
 def _child(run: Callable[[], int], record: Callable[[int], None], out: int) -> None:  # pragma: no cover - forked

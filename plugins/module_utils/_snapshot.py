@@ -22,7 +22,6 @@ CRIU as it is.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import os
 import shutil
 import signal
@@ -336,20 +335,11 @@ def lock_target(pid: int, what: str, lock_dir: str = LOCK_DIR) -> int:
         start = proc.stat_fields(pid)[19]
     except (OSError, IndexError):
         start = "0"
-    path = os.path.join(lock_dir, f"checkpoint-{pid}-{start}.lock")
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        try:
-            holder = os.pread(fd, 64, 0).decode("ascii", "replace").strip()
-        finally:
-            os.close(fd)
-        raise SnapshotError(f"{what}: another checkpoint of it is running (warmstart pid {holder or '?'}); "
+        return rst.hold(os.path.join(lock_dir, f"checkpoint-{pid}-{start}.lock"))
+    except rst.Busy as holder:
+        raise SnapshotError(f"{what}: another checkpoint of it is running (warmstart pid {holder}); "
                             "run one at a time") from None
-    os.ftruncate(fd, 0)
-    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
-    return fd
 
 
 def _copy_workload_files(target: Target, dest: str) -> List[Dict[str, Any]]:
