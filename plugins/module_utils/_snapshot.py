@@ -36,9 +36,9 @@ from ansible_collections.warmstart.snapshot.plugins.module_utils import _cuda as
 from ansible_collections.warmstart.snapshot.plugins.module_utils import _lazy as lz
 from ansible_collections.warmstart.snapshot.plugins.module_utils import _manifest as mf
 from ansible_collections.warmstart.snapshot.plugins.module_utils import _progress as prog
+from ansible_collections.warmstart.snapshot.plugins.module_utils import _proc as proc
 from ansible_collections.warmstart.snapshot.plugins.module_utils import _restorer as rst
 from ansible_collections.warmstart.snapshot.plugins.module_utils import _safefs as safefs
-from ansible_collections.warmstart.snapshot.plugins.module_utils import _proc as proc
 from ansible_collections.warmstart.snapshot.plugins.module_utils import _store as st
 from ansible_collections.warmstart.snapshot.plugins.module_utils import _workload as wl
 from ansible_collections.warmstart.snapshot.plugins.module_utils._compat import (
