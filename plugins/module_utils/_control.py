@@ -26,6 +26,8 @@ import time
 import uuid
 from typing import Dict, Optional
 
+from ansible_collections.warmstart.snapshot.plugins.module_utils._errors import WarmstartError
+
 READY = "ready-for-snapshot"
 RESTORE_COMPLETE = "restore-complete"
 RESTORE_FAILED = "restore-failed"
@@ -36,7 +38,7 @@ CHECKPOINT_HOOKS = "checkpoint-hooks"
 ENV_VAR = "SNAPSHOT_CONTROL_DIR"
 
 
-class CheckpointRefused(RuntimeError):
+class CheckpointRefused(WarmstartError):
     """The workload's pre-checkpoint callbacks refused (message: its error)."""
 
     def __init__(self, message: str, request: str) -> None:

@@ -16,6 +16,8 @@ import subprocess
 from dataclasses import dataclass
 from typing import Any, Dict, Iterable, List, Optional, Sequence
 
+from ansible_collections.warmstart.snapshot.plugins.module_utils._errors import WarmstartError
+
 # Where node_prep installs the bundled CRIU, then the usual manual install.
 DEFAULT_CANDIDATES = (
     "/opt/warmstart/criu/current/bin/criu",
@@ -44,16 +46,11 @@ _GITID_LINE = re.compile(r"^\s*GitID:\s*(\S+)", re.MULTILINE)
 _ANY_VERSION = re.compile(r"\b(\d+\.\d+(?:\.\d+)*)\b")
 
 
-class CriuError(Exception):
+class CriuError(WarmstartError):
     """A CRIU operation failed. ``log_tail`` holds the end of CRIU's own log, if any."""
 
     def __init__(self, message: str, log_tail: Optional[str] = None) -> None:
-        super().__init__(message)
-        self.message = message
-        self.log_tail = log_tail
-
-    def __str__(self) -> str:
-        return self.message
+        super().__init__(message, log_tail=log_tail)
 
 
 @dataclass(frozen=True)

@@ -37,6 +37,8 @@ import subprocess
 import time
 from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Set, Tuple, Union
 
+from ansible_collections.warmstart.snapshot.plugins.module_utils._errors import WarmstartError
+
 LIBCUDA = "libcuda.so.1"
 LIBCUDA_ENV = "WARMSTART_LIBCUDA"
 CUDA_CHECKPOINT = "cuda-checkpoint"
@@ -139,7 +141,7 @@ _check_layouts()
 GpuPairs = Sequence[Tuple[str, str]]
 
 
-class CudaError(RuntimeError):
+class CudaError(WarmstartError):
     """A CUDA checkpoint call failed: names the pid, the call and the result."""
 
     def __init__(self, pid: Optional[int], call: str, result: Optional[Union[int, str]], message: str) -> None:
@@ -158,11 +160,11 @@ class CudaStateError(CudaError):
     """A transition refused before the driver was asked: the process is in the wrong state."""
 
 
-class CudaUnavailable(RuntimeError):
+class CudaUnavailable(WarmstartError):
     """No usable CUDA checkpoint backend on this node (message: why)."""
 
 
-class GpuMismatch(ValueError):
+class GpuMismatch(WarmstartError, ValueError):
     """The snapshot's GPUs cannot be mapped onto this node's: different count or models."""
 
 

@@ -29,6 +29,7 @@ import time
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from ansible_collections.warmstart.snapshot.plugins.module_utils import _podcontract as pc
+from ansible_collections.warmstart.snapshot.plugins.module_utils._errors import WarmstartError
 
 JSON = Dict[str, Any]
 
@@ -58,14 +59,13 @@ JSON_PATCH = "application/json-patch+json"
 RETRIES = 5
 
 
-class K8sError(RuntimeError):
+class K8sError(WarmstartError):
     """An API call that failed: ``what`` names the object, ``status``/``reason`` come from the API's Status."""
 
     def __init__(self, message: str, what: str = "", status: Optional[int] = None, reason: str = "",
                  reasons: Optional[Sequence[str]] = None) -> None:
-        super().__init__(message)
+        super().__init__(message, reasons)
         self.what, self.status, self.reason = what, status, reason
-        self.reasons: List[str] = list(reasons or [])
 
     @property
     def not_found(self) -> bool:

@@ -41,6 +41,7 @@ from ansible_collections.warmstart.snapshot.plugins.module_utils import _control
 from ansible_collections.warmstart.snapshot.plugins.module_utils import _proc as proc
 from ansible_collections.warmstart.snapshot.plugins.module_utils._criu import probe_feature
 from ansible_collections.warmstart.snapshot.plugins.module_utils._criu_rpc import _error_lines, log_tail
+from ansible_collections.warmstart.snapshot.plugins.module_utils._errors import WarmstartError
 
 STATE = "lazy-state.json"
 SOCKET = "lazy-pages.socket"
@@ -61,12 +62,11 @@ _SYS_PIDFD_OPEN = 434
 _SYS_PIDFD_GETFD = 438
 
 
-class LazyError(RuntimeError):
+class LazyError(WarmstartError):
     """A lazy restore that cannot start or did not complete."""
 
     def __init__(self, message: str, log_tail_text: Optional[str] = None) -> None:
-        super().__init__(message)
-        self.log_tail = log_tail_text
+        super().__init__(message, log_tail=log_tail_text)
 
 
 SUPPORT_CACHE = "/run/warmstart/lazy-support.json"

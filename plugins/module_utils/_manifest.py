@@ -17,18 +17,16 @@ import secrets
 from typing import Any, Dict, List, Optional
 
 from ansible_collections.warmstart.snapshot.plugins.module_utils import _schema as schema
+from ansible_collections.warmstart.snapshot.plugins.module_utils._errors import WarmstartError
 
 SCHEMA_VERSION = 1
 MANIFEST = "manifest.json"
 MAX_MANIFEST_BYTES = 64 << 20
 
 
-class ManifestError(ValueError):
+class ManifestError(WarmstartError, ValueError):
     """A manifest, snapshot id, name or label that cannot be used; ``reasons`` lists every bad field."""
 
-    def __init__(self, message: str, reasons: Optional[List[str]] = None) -> None:
-        super().__init__(message)
-        self.reasons = list(reasons or [])
 
 
 def check_name(value: str, what: str = "snapshot name") -> str:

@@ -26,6 +26,7 @@ from ansible_collections.warmstart.snapshot.plugins.module_utils import _snapsho
 from ansible_collections.warmstart.snapshot.plugins.module_utils import _store as st
 from ansible_collections.warmstart.snapshot.plugins.module_utils._criu import CriuError, find_criu
 from ansible_collections.warmstart.snapshot.plugins.module_utils._criu_rpc import CriuOptions
+from ansible_collections.warmstart.snapshot.plugins.module_utils._errors import WarmstartError
 from ansible_collections.warmstart.snapshot.plugins.module_utils._manifest import ManifestError
 from ansible_collections.warmstart.snapshot.plugins.module_utils._proc import TargetError
 from ansible_collections.warmstart.snapshot.plugins.module_utils._rootfs import RootfsError
@@ -245,7 +246,7 @@ def run_page_server(module: Any) -> None:
 
 # --- snapshot_info and cleanup ------------------------------------------------
 
-class QueryError(RuntimeError):
+class QueryError(WarmstartError):
     """A JMESPath query that cannot run here (library missing, or bad syntax)."""
 
 

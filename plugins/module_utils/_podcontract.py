@@ -73,6 +73,8 @@ import posixpath
 import re
 from typing import Any, Dict, Iterable, List, Optional, Sequence, Set, Tuple
 
+from ansible_collections.warmstart.snapshot.plugins.module_utils._errors import WarmstartError
+
 GROUP = "snapshot.warmstart.io"
 VERSION = "v1alpha1"
 API_VERSION = GROUP + "/" + VERSION
@@ -127,13 +129,11 @@ _CONTAINER_KEY_RE = re.compile(r"^((?:init)?[cC]ontainers\[[^\]]*\])\.")
 _PROBE_DEFAULTS = {"successThreshold": 1, "initialDelaySeconds": 0}
 
 
-class ContractError(ValueError):
+class ContractError(WarmstartError, ValueError):
     """A pod, container map or object that breaks the restore contract; ``reasons`` lists every cause."""
 
-    def __init__(self, message: str, reasons: Optional[Sequence[str]] = None) -> None:
-        self.message = message
-        self.reasons: List[str] = list(reasons or [])
-        super().__init__(message + (": " + "; ".join(self.reasons) if self.reasons else ""))
+    def __str__(self) -> str:  # the reasons too: callers log it alone
+        return self.full_message()
 
 
 # --- names and small helpers ----------------------------------------------------

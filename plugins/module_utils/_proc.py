@@ -11,10 +11,12 @@ import stat
 import time
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
+from ansible_collections.warmstart.snapshot.plugins.module_utils._errors import WarmstartError
+
 PF_KTHREAD = 0x00200000
 
 
-class TargetError(ValueError):
+class TargetError(WarmstartError, ValueError):
     """A checkpoint target that cannot be used; the message says which and why."""
 
 

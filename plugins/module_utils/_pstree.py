@@ -25,10 +25,12 @@ import os
 import struct
 from typing import Any, Dict, List, Tuple
 
+from ansible_collections.warmstart.snapshot.plugins.module_utils._errors import WarmstartError
+
 HEADER = 8  # u32 IMG_COMMON magic, u32 PSTREE magic
 
 
-class PstreeError(RuntimeError):
+class PstreeError(WarmstartError):
     """pstree.img cannot be read or rewritten."""
 
 

@@ -26,10 +26,12 @@ import os
 import signal
 from typing import Any, Callable, Dict, Optional
 
+from ansible_collections.warmstart.snapshot.plugins.module_utils._errors import WarmstartError
+
 LOCK_DIR = "/run/warmstart/locks"
 
 
-class Busy(RuntimeError):
+class Busy(WarmstartError):
     """Another restore of the same workload holds the lock."""
 
 

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 from ansible_collections.warmstart.snapshot.plugins.module_utils import _manifest as mf
+from ansible_collections.warmstart.snapshot.plugins.module_utils._errors import WarmstartError
 
 DEFAULT_INCOMPLETE_OLDER_THAN = 3600.0
 DELETING_PREFIX = "deleting-"
@@ -42,7 +43,7 @@ _PART_RE = re.compile(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([a-z]*)\s*")
 Duration = Union[None, int, float, str]
 
 
-class RetentionError(ValueError):
+class RetentionError(WarmstartError, ValueError):
     """A retention option that cannot be used; the message says which and why."""
 
 

@@ -19,6 +19,7 @@ import stat
 import tarfile
 from typing import Any, Dict, FrozenSet, Iterable, List
 
+from ansible_collections.warmstart.snapshot.plugins.module_utils._errors import WarmstartError
 from ansible_collections.warmstart.snapshot.plugins.module_utils._namespaces import fork_call
 
 DIFF_TAR = "rootfs-diff.tar"
@@ -26,7 +27,7 @@ DELETED = "deleted-files.json"
 OPAQUE_XATTRS = ("trusted.overlay.opaque", "user.overlay.opaque")
 
 
-class RootfsError(RuntimeError):
+class RootfsError(WarmstartError):
     """A rootfs diff that cannot be made or applied; the message names the file and cause."""
 
 

@@ -174,6 +174,10 @@ class S3Store:
     def snapshot_dir(self, snapshot_id: str) -> str:
         return f"{self.root}/snapshots/{mf.check_id(snapshot_id)}"
 
+    def describe(self) -> Dict[str, Any]:
+        """Where the store is and what kind; a bucket is taken to exist (listing tells otherwise)."""
+        return {"path": self.root, "kind": self.kind, "exists": True}
+
     def cache_root(self) -> str:
         safe = f"{self.bucket}/{self.prefix}".strip("/").replace("/", "__")
         return os.path.join(self.cache, "s3", safe)

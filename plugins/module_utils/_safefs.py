@@ -23,11 +23,20 @@ import shutil
 import stat
 from typing import Iterable, Optional
 
+from ansible_collections.warmstart.snapshot.plugins.module_utils._errors import WarmstartError
+
 NOFOLLOW_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
-class UnsafePath(OSError):
-    """A path that would be reached through a symlink or a non-directory."""
+class UnsafePath(OSError, WarmstartError):
+    """A path that would be reached through a symlink or a non-directory (``UnsafePath(errno, text)``)."""
+
+    def __init__(self, errno: int, text: str) -> None:
+        OSError.__init__(self, errno, text)
+        self.message, self.reasons, self.log_tail, self.details = text, [], None, {}
+
+    def __str__(self) -> str:
+        return self.message
 
 
 def open_dir(base: str, rel: str = "", create: bool = True, mode: int = 0o700) -> int:

@@ -49,6 +49,7 @@ from ansible_collections.warmstart.snapshot.plugins.module_utils._compat import 
     incompatibilities,
 )
 from ansible_collections.warmstart.snapshot.plugins.module_utils._criu import CriuError, find_criu
+from ansible_collections.warmstart.snapshot.plugins.module_utils._errors import WarmstartError
 from ansible_collections.warmstart.snapshot.plugins.module_utils._gpu import cuda_version_string
 from ansible_collections.warmstart.snapshot.plugins.module_utils._criu_rpc import CriuOptions, dump, log_tail, read_stats
 from ansible_collections.warmstart.snapshot.plugins.module_utils._criu_rpc import restore as criu_restore
@@ -56,13 +57,9 @@ from ansible_collections.warmstart.snapshot.plugins.module_utils._criu_rpc impor
 DEFAULT_RESTORE_ROOT = "/var/lib/warmstart/restore"
 
 
-class SnapshotError(RuntimeError):
+class SnapshotError(WarmstartError):
     """A checkpoint or restore that cannot go ahead; ``reasons`` lists every cause."""
 
-    def __init__(self, message: str, reasons: Optional[List[str]] = None, log_tail: Optional[str] = None) -> None:
-        super().__init__(message)
-        self.reasons = reasons or []
-        self.log_tail = log_tail
 
 
 class Capture(Protocol):

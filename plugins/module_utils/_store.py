@@ -30,11 +30,12 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
 from ansible_collections.warmstart.snapshot.plugins.module_utils import _manifest as mf
 from ansible_collections.warmstart.snapshot.plugins.module_utils import _progress as prog
+from ansible_collections.warmstart.snapshot.plugins.module_utils._errors import WarmstartError
 
 CHUNK = 4 << 20
 
 
-class StoreError(RuntimeError):
+class StoreError(WarmstartError):
     """The store cannot do what was asked; the message names path and cause."""
 
 
@@ -206,6 +207,15 @@ class FsStore:
         if not root or not os.path.isabs(root):
             raise StoreError(f"store path {root!r} must be an absolute path")
         self.root = root
+        self.transfer: Dict[str, Any] = {}  # nothing moves over a network
+
+    def describe(self) -> Dict[str, Any]:
+        """Where the store is, what kind, and whether it exists yet (for snapshot_info)."""
+        return {"path": self.root, "kind": self.kind, "exists": os.path.isdir(self.snapshots)}
+
+    def cache_root(self) -> Optional[str]:
+        """A filesystem store reads in place: no node-local cache."""
+        return None
 
     # -- layout ---------------------------------------------------------
     @property

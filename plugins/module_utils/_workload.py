@@ -20,13 +20,14 @@ from typing import Any, Dict, List, Optional
 
 from ansible_collections.warmstart.snapshot.plugins.module_utils import _control as ctl
 from ansible_collections.warmstart.snapshot.plugins.module_utils import _proc as proc
+from ansible_collections.warmstart.snapshot.plugins.module_utils._errors import WarmstartError
 from ansible_collections.warmstart.snapshot.plugins.module_utils._manifest import check_name
 
 DEFAULT_ROOT = "/var/lib/warmstart/workloads"
 CLONE_NEWPID = 0x20000000
 
 
-class WorkloadError(RuntimeError):
+class WorkloadError(WarmstartError):
     pass
 
 
