@@ -1,0 +1,77 @@
+# -*- coding: utf-8 -*-
+# Copyright (c) warmstart developers
+# GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+"""The one way a module runs the engine: params in, result dict out.
+
+A module's ``main()`` is its argument spec and one call::
+
+    run_module(module, engine_call, progress=True)
+
+``engine_call(params, check_mode)`` returns the module result (it must say ``changed``). Invariants:
+
+- Check mode is decided once, by the engine call, from its ``check_mode`` argument.
+- ``warnings`` in the result are handed to ``module.warn`` and not returned as a key.
+- A ``WarmstartError`` becomes one failure shape: ``msg`` (message and every reason), ``reasons`` (the list),
+  ``criu_log_tail`` (lines, when CRIU or a helper failed) and the error's ``details``.
+- An ``OSError`` is reported by path and cause; anything else as its type and text. Both carry the
+  traceback in ``exception``, so ``-vvv`` shows where it came from.
+- Progress (``progress_file``) is started before the call and finished whatever happens.
+
+No Ansible import here: ``module`` is anything with ``params``, ``check_mode``, ``warn``, ``exit_json`` and
+``fail_json`` (an ``AnsibleModule``, or a test double).
+"""
+from __future__ import annotations
+
+import traceback
+from typing import Any, Callable, Dict, List, Mapping, NoReturn
+
+from ansible_collections.warmstart.snapshot.plugins.module_utils import _progress as prog
+from ansible_collections.warmstart.snapshot.plugins.module_utils._errors import WarmstartError
+
+Params = Mapping[str, Any]
+Result = Dict[str, Any]
+EngineCall = Callable[[Params, bool], Result]
+
+
+def failure(exc: BaseException) -> Result:
+    """The ``fail_json`` arguments for ``exc`` (see the module docstring)."""
+    if isinstance(exc, WarmstartError):
+        out: Result = {k: v for k, v in exc.details.items() if k not in ("msg", "reasons", "criu_log_tail")}
+        out.update(msg=exc.full_message(), reasons=list(exc.reasons))
+        if exc.log_tail:
+            out["criu_log_tail"] = exc.log_tail.splitlines()
+        return out
+    if isinstance(exc, OSError):
+        where = exc.filename or ""
+        return {"msg": f"{where}: {exc.strerror or exc}".lstrip(": "), "reasons": [],
+                "exception": _traceback(exc)}
+    return {"msg": f"{type(exc).__name__}: {exc}", "reasons": [], "exception": _traceback(exc)}
+
+
+def _traceback(exc: BaseException) -> str:
+    return "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+
+
+def run_module(module: Any, call: EngineCall, *, progress: bool = False) -> NoReturn:
+    """Run ``call(module.params, module.check_mode)`` and end the module with its result or its failure."""
+    if progress:
+        prog.start(module.params.get("progress_file"))
+    try:
+        result = call(module.params, bool(module.check_mode))
+    except Exception as exc:  # pylint: disable=broad-exception-caught  # reported, with a traceback when unexpected
+        _end(module, None, failure(exc), progress)
+    _end(module, result, None, progress)
+
+
+def _end(module: Any, result: Any, failed: Any, progress: bool) -> NoReturn:
+    if progress:
+        prog.finish()
+    if failed is not None:
+        module.fail_json(**failed)
+        raise SystemExit(1)  # fail_json does not return; a test double that does is stopped here
+    warnings: List[str] = list(result.pop("warnings", None) or [])
+    for warning in warnings:
+        module.warn(warning)
+    module.exit_json(**result)
+    raise SystemExit(0)  # exit_json does not return; a test double that does is stopped here
