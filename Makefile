@@ -18,12 +18,12 @@ SANITY_BASE := $(or $(TMPDIR),/tmp)/warmstart-sanity
 SANITY_ROOT := $(SANITY_BASE)/ansible_collections/warmstart/snapshot
 VERSION := $(shell awk '/^version:/ {print $$2}' galaxy.yml)
 
-.PHONY: help deps venv link demo test unit sanity lint integration molecule build install clean
+.PHONY: help deps venv link demo test unit typecheck sanity lint integration molecule build install clean
 
 help:
 	@echo "make demo        prepare localhost (CRIU bundle, pycriu, seccomp, snapshot root) and run the demo"
 	@echo "make test        unit + sanity + ansible-lint + integration + molecule (needs root)"
-	@echo "make unit | sanity | lint | integration | molecule   one part of it"
+	@echo "make unit | typecheck | sanity | lint | integration | molecule   one part of it"
 	@echo "make build       build the collection tarball; make install installs it for this user"
 
 deps:
@@ -42,11 +42,15 @@ link:
 demo: deps venv link
 	ansible-playbook warmstart.snapshot.demo
 
-test: deps venv link unit sanity lint integration molecule
+test: deps venv link typecheck unit sanity lint integration molecule
 	@echo "make test: all suites passed"
 
 unit: venv link
 	$(BIN)/python -m pytest -q tests/unit
+
+# mypy --strict over the engine (see mypy.ini), resolved through the collection link.
+typecheck: venv link
+	cd .collections && $(CURDIR)/$(BIN)/mypy --config-file $(CURDIR)/mypy.ini -p ansible_collections.warmstart.snapshot.plugins.module_utils
 
 # ansible-test needs the collection under ansible_collections/<ns>/<name>:
 # copy the tracked (and new, not ignored) files there and run it in its own venvs.
