@@ -42,7 +42,7 @@ from ansible_collections.warmstart.snapshot.plugins.module_utils._compat import 
 from ansible_collections.warmstart.snapshot.plugins.module_utils._criu import CriuError, find_criu
 from ansible_collections.warmstart.snapshot.plugins.module_utils._criu_rpc import CriuOptions, read_stats
 from ansible_collections.warmstart.snapshot.plugins.module_utils._criu_rpc import restore as criu_restore
-from ansible_collections.warmstart.snapshot.plugins.module_utils._runtime import ContainerInfo, Runtime, get_runtime
+from ansible_collections.warmstart.snapshot.plugins.module_utils._runtime import ContainerInfo, Runtime, get_runtime, running
 
 EXT_NET = "warmstart-net"
 EXT_PID = "warmstart-pid"
@@ -201,7 +201,7 @@ def resolve(runtime_name: str, container: str, name: Optional[str] = None) -> sn
     name for pod targets, so that container maps speak Kubernetes names).
     """
     runtime = get_runtime(runtime_name)
-    info = runtime.running(container)
+    info = running(runtime, container)
     kids = _children(info.pid) or _restored_roots(info.pid)
     if not kids:
         raise proc.TargetError(
@@ -288,7 +288,7 @@ def check_destination(runtime: Runtime, target: Dict[str, Any], dest: str, skip_
     """Every reason ``dest`` cannot take ``target`` now; reads only."""
     d = Destination(source=target, name=dest, notes=[])
     try:
-        info = runtime.running(dest)
+        info = running(runtime, dest)
     except proc.TargetError as exc:
         return d, [str(exc)]
     d.info = info

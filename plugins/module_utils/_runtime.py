@@ -4,22 +4,24 @@
 # SPDX-License-Identifier: GPL-3.0-or-later
 """Container runtimes: a container name or id -> what a checkpoint or restore needs.
 
-``Runtime.inspect`` is the main interface: it returns a ContainerInfo (host
-PID of the container's PID 1, cgroup path, rootfs and overlay upper dir as
-host paths, image name and id). ``Runtime.pod_containers`` finds the
-containers of a Kubernetes pod on this node by the labels the kubelet's CRI
-runtimes put on them (``io.kubernetes.pod.namespace``, ``.pod.name``,
-``.container.name``), so a pod target needs no API access on the node. Podman is implemented; containerd and CRI-O
-plug in as further ``Runtime`` subclasses (``crictl inspect`` /
-``ctr task ls`` give the same facts) registered in RUNTIMES.
+``Runtime`` is the whole interface warmstart needs from a container runtime (a
+``typing.Protocol``, so an implementation need not inherit from it):
+``inspect`` returns a ContainerInfo (host PID of the container's PID 1, cgroup
+path, rootfs and overlay upper dir as host paths, image name and id);
+``pod_containers`` finds the containers of a Kubernetes pod on this node by the
+labels the kubelet's CRI runtimes put on them (``io.kubernetes.pod.namespace``,
+``.pod.name``, ``.container.name``), so a pod target needs no API access on
+the node. What is derived from those two (``running``, ``pod_container``) lives
+here, once, for every runtime.
+
+One file per runtime (``_podman``). A further runtime (containerd, CRI-O:
+``crictl inspect`` / ``ctr task ls`` give the same facts) is one new file plus
+one entry in RUNTIMES; nothing else names a runtime.
 """
 from __future__ import annotations
 
-import json
-import shutil
-import subprocess
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Type
+from typing import Any, Callable, Dict, List, Optional, Protocol
 
 from ansible_collections.warmstart.snapshot.plugins.module_utils._proc import TargetError
 
@@ -52,71 +54,42 @@ POD_NAME = "io.kubernetes.pod.name"
 POD_CONTAINER = "io.kubernetes.container.name"
 
 
-class Runtime:
-    name = "?"
+class Runtime(Protocol):
+    """A container runtime on this node, as checkpoint, restore and pod lookup use it. Reads only."""
 
-    def inspect(self, container: str) -> ContainerInfo:  # pragma: no cover - interface
-        raise NotImplementedError
-
-    def pod_containers(self, namespace: str, pod: str, container: str) -> List[str]:  # pragma: no cover - interface
-        """Ids of this node's containers labelled as container ``container`` of pod ``namespace/pod``."""
-        raise NotImplementedError
-
-    def running(self, container: str) -> ContainerInfo:
-        info = self.inspect(container)
-        if not info.running or info.pid <= 0:
-            raise TargetError(f"container {container} ({self.name}) is not running (status: {info.status})")
-        return info
-
-
-class Podman(Runtime):
-    name = "podman"
-
-    def __init__(self, binary: Optional[str] = None) -> None:
-        self.binary = binary or shutil.which("podman") or ""
-
-    def _run(self, *args: str) -> subprocess.CompletedProcess:
-        if not self.binary:
-            raise TargetError("podman is not installed on this node (no podman in PATH)")
-        return subprocess.run([self.binary, *args], capture_output=True, text=True, check=False, timeout=120)
+    name: str
+    """The runtime's name: the registry key and the scheme of a pod status's ``<runtime>://<id>``."""
 
     def inspect(self, container: str) -> ContainerInfo:
-        if not container or container.startswith("-"):
-            raise TargetError(f"container name {container!r} is not valid")
-        res = self._run("container", "inspect", container)
-        if res.returncode != 0:
-            err = res.stderr.strip().splitlines()[-1] if res.stderr.strip() else f"exit {res.returncode}"
-            if "no such container" in err.lower():
-                raise TargetError(f"container {container} not found in podman on this node")
-            raise TargetError(f"podman inspect {container} failed: {err}")
-        try:
-            doc = json.loads(res.stdout)[0]
-        except (ValueError, IndexError):
-            raise TargetError(f"podman inspect {container}: unreadable output") from None
-        state = doc.get("State") or {}
-        graph = (doc.get("GraphDriver") or {}).get("Data") or {}
-        cfg = doc.get("Config") or {}
-        mounts = [{"destination": m.get("Destination"), "source": m.get("Source"), "type": m.get("Type"),
-                   "rw": bool(m.get("RW"))} for m in doc.get("Mounts") or []]
-        return ContainerInfo(
-            id=doc.get("Id", ""), name=(doc.get("Name") or container).lstrip("/"), runtime=self.name,
-            image=doc.get("ImageName") or cfg.get("Image") or "", image_id=doc.get("Image") or "",
-            running=bool(state.get("Running")), status=str(state.get("Status") or "unknown"),
-            pid=int(state.get("Pid") or 0), cgroup_path=str(state.get("CgroupPath") or ""),
-            rootfs=str(graph.get("MergedDir") or doc.get("Rootfs") or ""), upper_dir=graph.get("UpperDir"),
-            hostname=str(cfg.get("Hostname") or ""), mounts=mounts)
+        """The container named or identified by ``container``, running or not.
+
+        Raises TargetError (never another error) when the runtime is missing, the name is not valid
+        (empty, or an option such as ``--all``), the container does not exist or cannot be read; the
+        message names the container and the runtime.
+        """
 
     def pod_containers(self, namespace: str, pod: str, container: str) -> List[str]:
-        res = self._run("ps", "--all", "--no-trunc", "--format", "{{.ID}}",
-                        "--filter", f"label={POD_NAMESPACE}={namespace}", "--filter", f"label={POD_NAME}={pod}",
-                        "--filter", f"label={POD_CONTAINER}={container}")
-        if res.returncode != 0:
-            err = res.stderr.strip().splitlines()[-1] if res.stderr.strip() else f"exit {res.returncode}"
-            raise TargetError(f"podman ps (pod {namespace}/{pod}) failed: {err}")
-        return [line.strip() for line in res.stdout.splitlines() if line.strip()]
+        """Full ids of this node's containers, running or not, labelled as container ``container`` of pod
+        ``namespace/pod`` (POD_NAMESPACE, POD_NAME, POD_CONTAINER); empty when none. TargetError when the
+        runtime cannot be asked."""
 
 
-RUNTIMES: Dict[str, Type[Runtime]] = {"podman": Podman}
+def running(runtime: Runtime, container: str) -> ContainerInfo:
+    """``runtime.inspect(container)``, refused with TargetError unless it runs with a host PID."""
+    info = runtime.inspect(container)
+    if not info.running or info.pid <= 0:
+        raise TargetError(f"container {container} ({runtime.name}) is not running (status: {info.status})")
+    return info
+
+
+def _podman() -> Runtime:
+    # Imported here: every runtime file imports this one's types.
+    from ansible_collections.warmstart.snapshot.plugins.module_utils._podman import Podman  # pylint: disable=import-outside-toplevel
+    return Podman()
+
+
+# name -> a new runtime of that name: the only place that knows which runtimes exist
+RUNTIMES: Dict[str, Callable[[], Runtime]] = {"podman": _podman}
 
 
 def pod_container(runtime: Runtime, pod: Dict[str, Any]) -> str:
@@ -148,18 +121,19 @@ def pod_container(runtime: Runtime, pod: Dict[str, Any]) -> str:
                           f"{POD_NAMESPACE}={namespace}, {POD_NAME}={name}, {POD_CONTAINER}={container} "
                           "(is the pod scheduled on this node?)")
     infos = [runtime.inspect(cid) for cid in found]
-    running = [i.id for i in infos if i.running]
-    if not running:
+    up = [i.id for i in infos if i.running]
+    if not up:
         states = ", ".join(f"{i.id[:12]} {i.status}" for i in infos)
         raise TargetError(f"{what}: not running on this node (container {states})")
-    if len(running) > 1:
-        raise TargetError(f"{what}: {len(running)} containers on this node carry its labels and run "
-                          f"({', '.join(c[:12] for c in running)}); expected exactly one")
-    return running[0]
+    if len(up) > 1:
+        raise TargetError(f"{what}: {len(up)} containers on this node carry its labels and run "
+                          f"({', '.join(c[:12] for c in up)}); expected exactly one")
+    return up[0]
 
 
 def get_runtime(name: str) -> Runtime:
-    try:
-        return RUNTIMES[name]()
-    except KeyError:
-        raise TargetError(f"container runtime {name!r} is not supported (supported: {', '.join(sorted(RUNTIMES))})") from None
+    """The runtime registered as ``name``; TargetError naming the supported ones for any other name."""
+    new = RUNTIMES.get(name)
+    if new is None:
+        raise TargetError(f"container runtime {name!r} is not supported (supported: {', '.join(sorted(RUNTIMES))})")
+    return new()

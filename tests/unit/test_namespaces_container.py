@@ -84,7 +84,8 @@ def test_container_map_errors(spec, sources, needle) -> None:
 
 def test_unknown_runtime_is_refused_naming_the_supported_ones() -> None:
     from ansible_collections.warmstart.snapshot.plugins.module_utils._proc import TargetError
-    from ansible_collections.warmstart.snapshot.plugins.module_utils._runtime import Podman, get_runtime
+    from ansible_collections.warmstart.snapshot.plugins.module_utils._podman import Podman
+    from ansible_collections.warmstart.snapshot.plugins.module_utils._runtime import get_runtime
     with pytest.raises(TargetError, match=r"runtime 'containerd' is not supported \(supported: podman\)"):
         get_runtime("containerd")
     missing = Podman()
