@@ -4,6 +4,13 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+import pytest
+
+# The integration tests' shared helpers (non-test modules) get pytest's assertion messages, as they did when
+# they lived in test modules.
+pytest.register_assert_rewrite("tests.integration.process_lab", "tests.integration.container_lab",
+                               "tests.integration.s3_lab")
+
 REPO = Path(__file__).resolve().parents[1]
 COLLECTIONS = REPO / ".collections"
 _link = COLLECTIONS / "ansible_collections" / "warmstart" / "snapshot"

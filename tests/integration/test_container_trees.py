@@ -23,7 +23,7 @@ import pytest
 
 from ansible_collections.warmstart.snapshot.plugins.module_utils import _manifest as mf
 
-from .test_container_snapshot import Pod, wait_file
+from .container_lab import Pod, wait_file
 
 pytestmark = pytest.mark.integration
 

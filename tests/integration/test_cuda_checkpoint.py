@@ -17,7 +17,7 @@ from typing import Any, Dict, List
 
 import pytest
 
-from .test_process_snapshot import Lab, free_port, query, running_free
+from .process_lab import Lab, free_port, query, running_free
 
 pytestmark = pytest.mark.integration
 

@@ -21,8 +21,8 @@ from typing import Any, Dict, Iterator, Optional, Tuple
 import pytest
 
 from .ansible_run import REPO, VENV_BIN, ansible_env
-from .test_process_snapshot import (Lab, free_port, needs_root_and_criu, port_open, proc_state, query, running_free,
-                                    tracer_pid)
+from .process_lab import (Lab, free_port, needs_root_and_criu, port_open, proc_state, query, running_free,
+                          tracer_pid)
 
 pytestmark = pytest.mark.integration
 

@@ -14,8 +14,8 @@ from typing import Any, Dict
 import pytest
 
 from .ansible_run import REPO, ansible_env, playbook
-from .test_process_snapshot import Lab, free_port, query
-from .test_s3_store import SECRET, endpoint, keys, s3  # noqa: F401  pylint: disable=unused-import
+from .process_lab import Lab, free_port, query
+from .s3_lab import SECRET, keys
 
 pytestmark = pytest.mark.integration
 
@@ -31,7 +31,7 @@ def run(name: str, lab: Lab, extra: Dict[str, Any], tag: str) -> Dict[str, Any]:
     return {"rc": res.rc, "summary": doc, "table": lines, "messages": res.messages()}
 
 
-def test_snapshot_restore_cleanup_playbooks(lab: Lab, s3: Dict[str, Any]) -> None:  # noqa: F811
+def test_snapshot_restore_cleanup_playbooks(lab: Lab, s3: Dict[str, Any]) -> None:
     port = free_port()
     lab.play([lab.start("fleet", port, 16)])
     token = lab.token("fleet")

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 import threading
 import time
 from typing import Any, Dict, Iterator, List
@@ -19,11 +18,10 @@ import pytest
 
 from ansible_collections.warmstart.snapshot.plugins.module_utils import _podcontract as pc
 
-from .ansible_run import REPO, VENV_BIN
-from .test_container_snapshot import Pod, ask
+from tests.support.fake_apiserver import FakeApiServer
 
-sys.path.insert(0, str(REPO / "tests" / "support"))
-from fake_apiserver import FakeApiServer  # noqa: E402  pylint: disable=wrong-import-position,import-error
+from .ansible_run import REPO, VENV_BIN
+from .container_lab import Pod, ask
 
 pytestmark = pytest.mark.integration
 

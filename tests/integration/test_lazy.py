@@ -22,7 +22,7 @@ import pytest
 from ansible_collections.warmstart.snapshot.plugins.module_utils import _store as st
 
 from .ansible_run import REPO
-from .test_process_snapshot import Lab, free_port, proc_state, query
+from .process_lab import Lab, free_port, proc_state, query
 
 pytestmark = pytest.mark.integration
 

@@ -10,12 +10,9 @@ from __future__ import annotations
 import json
 import os
 import re
-import socket
-import subprocess
-import time
 import uuid
 from pathlib import Path
-from typing import Any, Dict, Iterator
+from typing import Any, Dict
 
 import pytest
 
@@ -23,58 +20,10 @@ from ansible_collections.warmstart.snapshot.plugins.module_utils import _manifes
 from ansible_collections.warmstart.snapshot.plugins.module_utils import _s3store as s3s
 from ansible_collections.warmstart.snapshot.plugins.module_utils import _store as st
 
-from .ansible_run import REPO
-from .test_process_snapshot import Lab, free_port, needs_root_and_criu, query
+from .process_lab import Lab, free_port, needs_root_and_criu, query
+from .s3_lab import SECRET, keys, serve
 
 pytestmark = pytest.mark.integration
-
-SECRET = "wS-" + uuid.uuid4().hex  # must never show up in any output
-
-
-def _serve(port: int, **env: str) -> subprocess.Popen:
-    proc = subprocess.Popen([str(REPO / ".venv" / "bin" / "moto_server"), "-H", "127.0.0.1", "-p", str(port)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=dict(os.environ, **env))
-    end = time.monotonic() + 30
-    while True:
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=1):
-                return proc
-        except OSError:
-            if proc.poll() is not None or time.monotonic() > end:
-                proc.kill()
-                pytest.fail("moto_server did not start (is moto[server] in .venv? make venv)")
-            time.sleep(0.1)
-
-
-@pytest.fixture(scope="module")
-def endpoint() -> Iterator[str]:
-    port = free_port()
-    proc = _serve(port)
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        proc.kill()
-        proc.wait()
-
-
-@pytest.fixture
-def s3(endpoint: str, lab: Lab, monkeypatch: pytest.MonkeyPatch) -> Dict[str, Any]:
-    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "warmstart-test")
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", SECRET)
-    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
-    import boto3  # pylint: disable=import-outside-toplevel
-    client = boto3.client("s3", endpoint_url=endpoint)
-    bucket = f"ws-{uuid.uuid4().hex[:10]}"
-    client.create_bucket(Bucket=bucket)
-    cache = lab.tmp / "cache"
-    return {"url": f"s3://{bucket}/fleet", "bucket": bucket, "client": client, "cache": cache,
-            "opts": {"endpoint_url": endpoint, "cache_dir": str(cache), "concurrency": 4}}
-
-
-def keys(s3: Dict[str, Any]) -> Dict[str, int]:
-    pages = s3["client"].get_paginator("list_objects_v2").paginate(Bucket=s3["bucket"])
-    return {o["Key"]: o["Size"] for p in pages for o in p.get("Contents", [])}
-
 
 def no_secret(results: Dict[str, Any]) -> None:
     assert SECRET not in json.dumps(results), "a credential leaked into module output"
@@ -145,7 +94,7 @@ def test_bad_store_fails_before_the_checkpoint(lab: Lab, s3: Dict[str, Any]) -> 
     port = free_port()
     closed = free_port()
     strict_port = free_port()
-    strict = _serve(strict_port, INITIAL_NO_AUTH_ACTION_COUNT="0")
+    strict = serve(strict_port, INITIAL_NO_AUTH_ACTION_COUNT="0")
     try:
         cases = {
             "unreachable": (s3["url"], dict(s3["opts"], endpoint_url=f"http://127.0.0.1:{closed}"), "cannot reach"),

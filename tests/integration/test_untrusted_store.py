@@ -22,7 +22,7 @@ import pytest
 from ansible_collections.warmstart.snapshot.plugins.module_utils import _manifest as mf
 
 from .ansible_run import REPO
-from .test_process_snapshot import Lab, free_port, query
+from .process_lab import Lab, free_port, query
 
 pytestmark = pytest.mark.integration
 

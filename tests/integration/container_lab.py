@@ -1,0 +1,209 @@
+"""Podman containers for the container integration tests: the workload APP and one module's ``Pod``.
+
+APP runs in the source container (local node image, ``podman run --init``): random memory whose SHA256 it
+reports, a TCP listener on all addresses (port 8080, read with ``ask``), a file it wrote into its root file
+system and one it deleted from the image, optional worker processes (APP_WORKERS) and the workload helper
+(workload/warmstart_workload.py) that says ``ready-for-snapshot`` and, in a restored copy, re-reads its
+instance (hostname, IPs, env.json). ``Pod`` starts sources and inert placeholders (``sleep infinity`` as
+PID 1) and removes everything it started in ``cleanup``. Shared by the integration test modules, none of
+which imports from another.
+"""
+from __future__ import annotations
+
+import json
+import shutil
+import socket
+import subprocess
+import time
+import uuid
+from pathlib import Path
+from typing import Any, Dict, List, Optional
+
+from .ansible_run import REPO
+from .podman_lab import node_image, play as _play, podman_env
+
+APP = r'''
+import hashlib, json, os, socket, sys, threading, time
+sys.path.insert(0, "/app")
+import warmstart_workload as ws
+
+mib = int(os.environ.get("APP_MIB", "32"))
+token = os.urandom(8).hex()
+mem = bytearray(b"\x5a") * (mib << 20) if os.environ.get("APP_PATTERN") else bytearray(os.urandom(mib << 20))
+digest = hashlib.sha256(mem).hexdigest()
+if os.environ.get("APP_GHOST"):  # an open, deleted 1 MiB file: beyond a small ghost_limit CRIU refuses the dump
+    ghost = open("/tmp/ghost", "w+b")
+    ghost.write(os.urandom(1 << 20))
+    ghost.flush()
+    os.unlink("/tmp/ghost")
+workers = []  # APP_WORKERS=N: N child processes ticking a counter each (the server is then a process tree)
+for n in range(int(os.environ.get("APP_WORKERS", "0"))):
+    pid = os.fork()
+    if pid == 0:
+        tick = 0
+        while True:
+            tick += 1
+            with open(f"/tmp/worker-{n}.tmp", "w") as out:
+                out.write(str(tick))
+            os.replace(f"/tmp/worker-{n}.tmp", f"/tmp/worker-{n}")
+            time.sleep(0.1)
+    workers.append(pid)
+
+def worker_state():
+    alive = sum(1 for pid in workers if os.waitpid(pid, os.WNOHANG) == (0, 0))
+    ticks = []
+    for n in range(len(workers)):
+        try:
+            ticks.append(int(open(f"/tmp/worker-{n}").read()))
+        except (OSError, ValueError):
+            ticks.append(-1)
+    return {"alive": alive, "ticks": ticks}
+with open("/tmp/state.txt", "w") as handle:
+    handle.write(token)
+if os.path.exists("/etc/issue.net"):
+    os.unlink("/etc/issue.net")
+state = {"counter": 0, "restores": []}
+control = ws.Control()
+
+def refreshed(info):
+    me = ws.instance(control)
+    state["restores"].append({"pid": info.pid, "snapshot": info.snapshot, "hostname": me.hostname,
+                              "ips": me.ips, "role": me.env.get("ROLE")})
+
+control.on_restore(refreshed)
+srv = socket.socket()
+srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+srv.bind(("0.0.0.0", 8080))
+srv.listen(16)
+control.ready()
+while True:
+    conn, _ = srv.accept()
+    with conn:
+        state["counter"] += 1
+        try:
+            on_disk = open("/tmp/state.txt").read()
+        except OSError as exc:
+            on_disk = str(exc)
+        conn.sendall((json.dumps({
+            "token": token, "counter": state["counter"], "digest": digest,
+            "sha256": hashlib.sha256(mem).hexdigest(), "pid": os.getpid(), "hostname": socket.gethostname(),
+            "restores": state["restores"], "state_file": on_disk,
+            "issue_net": os.path.exists("/etc/issue.net"), "env_role": os.environ.get("ROLE"),
+            "workers": worker_state(),
+        }) + "\n").encode())
+'''
+
+
+
+class Pod:
+    """Podman containers for one test module; everything it starts is removed at the end."""
+
+    def __init__(self, tmp: Path) -> None:
+        self.tmp = tmp
+        self.env = podman_env()
+        self.image = node_image()
+        self.tag = uuid.uuid4().hex[:6]
+        self.app = tmp / "app"
+        self.app.mkdir()
+        (self.app / "app.py").write_text(APP)
+        shutil.copy(REPO / "workload" / "warmstart_workload.py", self.app / "warmstart_workload.py")
+        self.store = tmp / "store"
+        self.restore_root = tmp / "restore"
+        self.names: List[str] = []
+        self.images: List[str] = []
+
+    def podman(self, *args: str, check: bool = True) -> subprocess.CompletedProcess:
+        return subprocess.run(["podman", *args], env=self.env, capture_output=True, text=True, check=check, timeout=300)
+
+    def control(self, name: str) -> Path:
+        path = self.tmp / f"control-{name}"
+        path.mkdir(exist_ok=True)
+        return path
+
+    def run(self, name: str, *cmd: str, init: bool = True, env: Optional[Dict[str, str]] = None,
+            image: Optional[str] = None, create_only: bool = False, labels: Optional[Dict[str, str]] = None) -> str:
+        full = f"{name}-{self.tag}"
+        args = ["create" if create_only else "run"] + ([] if create_only else ["-d"]) + ["--name", full]
+        args += ["--init"] if init else []
+        for key, value in (labels or {}).items():
+            args += ["--label", f"{key}={value}"]
+        args += ["-v", f"{self.app}:/app:ro", "-v", f"{self.control(name)}:/snapshot-control",
+                 "-e", "SNAPSHOT_CONTROL_DIR=/snapshot-control"]
+        for key, value in (env or {}).items():
+            args += ["-e", f"{key}={value}"]
+        self.podman(*args, image or self.image, *cmd)
+        self.names.append(full)
+        return full
+
+    def source(self, name: str, **env: str) -> str:
+        full = self.run(name, "python3", "/app/app.py", env=env)
+        wait_file(self.control(name) / "ready-for-snapshot", 60)
+        return full
+
+    def placeholder(self, name: str, image: Optional[str] = None) -> str:
+        return self.run(name, "sleep", "infinity", init=False, env={"ROLE": name}, image=image)
+
+    def inspect(self, full: str) -> Dict[str, Any]:
+        return json.loads(self.podman("container", "inspect", full).stdout)[0]
+
+    def ip(self, full: str) -> str:
+        return self.inspect(full)["NetworkSettings"]["IPAddress"]
+
+    def pid1(self, full: str) -> int:
+        return int(self.inspect(full)["State"]["Pid"])
+
+    def running(self, full: str) -> bool:
+        return bool(self.inspect(full)["State"]["Running"])
+
+    def ps(self, full: str) -> List[str]:
+        return self.podman("top", full, "pid", "args").stdout.splitlines()[1:]
+
+    def play(self, tasks: List[Dict[str, Any]], name: str, ok: bool = True) -> Dict[str, Any]:
+        return _play(self.tmp, self.env, "localhost,", "local", tasks, f"{name}-{uuid.uuid4().hex[:6]}", ok=ok)
+
+    def checkpoint(self, title: str, expect_fail: bool = False, **args: Any) -> Dict[str, Any]:
+        args.setdefault("store", str(self.store))
+        task: Dict[str, Any] = {"name": title, "warmstart.snapshot.checkpoint": args}
+        if expect_fail:
+            task["ignore_errors"] = True
+        return task
+
+    def restore(self, title: str, expect_fail: bool = False, **args: Any) -> Dict[str, Any]:
+        args.setdefault("store", str(self.store))
+        args.setdefault("restore_root", str(self.restore_root))
+        task: Dict[str, Any] = {"name": title, "warmstart.snapshot.restore": args}
+        if expect_fail:
+            task["ignore_errors"] = True
+        return task
+
+    def cleanup(self) -> None:
+        for full in reversed(self.names):
+            self.podman("rm", "-f", "-t", "0", full, check=False)
+        for image in self.images:
+            self.podman("rmi", "-f", image, check=False)
+
+
+def wait_file(path: Path, timeout: float) -> str:
+    end = time.monotonic() + timeout
+    while not path.exists():
+        assert time.monotonic() < end, f"{path} did not appear within {timeout} s"
+        time.sleep(0.05)
+    return path.read_text()
+
+
+def ask(ip: str, timeout: float = 15.0) -> Dict[str, Any]:
+    end = time.monotonic() + timeout
+    while True:
+        try:
+            with socket.create_connection((ip, 8080), timeout=5) as sock:
+                data = b""
+                while not data.endswith(b"\n"):
+                    chunk = sock.recv(65536)
+                    if not chunk:
+                        break
+                    data += chunk
+            return json.loads(data)
+        except (OSError, ValueError):
+            if time.monotonic() > end:
+                raise
+            time.sleep(0.1)
