@@ -31,7 +31,8 @@ from ansible_collections.warmstart.snapshot.plugins.module_utils._manifest impor
 from ansible_collections.warmstart.snapshot.plugins.module_utils._proc import TargetError
 from ansible_collections.warmstart.snapshot.plugins.module_utils._rootfs import RootfsError
 from ansible_collections.warmstart.snapshot.plugins.module_utils._runtime import get_runtime, pod_container
-from ansible_collections.warmstart.snapshot.plugins.module_utils._store import StoreError, open_store
+from ansible_collections.warmstart.snapshot.plugins.module_utils._store import StoreError
+from ansible_collections.warmstart.snapshot.plugins.module_utils._stores import open_store
 
 ENGINE_ERRORS = (CriuError, ManifestError, TargetError, StoreError, snap.SnapshotError, RootfsError, OSError)
 

@@ -185,8 +185,12 @@ class S3Store:
     def cache_dir(self, snapshot_id: str) -> str:
         return os.path.join(self.cache_root(), mf.check_id(snapshot_id))
 
-    def ensure(self) -> None:
-        """Reach the bucket with these credentials, or say why not - before any checkpoint."""
+    @property
+    def reads_in_place(self) -> bool:
+        """Restores read this node's verified copy (``local_dir``), never the bucket's objects in place."""
+        return False
+
+    def _check_bucket(self) -> None:
         try:
             self._call("checking the bucket", self.client.head_bucket, Bucket=self.bucket)
         except StoreError as exc:
@@ -194,6 +198,20 @@ class S3Store:
                 raise StoreError(f"store {self.root}: bucket {self.bucket} does not exist at "
                                  f"{self.endpoint_url or 'AWS S3'}") from None
             raise
+
+    def check_usable(self) -> None:
+        """Reach the bucket with these credentials and find the node cache creatable, writing nothing."""
+        self._check_bucket()
+        path = self.cache
+        while not os.path.exists(path) and os.path.dirname(path) != path:
+            path = os.path.dirname(path)
+        if not os.path.isdir(path) or not os.access(path, os.W_OK | os.X_OK):
+            raise StoreError(f"store {self.root}: cannot create the node cache {self.cache}: "
+                             f"{path} is not a writable directory")
+
+    def ensure(self) -> None:
+        """Reach the bucket with these credentials, or say why not - before any checkpoint."""
+        self._check_bucket()
         for path in (self.cache, os.path.join(self.cache, "tmp")):
             try:
                 os.makedirs(path, mode=0o700, exist_ok=True)
@@ -353,6 +371,15 @@ class S3Store:
         self.transfer["seconds"] += time.monotonic() - t0
         self.verified[snapshot_id] = True
         return dest
+
+    def verify(self, doc: Dict[str, Any], fetch: bool = True, cached: bool = False) -> List[str]:
+        """Without ``fetch``: the bucket's objects against the manifest (sizes, missing, unlisted), nothing
+        downloaded. With it: this node's copy, whose every file was hashed as it was fetched or reused
+        (``local_dir``); objects the manifest does not list are reported unless ``cached``."""
+        if not fetch:
+            return self.remote_problems(doc)
+        self.local_dir(doc["id"])
+        return [] if cached else self.unlisted_problems(doc)
 
     def fetch_file(self, snapshot_id: str, entry: Dict[str, Any], path: str, verify: bool = True) -> None:
         """One file of the snapshot downloaded to ``path``; its SHA256 checked on the way (always)."""

@@ -51,6 +51,7 @@ from ansible_collections.warmstart.snapshot.plugins.module_utils._compat import 
 from ansible_collections.warmstart.snapshot.plugins.module_utils._criu import CriuError, find_criu
 from ansible_collections.warmstart.snapshot.plugins.module_utils._errors import WarmstartError
 from ansible_collections.warmstart.snapshot.plugins.module_utils._gpu import cuda_version_string
+from ansible_collections.warmstart.snapshot.plugins.module_utils._storeapi import Store
 from ansible_collections.warmstart.snapshot.plugins.module_utils._criu_rpc import CriuOptions, dump, log_tail, read_stats
 from ansible_collections.warmstart.snapshot.plugins.module_utils._criu_rpc import restore as criu_restore
 
@@ -354,7 +355,7 @@ def _copy_workload_files(target: Target, dest: str) -> List[Dict[str, Any]]:
     return out
 
 
-def checkpoint(store: st.FsStore, target: Target, name: str, labels: Dict[str, str], options: CriuOptions,
+def checkpoint(store: Store, target: Target, name: str, labels: Dict[str, str], options: CriuOptions,
                leave_running: bool = True, wait_ready: bool = False, ready_timeout: float = 300.0,
                criu_path: Optional[str] = None, pod: Optional[Dict[str, Any]] = None, cuda: str = "auto",
                cuda_lock_timeout: int = cu.DEFAULT_LOCK_TIMEOUT_MS, gpu_node: Optional[GpuNode] = None) -> Dict[str, Any]:
@@ -396,7 +397,7 @@ def checkpoint(store: st.FsStore, target: Target, name: str, labels: Dict[str, s
         os.close(lock)
 
 
-def _checkpoint_locked(store: st.FsStore, target: Target, name: str, labels: Dict[str, str], options: CriuOptions,
+def _checkpoint_locked(store: Store, target: Target, name: str, labels: Dict[str, str], options: CriuOptions,
                        leave_running: bool, criu: str, timings: Dict[str, float], t_start: float,
                        pod: Optional[Dict[str, Any]] = None, plan: Optional[CudaPlan] = None,
                        gpu_node: Optional[GpuNode] = None) -> Dict[str, Any]:
@@ -550,7 +551,7 @@ def _gpu_reasons(doc: Dict[str, Any], gpu_node: Optional[GpuNode], cuda: str, sk
     return gpu_incompatibilities(doc.get("gpu"), gpu_node, cuda, hard_only=skip_compat)
 
 
-def select(store: st.FsStore, snapshot_id: Optional[str], name: Optional[str], labels: Optional[Dict[str, str]],
+def select(store: Store, snapshot_id: Optional[str], name: Optional[str], labels: Optional[Dict[str, str]],
            node: Dict[str, Any], skip_compat: bool, gpu_node: Optional[GpuNode] = None,
            cuda: str = "auto") -> Dict[str, Any]:
     """The manifest to restore: by id, or the newest compatible one matching name/labels (GPUs too, given ``gpu_node``)."""
@@ -572,7 +573,7 @@ def select(store: st.FsStore, snapshot_id: Optional[str], name: Optional[str], l
                         reasons=rejected)
 
 
-def preflight(store: st.FsStore, doc: Dict[str, Any], node: Dict[str, Any], verify: bool,
+def preflight(store: Store, doc: Dict[str, Any], node: Dict[str, Any], verify: bool,
               skip_compat: bool, fetch: bool = True, gpu_node: Optional[GpuNode] = None,
               cuda: str = "auto", workloads_root: str = wl.DEFAULT_ROOT) -> List[str]:
     """Everything that stops this restore, before any process is touched (GPU checks with ``gpu_node``).
@@ -611,9 +612,9 @@ def preflight(store: st.FsStore, doc: Dict[str, Any], node: Dict[str, Any], veri
     return problems
 
 
-def _layout_problems(store: Any, doc: Dict[str, Any], target: Dict[str, Any], verified: bool) -> List[str]:
+def _layout_problems(store: Store, doc: Dict[str, Any], target: Dict[str, Any], verified: bool) -> List[str]:
     """The target's images dir must be reached through real directories inside the snapshot (also unverified)."""
-    if verified or getattr(store, "kind", "fs") != "fs" or "path" not in target or not mf.is_id(doc.get("id")):
+    if verified or not store.reads_in_place or "path" not in target or not mf.is_id(doc.get("id")):
         return []  # verify already refused any symlink or stray entry; an object store's copy is our own cache
     why = st.real_dirs(store.snapshot_dir(doc["id"]), f"{target['path']}/criu")
     return [f"snapshot layout: {why}"] if why else []
@@ -703,7 +704,7 @@ def _lazy_plan(criu: str, doc: Dict[str, Any], wanted: bool) -> Dict[str, Any]:
     return {"used": True, "reason": why}
 
 
-def _stage_remote(store: Any, doc: Dict[str, Any], target: Dict[str, Any], images: str,
+def _stage_remote(store: Store, doc: Dict[str, Any], target: Dict[str, Any], images: str,
                   verify: bool) -> Any:
     """Images for a restore whose pages come from a page server: every image but the pages, verified, and
     each pages image as a sparse file holding only what CRIU restores itself. (problems, bytes of pages read)."""
@@ -752,7 +753,7 @@ def _restore_lock(target: Dict[str, Any], workloads_root: str) -> Optional[int]:
 def _rebuild_error(report: Dict[str, Any]) -> BaseException:
     """The restorer child's failure, as the exception it raised."""
     if report.get("type") == "LazyError":
-        return lz.LazyError(report["error"], log_tail=report.get("log_tail"))
+        return lz.LazyError(report["error"], report.get("log_tail"))
     return CriuError(report["error"], log_tail=report.get("log_tail"))
 
 
@@ -764,7 +765,7 @@ def _run_criu(criu: str, images: str, work: str, opts: CriuOptions, session: Opt
                                 rst.tree_recorder(pidfile, proc.write_pidfile), _rebuild_error)
 
 
-def restore(store: st.FsStore, snapshot_id: Optional[str] = None, name: Optional[str] = None,
+def restore(store: Store, snapshot_id: Optional[str] = None, name: Optional[str] = None,
             labels: Optional[Dict[str, str]] = None, verify: bool = True, skip_compat: bool = False,
             options: Optional[CriuOptions] = None, criu_path: Optional[str] = None,
             restore_root: str = DEFAULT_RESTORE_ROOT, cuda: str = "auto",
@@ -803,7 +804,7 @@ def restore(store: st.FsStore, snapshot_id: Optional[str] = None, name: Optional
             os.close(lock)
 
 
-def _prepare(store: Any, doc: Dict[str, Any], node: Dict[str, Any], a: Dict[str, Any],
+def _prepare(store: Store, doc: Dict[str, Any], node: Dict[str, Any], a: Dict[str, Any],
              lazy_plan: Dict[str, Any], timings: Dict[str, float]) -> Any:
     """Preflight, then the work dir with the images: (work dir, snapshot dir). Nothing is touched on refusal."""
     remote = a["remote"] if lazy_plan["used"] else None
@@ -833,7 +834,7 @@ def _prepare(store: Any, doc: Dict[str, Any], node: Dict[str, Any], a: Dict[str,
     return work, snap_dir, remote
 
 
-def _restore_locked(store: Any, doc: Dict[str, Any], node: Dict[str, Any], criu: str,
+def _restore_locked(store: Store, doc: Dict[str, Any], node: Dict[str, Any], criu: str,
                     a: Dict[str, Any]) -> Dict[str, Any]:
     timings: Dict[str, float] = {}
     target = doc["targets"][0] if doc.get("targets") else {}
@@ -842,7 +843,7 @@ def _restore_locked(store: Any, doc: Dict[str, Any], node: Dict[str, Any], criu:
     control, control_note = _control_dir(target, a["workloads_root"], a["control_roots"])
     pidfile = wl.paths(a["workloads_root"], target["workload"])["pidfile"] if target.get("workload") else None
     if target.get("workload"):
-        within = [store.snapshot_dir(doc["id"])] if remote and getattr(store, "kind", "fs") == "fs" else []
+        within = [store.snapshot_dir(doc["id"])] if remote and store.reads_in_place else []
         _put_back_files(target, snap_dir, a["workloads_root"], within)
     if control and os.path.isdir(control):
         ctl.clear(control, ctl.RESTORE_COMPLETE, ctl.RESTORE_FAILED)
@@ -880,7 +881,7 @@ def _restore_locked(store: Any, doc: Dict[str, Any], node: Dict[str, Any], criu:
         "id": doc["id"], "name": doc["name"], "pid": pid, "pids": proc.descendants(pid), "ns_pid": ns_pid,
         "workload": target.get("workload"), "work_dir": work, "started_at": round(a["t_wall"], 3),
         "timings": {k: round(v, 3) for k, v in timings.items()}, "criu_stats": stats,
-        "transfer": dict(getattr(store, "transfer", None) or {}), "cuda": cuda_result, "lazy": lazy_plan,
+        "transfer": dict(store.transfer), "cuda": cuda_result, "lazy": lazy_plan,
         "warnings": warnings,
     }
 
@@ -949,7 +950,7 @@ def _wait_lazy(work: str, doc: Dict[str, Any], a: Dict[str, Any], lazy_plan: Dic
     lazy_plan["complete_after"] = round(state["complete_at"] - a["t_wall"], 3)
 
 
-def plan_restore(store: st.FsStore, snapshot_id: Optional[str] = None, name: Optional[str] = None,
+def plan_restore(store: Store, snapshot_id: Optional[str] = None, name: Optional[str] = None,
                  labels: Optional[Dict[str, str]] = None, verify: bool = True, skip_compat: bool = False,
                  criu_path: Optional[str] = None, cuda: str = "auto", gpu_node: Optional[GpuNode] = None,
                  workloads_root: str = wl.DEFAULT_ROOT) -> Dict[str, Any]:

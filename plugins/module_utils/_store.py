@@ -11,11 +11,12 @@ Layout (filesystem store; a local dir or a shared mount such as NFS)::
     <root>/tmp/<uuid>/                    staging, renamed into snapshots/ on success
 
 Snapshots hold process memory: directories are 0700, files 0600. An object
-store backend implements the same ``Store`` interface and hands restores a
-local directory (its node cache).
+store backend implements the same ``_storeapi.Store`` protocol and hands
+restores a local directory (its node cache); ``_stores.open_store`` picks one.
 """
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
@@ -31,6 +32,7 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 from ansible_collections.warmstart.snapshot.plugins.module_utils import _manifest as mf
 from ansible_collections.warmstart.snapshot.plugins.module_utils import _progress as prog
 from ansible_collections.warmstart.snapshot.plugins.module_utils._errors import WarmstartError
+from ansible_collections.warmstart.snapshot.plugins.module_utils._storeapi import Store
 
 CHUNK = 4 << 20
 
@@ -187,6 +189,14 @@ class Staging:
             self.done = True
 
 
+def _existing_parent(path: str) -> str:
+    """The nearest ancestor of ``path`` that exists."""
+    parent = os.path.dirname(path.rstrip("/")) or "/"
+    while not os.path.exists(parent) and parent != "/":
+        parent = os.path.dirname(parent)
+    return parent
+
+
 def _fsync_dir(path: str) -> None:
     try:
         fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
@@ -217,6 +227,11 @@ class FsStore:
         """A filesystem store reads in place: no node-local cache."""
         return None
 
+    @property
+    def reads_in_place(self) -> bool:
+        """Restores read the store's own files (``local_dir`` is ``snapshot_dir``)."""
+        return True
+
     # -- layout ---------------------------------------------------------
     @property
     def snapshots(self) -> str:
@@ -243,6 +258,23 @@ class FsStore:
             if stat.S_ISLNK(info.st_mode):
                 raise StoreError(f"store {self.root}: {path} is a symlink (to {os.readlink(path)}); "
                                  "refusing to use it (a store's layout must be real directories)")
+
+    def check_usable(self) -> None:
+        """What ``ensure`` would refuse, found without creating anything (check mode)."""
+        self.check_layout()
+        for path in (self.root, self.snapshots, self.tmp):
+            if os.path.isdir(path):
+                continue
+            if os.path.lexists(path):
+                raise StoreError(f"store {self.root}: cannot create {path}: {os.strerror(errno.EEXIST)} "
+                                 "(not a directory)")
+            parent = _existing_parent(path)
+            if not os.access(parent, os.W_OK | os.X_OK):
+                raise StoreError(f"store {self.root}: cannot create {path}: {os.strerror(errno.EACCES)} "
+                                 f"(on {parent})")
+            return  # the rest is created below it
+        if not os.access(self.tmp, os.W_OK):
+            raise StoreError(f"store {self.root}: {self.tmp} is not writable (read-only filesystem or permissions)")
 
     def ensure(self) -> None:
         """Create the store layout (0700) or explain why it cannot be used."""
@@ -311,6 +343,11 @@ class FsStore:
     def local_dir(self, snapshot_id: str) -> str:
         """A local directory holding the snapshot's files (here: the store itself)."""
         return self.snapshot_dir(snapshot_id)
+
+    def verify(self, doc: Dict[str, Any], fetch: bool = True, cached: bool = False) -> List[str]:
+        """Every file of the snapshot hashed in place (``fetch`` changes nothing: nothing is downloaded)."""
+        del fetch
+        return verify_files(self.local_dir(doc["id"]), doc, cache=VerifiedFiles(doc["id"]) if cached else None)
 
     def fetch_file(self, snapshot_id: str, entry: Dict[str, Any], path: str, verify: bool = True) -> None:
         """One file of the snapshot at ``path`` (a symlink into the store), checked against its manifest entry."""
@@ -469,20 +506,9 @@ class StreamingHasher(threading.Thread):
         return out
 
 
-def verify_local(store: Any, doc: Dict[str, Any], fetch: bool = True, cached: bool = False) -> List[str]:
-    """Checksum problems of the store's local copy of ``doc`` (an object store verifies while it fetches).
-
-    Without ``fetch`` (check mode) an object store downloads nothing: it only
-    compares the objects' sizes with the manifest. With ``cached``, files this
-    node hashed before and that have not changed since are not hashed again
-    (``VerifiedFiles``).
-    """
-    if not fetch and getattr(store, "kind", "fs") != "fs":
-        return store.remote_problems(doc)
-    local = store.local_dir(doc["id"])
-    if getattr(store, "verified", {}).get(doc["id"]):  # an object store: checked while it fetched
-        return store.unlisted_problems(doc) if fetch and not cached else []
-    return verify_files(local, doc, cache=VerifiedFiles(doc["id"]) if cached else None)
+def verify_local(store: Store, doc: Dict[str, Any], fetch: bool = True, cached: bool = False) -> List[str]:
+    """Checksum problems of the store's local copy of ``doc``: ``Store.verify`` (see there)."""
+    return store.verify(doc, fetch=fetch, cached=cached)
 
 
 _KINDS = ((stat.S_ISLNK, "a symlink"), (stat.S_ISFIFO, "a fifo"), (stat.S_ISSOCK, "a socket"),
@@ -580,23 +606,6 @@ def verify_files(top: str, doc: Dict[str, Any], phase: bool = True,
     if cache is not None:
         cache.save()
     return problems
-
-
-def open_store(spec: Any, options: Optional[Dict[str, Any]] = None) -> Any:
-    """A store from a module's ``store`` option: a path, ``s3://bucket/prefix``, or {'type': 'fs', 'path': ...}."""
-    if isinstance(spec, str) and spec.startswith("s3://"):
-        from ansible_collections.warmstart.snapshot.plugins.module_utils._s3store import DEFAULT_CACHE, S3Store  # pylint: disable=import-outside-toplevel
-        o = options or {}
-        return S3Store(spec, endpoint_url=o.get("endpoint_url"), region=o.get("region"), profile=o.get("profile"),
-                       cache=o.get("cache_dir") or DEFAULT_CACHE, concurrency=int(o.get("concurrency") or 8))
-    if isinstance(spec, str):
-        return FsStore(spec)
-    if isinstance(spec, dict):
-        kind = spec.get("type", "fs")
-        if kind == "fs":
-            return FsStore(spec.get("path", ""))
-        raise StoreError(f"store type {kind!r} is not supported here (supported: fs)")
-    raise StoreError(f"store {spec!r} is neither a path nor a mapping")
 
 
 def age_seconds(mtime: float) -> float:

@@ -11,6 +11,7 @@ import pytest
 
 from ansible_collections.warmstart.snapshot.plugins.module_utils import _manifest as mf
 from ansible_collections.warmstart.snapshot.plugins.module_utils import _store as st
+from ansible_collections.warmstart.snapshot.plugins.module_utils import _stores as stores
 from tests.support.store_fixtures import make_snapshot
 
 
@@ -28,12 +29,12 @@ def test_store_needs_an_absolute_path() -> None:
 
 
 def test_open_store_forms(tmp_path: Path) -> None:
-    assert st.open_store(str(tmp_path)).root == str(tmp_path)
-    assert st.open_store({"path": str(tmp_path)}).root == str(tmp_path)
+    assert stores.open_store(str(tmp_path)).root == str(tmp_path)
+    assert stores.open_store({"path": str(tmp_path)}).root == str(tmp_path)
     with pytest.raises(st.StoreError, match="store type 's3' is not supported here"):
-        st.open_store({"type": "s3", "path": "x"})
+        stores.open_store({"type": "s3", "path": "x"})
     with pytest.raises(st.StoreError, match="neither a path nor a mapping"):
-        st.open_store(42)
+        stores.open_store(42)
 
 
 def test_stage_publish_list_load(store: st.FsStore) -> None:

@@ -1,0 +1,36 @@
+# -*- coding: utf-8 -*-
+# Copyright (c) warmstart developers
+# GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+"""The one place that knows every store backend: ``open_store`` from a module's ``store`` option.
+
+``_store`` (filesystem) and ``_s3store`` (S3) do not import each other's classes; the engine
+takes a ``_storeapi.Store`` and never asks which one it got.
+"""
+from __future__ import annotations
+
+from typing import Any, Dict, Optional
+
+from ansible_collections.warmstart.snapshot.plugins.module_utils._s3store import DEFAULT_CACHE, S3Store
+from ansible_collections.warmstart.snapshot.plugins.module_utils._store import FsStore, StoreError
+from ansible_collections.warmstart.snapshot.plugins.module_utils._storeapi import Store
+
+
+def open_store(spec: Any, options: Optional[Dict[str, Any]] = None) -> Store:
+    """A store from a module's ``store`` option: a path, ``s3://bucket/prefix``, or {'type': 'fs', 'path': ...}.
+
+    ``options`` (``store_options``) configure an S3 store: endpoint_url, region, profile, cache_dir,
+    concurrency. boto3 is imported only when an S3 store first talks to its bucket.
+    """
+    if isinstance(spec, str) and spec.startswith("s3://"):
+        o = options or {}
+        return S3Store(spec, endpoint_url=o.get("endpoint_url"), region=o.get("region"), profile=o.get("profile"),
+                       cache=o.get("cache_dir") or DEFAULT_CACHE, concurrency=int(o.get("concurrency") or 8))
+    if isinstance(spec, str):
+        return FsStore(spec)
+    if isinstance(spec, dict):
+        kind = spec.get("type", "fs")
+        if kind == "fs":
+            return FsStore(spec.get("path", ""))
+        raise StoreError(f"store type {kind!r} is not supported here (supported: fs)")
+    raise StoreError(f"store {spec!r} is neither a path nor a mapping")
