@@ -21,11 +21,12 @@ PIDs. Nothing is mounted into the placeholder, so nothing is left behind.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Tuple
 
 from ansible_collections.warmstart.snapshot.plugins.module_utils import _control as ctl
@@ -40,14 +41,14 @@ from ansible_collections.warmstart.snapshot.plugins.module_utils import _snapsho
 from ansible_collections.warmstart.snapshot.plugins.module_utils import _store as st
 from ansible_collections.warmstart.snapshot.plugins.module_utils._compat import describe_node, incompatibilities
 from ansible_collections.warmstart.snapshot.plugins.module_utils._criu import CriuError, find_criu
-from ansible_collections.warmstart.snapshot.plugins.module_utils._criu_rpc import CriuOptions, read_stats
+from ansible_collections.warmstart.snapshot.plugins.module_utils._criu_rpc import (
+    CriuOptions, ExtMount, InheritFd, JoinNs, _target_to_rpc, read_stats)
 from ansible_collections.warmstart.snapshot.plugins.module_utils._criu_rpc import restore as criu_restore
+from ansible_collections.warmstart.snapshot.plugins.module_utils._errors import WarmstartError
 from ansible_collections.warmstart.snapshot.plugins.module_utils._runtime import ContainerInfo, Runtime, get_runtime, running
 
 EXT_NET = "warmstart-net"
 EXT_PID = "warmstart-pid"
-CG_SOFT = 3     # criu_cg_mode SOFT
-NET_LOCK_SKIP = 3
 ENV_FILE = "env.json"  # the placeholder's environment, offered to the restored workload
 
 
@@ -134,7 +135,21 @@ class ContainerCapture:
     lock_tables: Optional[List[str]] = None
     control_host: Optional[str] = None
 
-    def criu_setup(self, opts: Any) -> None:
+    def criu_options(self, base: CriuOptions) -> CriuOptions:
+        """``base`` with what dumping a container's workload adds: its rootfs as root, its session's job, its
+        cgroups (soft), its network and PID namespaces and its bind mounts external.
+
+        Reads the network namespace's nftables first (see ``before_resume``): SnapshotError when it cannot,
+        before CRIU touches anything.
+        """
+        self._remember_lock_tables()
+        return dataclasses.replace(
+            base, root=self.info.rootfs, shell_job=True,  # the session belongs to the container's init
+            manage_cgroups=True, manage_cgroups_mode="soft",
+            external=[f"net[{self.net_ns}]:{EXT_NET}", f"pid[{self.pid_ns}]:{EXT_PID}"],
+            ext_mnt=[ExtMount(m["mountpoint"], m["mountpoint"]) for m in self.external])
+
+    def _remember_lock_tables(self) -> None:
         # CRIU locks the whole network namespace while it dumps and, for a tree it leaves stopped, keeps it
         # locked; remember what was there so before_resume removes only CRIU's new tables.
         try:
@@ -146,16 +161,12 @@ class ContainerCapture:
                 f"container {self.info.name}: cannot read the nftables of its network namespace ({exc}); CRIU locks "
                 "that network during the dump and the lock could not be lifted afterwards - prepare the node with "
                 "warmstart.snapshot.node_prep (its CRIU bundle carries libnftables)") from None
-        opts.root = self.info.rootfs
-        opts.shell_job = True            # the session belongs to the container's init
-        opts.manage_cgroups = True
-        opts.manage_cgroups_mode = CG_SOFT
-        opts.external.append(f"net[{self.net_ns}]:{EXT_NET}")
-        opts.external.append(f"pid[{self.pid_ns}]:{EXT_PID}")
-        for m in self.external:
-            ext = opts.ext_mnt.add()
-            ext.key = m["mountpoint"]
-            ext.val = m["mountpoint"]
+
+    def criu_setup(self, opts: Any) -> None:
+        """Transitional, until _snapshot uses ``criu_options``: what it adds, written into the RPC options."""
+        added = self.criu_options(CriuOptions())
+        opts.shell_job = True
+        _target_to_rpc(added, opts)
 
     def before_resume(self) -> None:
         if self.lock_tables is None:
@@ -281,7 +292,7 @@ class Destination:
     info: Optional[ContainerInfo] = None
     ext_mnt: Optional[Dict[str, str]] = None
     control_host: Optional[str] = None
-    notes: Optional[List[str]] = None
+    notes: List[str] = field(default_factory=list)
 
 
 def check_destination(runtime: Runtime, target: Dict[str, Any], dest: str, skip_image_check: bool) -> Tuple[Destination, List[str]]:
@@ -396,114 +407,148 @@ def _inheritable(path: str, flags: int) -> int:
     return fd
 
 
-def restore_one(criu: str, snap_dir: str, doc: Dict[str, Any], d: Destination, options: CriuOptions,
-                restore_root: str, kill_on_failure: bool) -> Dict[str, Any]:
-    """Restore one source container into one checked placeholder; never raises for a restore failure."""
-    info = d.info
-    if info is None:
-        raise snap.SnapshotError(f"placeholder {d.name} was not checked")
-    target = d.source
-    timings: Dict[str, float] = {}
-    t_start = time.monotonic()
-    out: Dict[str, Any] = {"container": info.name, "source": target["name"], "result": "failed"}
+@dataclass
+class _Restore:
+    """One restore into one placeholder, as its phases share it. ``out`` is the destination's result."""
+
+    doc: Dict[str, Any]
+    d: Destination
+    info: ContainerInfo
+    tdir: str                   # the source container's dir in the snapshot
+    work: str                   # CRIU's work dir (its log and stats)
+    control: Optional[str]      # the placeholder's control dir on the host, if it has one
+    out: Dict[str, Any]
+    timings: Dict[str, float] = field(default_factory=dict)
+    pinned: Dict[str, int] = field(default_factory=dict)         # namespace -> our fd of the placeholder's
+    stdio: List[Tuple[int, int]] = field(default_factory=list)  # (our fd, stdio number) of its piped stdio
+    hostname: str = ""          # the placeholder's, which CRIU overwrites
+    pid: int = 0                # host PID of the restored tree, once CRIU restored it
+
+
+def _begin(snap_dir: str, doc: Dict[str, Any], d: Destination, info: ContainerInfo, restore_root: str) -> _Restore:
     work = os.path.join(restore_root, f"{doc['id']}-{os.urandom(4).hex()}")
     os.makedirs(restore_root, mode=0o700, exist_ok=True)
     os.makedirs(work, mode=0o700)
-    out["work_dir"] = work
-    pinned: Dict[str, int] = {}
-    stdio_fds: List[int] = []
+    out: Dict[str, Any] = {"container": info.name, "source": d.source["name"], "result": "failed", "work_dir": work}
     control = d.control_host if d.control_host and os.path.isdir(d.control_host) else None
-    tdir = os.path.join(snap_dir, target["path"])
-    pid = 0
+    return _Restore(doc=doc, d=d, info=info, tdir=os.path.join(snap_dir, d.source["path"]), work=work,
+                    control=control, out=out)
+
+
+def _pin(r: _Restore) -> None:
+    """Pin the placeholder: its namespaces stay what we checked even if it is replaced meanwhile."""
+    for ns in ("mnt", "net", "pid", "uts", "ipc"):
+        r.pinned[ns] = _inheritable(f"/proc/{r.info.pid}/ns/{ns}", os.O_RDONLY)
+    if nsu.ns_inode(r.info.pid, "pid") != os.fstat(r.pinned["pid"]).st_ino:
+        raise snap.SnapshotError(f"placeholder {r.info.name} was replaced while it was being prepared")
+
+
+def _prepare(r: _Restore) -> None:
+    """The placeholder's side before CRIU: its control files cleared, its hostname kept, the rootfs diff
+    applied, its piped stdio opened for the workload to inherit."""
+    if r.control:
+        ctl.clear(r.control, ctl.RESTORE_COMPLETE, ctl.RESTORE_FAILED)
+    r.hostname = nsu.get_hostname(r.info.pid)
+    t0 = time.monotonic()
+    r.out["rootfs"] = rootfs.apply(r.info.rootfs, r.tdir, [m.mountpoint for m in nsu.mountinfo(r.info.pid)])
+    r.timings["rootfs"] = time.monotonic() - t0
+    for n, key in enumerate(r.d.source.get("stdio") or []):
+        if key.startswith("pipe:"):
+            r.stdio.append((_inheritable(f"/proc/{r.info.pid}/fd/{n}", os.O_RDONLY if n == 0 else os.O_WRONLY), n))
+
+
+def _restore_options(r: _Restore, base: CriuOptions) -> CriuOptions:
+    """``base`` with what restoring into the pinned placeholder adds: its rootfs and cgroup, its network and PID
+    namespaces (the dump's external ones) and stdio pipes inherited, its UTS and IPC namespaces joined, its
+    own bind sources for the external mounts."""
+    inherit = [InheritFd(key, r.pinned[ns]) for ns, key in (("net", EXT_NET), ("pid", EXT_PID))]
+    inherit += [InheritFd(r.d.source["stdio"][n], fd) for fd, n in r.stdio]
+    return dataclasses.replace(
+        base, root=r.info.rootfs, shell_job=True, manage_cgroups=True, manage_cgroups_mode="soft",
+        cgroup_root=r.info.cgroup_path,
+        network_lock="skip",  # the placeholder's network namespace has no dump-time rules
+        mntns_compat_mode=True, inherit_fd=inherit,
+        join_ns=[JoinNs(ns, f"/proc/{os.getpid()}/fd/{r.pinned[ns]}") for ns in ("uts", "ipc")],
+        ext_mnt=[ExtMount(key, val) for key, val in (r.d.ext_mnt or {}).items()])
+
+
+def _run_criu(r: _Restore, criu: str, options: CriuOptions) -> None:
+    # The images are read in place (CRIU writes its log and stats into the work dir): a staged dir of
+    # symlinks would not do, the restored tasks open images after they moved into the new mount tree.
+    t0 = time.monotonic()
+    prog.phase(f"restore into {r.info.name}")
+    r.pid = criu_restore(criu, os.path.join(r.tdir, "criu"), r.work, options)
+    r.timings["restore"] = time.monotonic() - t0
+
+
+def _finish(r: _Restore, t_start: float) -> None:
+    """The restored tree handed to the placeholder: its hostname back, the workload told; the result."""
+    # CRIU writes the dump-time hostname into the UTS namespace it joined: give the placeholder its own back.
+    nsu.set_hostname(r.info.pid, r.hostname)
+    if not proc.alive(r.info.pid):
+        raise snap.SnapshotError(f"placeholder {r.info.name} exited during the restore")
+    ns_pid = proc.ns_pids(r.pid)[-1]
+    if r.control:
+        _offer_env(r.control, r.info.pid, r.pid)
+        if r.d.source.get("ready_for_snapshot"):
+            ctl.write(r.control, ctl.READY, f"restored from {r.doc['id']}\n")
+        ctl.write(r.control, ctl.RESTORE_COMPLETE, f"pid={ns_pid}\nhost_pid={r.pid}\nsnapshot={r.doc['id']}\n")
+    r.timings["total"] = time.monotonic() - t_start
+    r.out.update(result="succeeded", pid=r.pid, ns_pid=ns_pid, pids=proc.descendants(r.pid),
+                 criu_stats=read_stats(os.path.join(r.work, "stats-restore")))
+    if r.d.notes:
+        r.out["notes"] = r.d.notes
+
+
+def _roll_back(r: _Restore, error: str, tail: Optional[str], kill_on_failure: bool) -> None:
+    """A failed restore leaves no half-done copy: the restored tree (if any) killed, the workload's control dir
+    told, the placeholder killed when asked."""
+    if r.pid and proc.alive(r.pid):
+        proc.signal_tree(r.pid, signal.SIGKILL)
+    r.out["error"] = f"container {r.info.name}: {error}"
+    if tail:
+        r.out["criu_log_tail"] = tail.splitlines()
+    if r.control:
+        try:
+            ctl.write(r.control, ctl.RESTORE_FAILED, f"{error}\n")
+        except OSError:
+            pass
+    if kill_on_failure:
+        r.out["placeholder"] = _kill_placeholder(r.info)
+
+
+def _unpin(r: _Restore) -> None:
+    for fd in list(r.pinned.values()) + [fd for fd, _n in r.stdio]:
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+
+
+def restore_one(criu: str, snap_dir: str, doc: Dict[str, Any], d: Destination, options: CriuOptions,
+                restore_root: str, kill_on_failure: bool) -> Dict[str, Any]:
+    """Restore one source container into one checked placeholder; never raises for a restore failure.
+
+    Phases: pin the placeholder, prepare it, CRIU, finish; any failure rolls back (``_roll_back``), and the
+    pins are always closed.
+    """
+    if d.info is None:
+        raise snap.SnapshotError(f"placeholder {d.name} was not checked")
+    t_start = time.monotonic()
+    r = _begin(snap_dir, doc, d, d.info, restore_root)
     try:
-        # Pin the placeholder: its namespaces stay what we checked even if it is replaced meanwhile.
-        for ns in ("mnt", "net", "pid", "uts", "ipc"):
-            pinned[ns] = _inheritable(f"/proc/{info.pid}/ns/{ns}", os.O_RDONLY)
-        if nsu.ns_inode(info.pid, "pid") != os.fstat(pinned["pid"]).st_ino:
-            raise snap.SnapshotError(f"placeholder {info.name} was replaced while it was being prepared")
-        if control:
-            ctl.clear(control, ctl.RESTORE_COMPLETE, ctl.RESTORE_FAILED)
-        hostname = nsu.get_hostname(info.pid)
-        t0 = time.monotonic()
-        out["rootfs"] = rootfs.apply(info.rootfs, tdir, [m.mountpoint for m in nsu.mountinfo(info.pid)])
-        timings["rootfs"] = time.monotonic() - t0
-        for n, key in enumerate(target.get("stdio") or []):
-            if key.startswith("pipe:"):
-                fd = _inheritable(f"/proc/{info.pid}/fd/{n}", os.O_RDONLY if n == 0 else os.O_WRONLY)
-                stdio_fds.append(fd)
-                stdio_fds.append(n)  # pairs: (fd, number)
-
-        def setup(opts: Any) -> None:
-            opts.root = info.rootfs
-            opts.rst_sibling = True
-            opts.shell_job = True
-            opts.manage_cgroups = True
-            opts.manage_cgroups_mode = CG_SOFT
-            cg = opts.cg_root.add()
-            cg.path = info.cgroup_path
-            opts.network_lock = NET_LOCK_SKIP     # the placeholder's network namespace has no dump-time rules
-            opts.mntns_compat_mode = True
-            for ns, key in (("net", EXT_NET), ("pid", EXT_PID)):
-                inh = opts.inherit_fd.add()
-                inh.key = key
-                inh.fd = pinned[ns]
-            for ns in ("uts", "ipc"):
-                join = opts.join_ns.add()
-                join.ns = ns
-                join.ns_file = f"/proc/{os.getpid()}/fd/{pinned[ns]}"
-            for i in range(0, len(stdio_fds), 2):
-                inh = opts.inherit_fd.add()
-                inh.key = target["stdio"][stdio_fds[i + 1]]
-                inh.fd = stdio_fds[i]
-            for key, val in (d.ext_mnt or {}).items():
-                ext = opts.ext_mnt.add()
-                ext.key = key
-                ext.val = val
-
-        # The images are read in place (CRIU writes its log and stats into the work dir): a staged dir of
-        # symlinks would not do, the restored tasks open images after they moved into the new mount tree.
-        images = os.path.join(tdir, "criu")
-        t0 = time.monotonic()
-        prog.phase(f"restore into {info.name}")
-        pid = criu_restore(criu, images, work, options, setup=setup)
-        timings["restore"] = time.monotonic() - t0
-        # CRIU writes the dump-time hostname into the UTS namespace it joined: give the placeholder its own back.
-        nsu.set_hostname(info.pid, hostname)
-        if not proc.alive(info.pid):
-            proc.signal_tree(pid, signal.SIGKILL)
-            raise snap.SnapshotError(f"placeholder {info.name} exited during the restore")
-        ns_pid = proc.ns_pids(pid)[-1]
-        if control:
-            _offer_env(control, info.pid, pid)
-            if d.source.get("ready_for_snapshot"):
-                ctl.write(control, ctl.READY, f"restored from {doc['id']}\n")
-            ctl.write(control, ctl.RESTORE_COMPLETE, f"pid={ns_pid}\nhost_pid={pid}\nsnapshot={doc['id']}\n")
-        timings["total"] = time.monotonic() - t_start
-        out.update(result="succeeded", pid=pid, ns_pid=ns_pid, pids=proc.descendants(pid),
-                   criu_stats=read_stats(os.path.join(work, "stats-restore")))
-        if d.notes:
-            out["notes"] = d.notes
-    except (CriuError, snap.SnapshotError, rootfs.RootfsError, OSError) as exc:
-        if pid and proc.alive(pid):
-            proc.signal_tree(pid, signal.SIGKILL)  # restored, but what follows failed: no half-done copy stays
-        out["error"] = f"container {info.name}: {exc}"
-        if getattr(exc, "log_tail", None):
-            out["criu_log_tail"] = exc.log_tail.splitlines()  # type: ignore[union-attr]
-        if control:
-            try:
-                ctl.write(control, ctl.RESTORE_FAILED, f"{exc}\n")
-            except OSError:
-                pass
-        if kill_on_failure:
-            out["placeholder"] = _kill_placeholder(info)
+        _pin(r)
+        _prepare(r)
+        _run_criu(r, criu, _restore_options(r, options))
+        _finish(r, t_start)
+    except WarmstartError as exc:
+        _roll_back(r, str(exc), exc.log_tail, kill_on_failure)
+    except OSError as exc:
+        _roll_back(r, str(exc), None, kill_on_failure)
     finally:
-        for fd in list(pinned.values()) + stdio_fds[0::2]:
-            try:
-                os.close(fd)
-            except OSError:
-                pass
-    out["timings"] = {k: round(v, 3) for k, v in timings.items()}
-    return out
+        _unpin(r)
+    r.out["timings"] = {k: round(v, 3) for k, v in r.timings.items()}
+    return r.out
 
 
 def _select(store: st.FsStore, snapshot_id: Optional[str], name: Optional[str], labels: Optional[Dict[str, str]],
@@ -573,8 +618,7 @@ def restore_into(store: st.FsStore, into: Any, snapshot_id: Optional[str] = None
             results.append({"container": d.name, "source": d.source["name"], "result": "would restore",
                             "notes": d.notes or []})
         else:
-            opts = options or CriuOptions(**{k: v for k, v in d.source["criu"]["options"].items()
-                                             if k in CriuOptions.__dataclass_fields__})
+            opts = options or CriuOptions.from_manifest(d.source["criu"]["options"])
             results.append(_restore_exclusive(runtime, criu, store, doc, d, opts, restore_root, kill_on_failure,
                                               skip_image_check))
     ok = sum(1 for r in results if r["result"] in ("succeeded", "would restore"))

@@ -11,18 +11,52 @@ from __future__ import annotations
 import os
 import struct
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, Optional
+from typing import Any, Callable, Dict, List, Optional
 
 from ansible_collections.warmstart.snapshot.plugins.module_utils._criu import CriuError
 
 LOG_TAIL_LINES = 25
 # criu_network_lock_method in rpc.proto
 NETWORK_LOCK = {"iptables": 1, "nftables": 2, "skip": 3}
+# criu_cg_mode in rpc.proto
+CGROUPS_MODE = {"ignore": 0, "none": 1, "props": 2, "soft": 3, "full": 4, "strict": 5, "default": 6}
+
+
+@dataclass(frozen=True)
+class ExtMount:
+    """An external mount: ``key`` names it in the images (its mount point at dump), ``val`` is the host path
+    bound there on restore (the mount point itself at dump)."""
+
+    key: str
+    val: str
+
+
+@dataclass(frozen=True)
+class InheritFd:
+    """A file descriptor of ours that the restored tree gets for the resource ``key`` (``--inherit-fd``).
+    It must be inheritable (CRIU runs as our child)."""
+
+    key: str
+    fd: int
+
+
+@dataclass(frozen=True)
+class JoinNs:
+    """A namespace the restored tree joins (``--join-ns``): ``ns`` is uts, ipc, net...; ``ns_file`` its path."""
+
+    ns: str
+    ns_file: str
 
 
 @dataclass
 class CriuOptions:
-    """The CRIU options warmstart exposes (names follow the CLI)."""
+    """Every CRIU option warmstart sets (names follow the CLI and rpc.proto); ``to_rpc`` is the one place they
+    become CRIU's RPC options.
+
+    The first group is what users choose and a manifest records (``as_dict``); the rest is what a target kind
+    or a restore mode adds (``dataclasses.replace`` of the user's options): never recorded, never read from a
+    manifest.
+    """
 
     tcp: str = "established"            # established | close | none
     ext_unix_sk: bool = True
@@ -31,14 +65,32 @@ class CriuOptions:
     ghost_limit: int = 512 << 20
     timeout: int = 0                    # seconds; 0 = CRIU's default
     shell_job: bool = False
-    network_lock: str = "nftables"
+    network_lock: str = "nftables"      # a key of NETWORK_LOCK
     manage_cgroups: bool = False
     extra: Dict[str, Any] = field(default_factory=dict)
+    # --- set by a target kind or a restore mode
+    root: Optional[str] = None          # the tree's root directory (a container's rootfs)
+    manage_cgroups_mode: Optional[str] = None  # a key of CGROUPS_MODE; None = CRIU's default
+    cgroup_root: Optional[str] = None   # restore: the cgroup the tree's root cgroup becomes
+    external: List[str] = field(default_factory=list)   # --external, e.g. net[INODE]:KEY
+    ext_mnt: List[ExtMount] = field(default_factory=list)
+    inherit_fd: List[InheritFd] = field(default_factory=list)
+    join_ns: List[JoinNs] = field(default_factory=list)
+    mntns_compat_mode: bool = False
+    lazy_pages: bool = False            # restore: memory from a lazy-pages daemon (_lazy)
 
     def as_dict(self) -> Dict[str, Any]:
         return {"tcp": self.tcp, "ext_unix_sk": self.ext_unix_sk, "file_locks": self.file_locks,
                 "link_remap": self.link_remap, "ghost_limit": self.ghost_limit, "timeout": self.timeout,
                 "shell_job": self.shell_job, "network_lock": self.network_lock}
+
+    @classmethod
+    def from_manifest(cls, recorded: Dict[str, Any]) -> "CriuOptions":
+        """The options a manifest recorded (``as_dict``); other keys are ignored."""
+        return cls(**{k: v for k, v in recorded.items() if k in RECORDED})
+
+
+RECORDED = frozenset(CriuOptions().as_dict())
 
 
 def load_pycriu() -> Any:
@@ -82,7 +134,9 @@ def _error_lines(path: str) -> str:
     return " | ".join(errs[:1] + errs[-1:]) if len(errs) > 1 else "".join(errs)
 
 
-def _apply(opts: Any, o: CriuOptions) -> None:
+def to_rpc(o: CriuOptions, opts: Any) -> None:
+    """Fill ``opts`` (pycriu's ``criu_opts`` message, or any object with its fields) from ``o``: the one place a
+    CriuOptions becomes CRIU's RPC options. Repeated fields are appended to (``add()`` / ``append``)."""
     if o.tcp == "established":
         opts.tcp_established = True
     elif o.tcp == "close":
@@ -96,6 +150,34 @@ def _apply(opts: Any, o: CriuOptions) -> None:
         opts.timeout = o.timeout
     opts.network_lock = NETWORK_LOCK[o.network_lock]
     opts.log_level = 4
+    _target_to_rpc(o, opts)
+
+
+def _target_to_rpc(o: CriuOptions, opts: Any) -> None:
+    """The options a target kind or a restore mode adds; an unset one is left at CRIU's default."""
+    if o.root is not None:
+        opts.root = o.root
+    if o.manage_cgroups:
+        opts.manage_cgroups = True
+    if o.manage_cgroups_mode is not None:
+        opts.manage_cgroups_mode = CGROUPS_MODE[o.manage_cgroups_mode]
+    if o.cgroup_root is not None:
+        opts.cg_root.add().path = o.cgroup_root
+    for spec in o.external:
+        opts.external.append(spec)
+    for mnt in o.ext_mnt:
+        ext = opts.ext_mnt.add()
+        ext.key, ext.val = mnt.key, mnt.val
+    for inherit in o.inherit_fd:
+        inh = opts.inherit_fd.add()
+        inh.key, inh.fd = inherit.key, inherit.fd
+    for join in o.join_ns:
+        ns = opts.join_ns.add()
+        ns.ns, ns.ns_file = join.ns, join.ns_file
+    if o.mntns_compat_mode:
+        opts.mntns_compat_mode = True
+    if o.lazy_pages:
+        opts.lazy_pages = True
 
 
 def _client(criu_path: str) -> Any:
@@ -112,7 +194,7 @@ def _fail(what: str, exc: Exception, log: str, log_kept: bool = True) -> CriuErr
     return CriuError(f"CRIU {what} failed: {cause}{where}", log_tail=log_tail(log))
 
 
-Setup = Optional[Callable[[Any], None]]
+Setup = Optional[Callable[[Any], None]]  # transitional: goes once no caller passes setup=
 
 
 def dump(criu_path: str, pid: int, images_dir: str, options: CriuOptions, leave_stopped: bool = True,
@@ -122,8 +204,7 @@ def dump(criu_path: str, pid: int, images_dir: str, options: CriuOptions, leave_
     With ``leave_stopped`` the tree stays SIGSTOPped after a successful dump,
     so the caller can finish and publish the snapshot before it decides to
     resume (SIGCONT) or end (SIGKILL) the source. On failure CRIU resumes it.
-    ``setup`` gets the RPC options last, for what a target kind adds (root,
-    external namespaces and mounts).
+    ``options`` carries what a target kind adds (``ContainerCapture.criu_options``).
     """
     client = _client(criu_path)
     fd = os.open(images_dir, os.O_DIRECTORY)
@@ -135,7 +216,7 @@ def dump(criu_path: str, pid: int, images_dir: str, options: CriuOptions, leave_
             client.opts.leave_stopped = True
         else:
             client.opts.leave_running = True
-        _apply(client.opts, options)
+        to_rpc(options, client.opts)
         if setup is not None:
             setup(client.opts)
         try:
@@ -150,8 +231,7 @@ def dump(criu_path: str, pid: int, images_dir: str, options: CriuOptions, leave_
 def restore(criu_path: str, images_dir: str, work_dir: str, options: CriuOptions, setup: Setup = None) -> int:
     """Restore the tree in ``images_dir`` detached (as our sibling); return its host PID.
 
-    ``setup`` gets the RPC options last (see ``dump``); file descriptors it
-    hands CRIU (inherit_fd) must be inheritable.
+    The file descriptors of ``options.inherit_fd`` must be inheritable.
     """
     client = _client(criu_path)
     img = os.open(images_dir, os.O_DIRECTORY)
@@ -161,7 +241,7 @@ def restore(criu_path: str, images_dir: str, work_dir: str, options: CriuOptions
         client.opts.work_dir_fd = work
         client.opts.log_file = "restore.log"
         client.opts.rst_sibling = True
-        _apply(client.opts, options)
+        to_rpc(options, client.opts)
         if setup is not None:
             setup(client.opts)
         try:
