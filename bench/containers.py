@@ -5,7 +5,7 @@
 # SPDX-License-Identifier: GPL-3.0-or-later
 """Container checkpoint/restore: warmstart's engine vs podman, same workload, same run.
 
-  sudo /usr/bin/python3 bench/containers.py [--sizes 512,2048] [--reps 3] [--markdown docs/benchmarks.md]
+  sudo /usr/bin/python3 -m bench.containers [--sizes 512,2048] [--reps 3] [--markdown docs/benchmarks.md]
 
 Per size and repetition, with fresh containers of the local node image running
 bench/mem_workload.py under ``--init`` (MIB MiB of distinct, resident pages):
@@ -42,10 +42,8 @@ import sys
 import time
 from typing import Any, Dict, List, Optional
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-REPO = os.path.dirname(HERE)
-sys.path.insert(0, HERE)
-import run as base  # noqa: E402  pylint: disable=wrong-import-position
+from . import HERE, REPO
+from . import run as base
 
 BEGIN, END = "<!-- containers:begin -->", "<!-- containers:end -->"
 RUNC_CONF = "/etc/criu/runc.conf"
@@ -81,7 +79,7 @@ class Bench:
         self.image = image()
         self.n = 0
         self.names: List[str] = []
-        self.E = base.load_engine(self.dir)
+        self.E = base.load_engine()
         # pylint: disable=import-outside-toplevel
         from ansible_collections.warmstart.snapshot.plugins.module_utils import _container as ctr
         self.ctr = ctr
@@ -219,7 +217,7 @@ def markdown(results: Dict[str, Any], summary: Dict[str, Any]) -> str:
         "## Containers: warmstart vs podman checkpoint/restore",
         "",
         f"Run {results['started']} on {m.get('cpus')} vCPUs, kernel {m.get('kernel')}, CRIU {m.get('criu')}, "
-        f"podman {results['podman']}; `sudo /usr/bin/python3 bench/containers.py --sizes "
+        f"podman {results['podman']}; `sudo /usr/bin/python3 -m bench.containers --sizes "
         f"{','.join(summary)} --reps {results['reps']}`. Same workload in both (`bench/mem_workload.py` under "
         "`podman run --init`, N MiB of distinct resident pages), same node image, same disk; every restore "
         "recomputed the CRC32 of its memory and it matched the one taken at capture "
@@ -278,7 +276,7 @@ def write_section(path: str, text: str, begin: str = BEGIN, end: str = END) -> N
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n", 1)[0])
+    ap = argparse.ArgumentParser(prog="python3 -m bench.containers", description=__doc__.split("\n\n", 1)[0])
     ap.add_argument("--sizes", default="512,2048")
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--dir", default="/var/tmp/warmstart-bench-containers")

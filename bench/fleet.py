@@ -6,7 +6,7 @@
 """Fan-out restore across nodes, and S3 vs shared filesystem, through the fleet playbooks.
 
   eval "$(tests/support/podman-env.sh)"
-  sudo -E /usr/bin/python3 bench/fleet.py [--mib 512] [--reps 3] [--markdown docs/benchmarks.md]
+  sudo -E /usr/bin/python3 -m bench.fleet [--mib 512] [--reps 3] [--markdown docs/benchmarks.md]
 
 Three privileged podman "nodes" (the local node image) on their own network,
 a shared store directory mounted at /store in each and moto's S3 server on
@@ -36,20 +36,14 @@ import sys
 import time
 from typing import Any, Dict, List, Optional
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-REPO = os.path.dirname(HERE)
-sys.path.insert(0, HERE)
-import containers as cbench  # noqa: E402  pylint: disable=wrong-import-position
+from . import HERE, REPO
+from . import containers as cbench
+from .run import log
 
 BEGIN, END = "<!-- fleet:begin -->", "<!-- fleet:end -->"
 NET, SUBNET, GW, S3PORT = "wsbench-fleet", "10.89.148.0/24", "10.89.148.1", 18748
 NODES = ["node1", "node2", "node3"]
 PREFIX = "wsbench-fleet-"
-
-
-def log(msg: str) -> None:
-    sys.stderr.write(f"[{time.strftime('%H:%M:%S')}] {msg}\n")
-    sys.stderr.flush()
 
 
 def sh(*argv: str, check: bool = True, env: Optional[Dict[str, str]] = None) -> subprocess.CompletedProcess:
@@ -181,7 +175,7 @@ def markdown(r: Dict[str, Any]) -> str:
     one_node = med(r["fanout"]["1"], "slowest_node")
     lines = [BEGIN, "## Fleet: fan-out restore, and S3 vs shared filesystem", "",
              f"Run {r['started']} on {r['cpus']} vCPUs (all three nodes share them), kernel {r['kernel']}; "
-             f"`bench/fleet.py --mib {r['mib']} --reps {r['reps']}`. Three podman nodes (the molecule `fleet` set-up), "
+             f"`python3 -m bench.fleet --mib {r['mib']} --reps {r['reps']}`. Three podman nodes (the molecule `fleet` set-up), "
              f"one snapshot of a workload holding {r['mib']} MiB ({r['bytes'] / 2**20:.0f} MiB of images), restored "
              "with `ansible-playbook warmstart.snapshot.restore` (its check-mode preflight on every node included). "
              "Wall = the whole playbook run; node = the slowest node's own restore (`total_s` of its summary row).",
@@ -207,7 +201,7 @@ def markdown(r: Dict[str, Any]) -> str:
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n", 1)[0])
+    ap = argparse.ArgumentParser(prog="python3 -m bench.fleet", description=__doc__.split("\n\n", 1)[0])
     ap.add_argument("--mib", type=int, default=512)
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--dir", default="/var/tmp/warmstart-bench-fleet")

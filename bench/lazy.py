@@ -7,7 +7,7 @@
 
 Run as root with the Python that has pycriu (the modules' interpreter):
 
-    /usr/bin/python3 bench/lazy.py [--markdown docs/benchmarks.md] [--plot docs/benchmarks-lazy.png]
+    /usr/bin/python3 -m bench.lazy [--markdown docs/benchmarks.md] [--plot docs/benchmarks-lazy.png]   (from the checkout root)
 
 In one run (see bench/README.md):
 
@@ -37,11 +37,9 @@ import argparse
 import contextlib
 import datetime
 import importlib
-import importlib.util
 import inspect
 import json
 import os
-import shlex
 import shutil
 import signal
 import statistics
@@ -51,8 +49,9 @@ import time
 from types import SimpleNamespace
 from typing import Any, Dict, List, Optional
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-REPO = os.path.dirname(HERE)
+from . import HERE, REPO
+from . import run as R  # engine loading, process helpers, machine facts
+
 DEFAULT_DIR = "/var/tmp/warmstart-bench-lazy"
 DEFAULT_PLOT_PYTHON = "/var/tmp/warmstart-bench-venv/bin/python"
 FIRST_SEED = 1
@@ -61,22 +60,14 @@ BEGIN, END = "<!-- lazy:begin -->", "<!-- lazy:end -->"
 VERIFIED_ENV = "WARMSTART_VERIFIED_DIR"  # _store.VERIFIED_DIR_ENV
 
 
-def _load_run() -> Any:
-    spec = importlib.util.spec_from_file_location("warmstart_bench_run", os.path.join(HERE, "run.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)  # type: ignore[union-attr]
-    return module
-
-
-R = _load_run()          # bench/run.py: engine loading, process helpers, machine facts
 log = R.log
 BenchError = R.BenchError
 
 
 # --- the engine ---------------------------------------------------------------------
 
-def load_engine(workdir: str) -> SimpleNamespace:
-    E = R.load_engine(workdir)
+def load_engine() -> SimpleNamespace:
+    E = R.load_engine()
     E.lazy = None
     E.lazy_problem = None
     try:
@@ -637,15 +628,16 @@ def plot(args: argparse.Namespace, results_path: str) -> None:
         log(f"no plot: {py} missing (python3 -m venv {os.path.dirname(os.path.dirname(py))} && "
             f"{os.path.dirname(py)}/pip install matplotlib; or pass --plot-python)")
         return
-    res = subprocess.run([py, os.path.join(HERE, "plot.py"), results_path, "--out", args.plot], check=False)
+    res = subprocess.run([py, "-m", "bench.plot", os.path.abspath(results_path), "--out", os.path.abspath(args.plot)],
+                         cwd=REPO, check=False)
     if res.returncode != 0:
-        log(f"plot.py failed (rc {res.returncode})")
+        log(f"bench.plot failed (rc {res.returncode})")
 
 
 # --- main ---------------------------------------------------------------------------
 
 def parse_args(argv: Optional[List[str]]) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0],
+    p = argparse.ArgumentParser(prog="python3 -m bench.lazy", description=__doc__.split("\n", 1)[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--dir", default=DEFAULT_DIR, help=f"work dir: store, workloads, results (default {DEFAULT_DIR})")
     p.add_argument("--weights-mib", type=int, default=4096, help="synthetic server's weights in MiB (default 4096)")
@@ -698,12 +690,12 @@ def main(argv: Optional[List[str]] = None) -> int:
         render(args, results, args.from_json)
         return 0
     if os.geteuid() != 0:
-        sys.stderr.write("bench/lazy.py needs root (CRIU does)\n")
+        sys.stderr.write("bench.lazy needs root (CRIU does)\n")
         return 2
     args.dir = os.path.abspath(args.dir)
     os.makedirs(args.dir, mode=0o700, exist_ok=True)
     os.environ[VERIFIED_ENV] = os.path.join(args.dir, "verified")  # the bench's own records, not the node's
-    E = load_engine(args.dir)
+    E = load_engine()
     args.criu = E.find_criu(args.criu)
     if not args.criu:
         sys.stderr.write("no CRIU found\n")
@@ -717,8 +709,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
     results_path = args.results or os.path.join(args.dir, "results", f"{stamp}.json")
     os.makedirs(os.path.dirname(results_path), exist_ok=True)
-    cmd = " ".join(shlex.quote(a) for a in ["/usr/bin/python3", os.path.relpath(os.path.abspath(sys.argv[0]), REPO)]
-                   + (argv if argv is not None else sys.argv[1:]))
+    cmd = R.command_line("bench.lazy", argv)
     results: Dict[str, Any] = {
         "started_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "command": cmd, "results_path": results_path, "machine": R.machine(E, args),

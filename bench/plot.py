@@ -5,7 +5,7 @@
 # SPDX-License-Identifier: GPL-3.0-or-later
 """Draw bench/lazy.py's results as a PNG: time to first answer and to full memory per start, per server.
 
-    python bench/plot.py RESULTS.json --out docs/benchmarks-lazy.png
+    python -m bench.plot RESULTS.json --out docs/benchmarks-lazy.png     (from the checkout root)
 
 Needs matplotlib (a venv of its own: see bench/README.md); reads only the ``summary`` of the results JSON.
 """
@@ -33,7 +33,7 @@ def _median(stat: Dict[str, Any]) -> float:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    ap = argparse.ArgumentParser(prog="python3 -m bench.plot", description=__doc__.split("\n", 1)[0])
     ap.add_argument("results")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()

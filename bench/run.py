@@ -7,7 +7,7 @@
 
 Run as root with the Python that has pycriu (the modules' interpreter):
 
-    /usr/bin/python3 bench/run.py [--markdown docs/benchmarks.md]
+    /usr/bin/python3 -m bench.run [--markdown docs/benchmarks.md]     (from the checkout root)
 
 Two parts, both in one run (see bench/README.md):
 
@@ -55,8 +55,8 @@ import time
 from types import SimpleNamespace
 from typing import Any, Dict, List, Optional
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-REPO = os.path.dirname(HERE)
+from . import COLLECTIONS, HERE, REPO
+
 DEFAULT_DIR = "/var/tmp/warmstart-bench"
 DEMO_PYTHON = "/opt/warmstart/demo-venv/bin/python"
 DEMO_TEXTS = ["warmstart restores warm inference processes.",
@@ -78,18 +78,18 @@ def log(msg: str) -> None:
     sys.stderr.flush()
 
 
+def command_line(module: str, argv: Optional[List[str]]) -> str:
+    """How this run was started, as recorded in the results: ``/usr/bin/python3 -m MODULE ARGS``."""
+    return " ".join(shlex.quote(a) for a in ["/usr/bin/python3", "-m", module]
+                    + (argv if argv is not None else sys.argv[1:]))
+
+
 # --- the engine ---------------------------------------------------------------
 
-def load_engine(workdir: str) -> SimpleNamespace:
-    """Import the engine from this checkout (through .collections, or a private link to it)."""
-    linked = os.path.join(REPO, ".collections")
-    if not os.path.isdir(os.path.join(linked, "ansible_collections", "warmstart", "snapshot", "plugins")):
-        linked = os.path.join(workdir, "pypath")
-        link = os.path.join(linked, "ansible_collections", "warmstart", "snapshot")
-        os.makedirs(os.path.dirname(link), exist_ok=True)
-        if not os.path.islink(link):
-            os.symlink(REPO, link)
-    sys.path.insert(0, linked)
+def load_engine() -> SimpleNamespace:
+    """The engine of this checkout, imported through .collections (``make link``; on sys.path by bench/__init__)."""
+    if not os.path.isdir(os.path.join(COLLECTIONS, "ansible_collections", "warmstart", "snapshot", "plugins")):
+        raise BenchError(f"the collection is not linked under {COLLECTIONS}: run `make link` in {REPO} first")
     # pylint: disable=import-outside-toplevel
     from ansible_collections.warmstart.snapshot.plugins.module_utils import _control as ctl
     from ansible_collections.warmstart.snapshot.plugins.module_utils import _proc as proc
@@ -950,9 +950,9 @@ def markdown(results: Dict[str, Any], summary: Dict[str, Any]) -> str:
         "## Reproduce",
         "",
         "```sh",
-        "sudo /usr/bin/python3 bench/run.py --markdown docs/benchmarks.md     # defaults: 512 and 4096 MiB, demo",
-        "sudo /usr/bin/python3 bench/run.py --sizes 512 --reps 5 --no-demo    # quicker",
-        "sudo /usr/bin/python3 bench/run.py --drop-caches                      # restores from disk, not page cache",
+        "sudo /usr/bin/python3 -m bench.run --markdown docs/benchmarks.md     # defaults: 512 and 4096 MiB, demo",
+        "sudo /usr/bin/python3 -m bench.run --sizes 512 --reps 5 --no-demo    # quicker",
+        "sudo /usr/bin/python3 -m bench.run --drop-caches                      # restores from disk, not page cache",
         "```",
         "",
     ]
@@ -962,7 +962,7 @@ def markdown(results: Dict[str, Any], summary: Dict[str, Any]) -> str:
 # --- main -----------------------------------------------------------------------------
 
 def parse_args(argv: Optional[List[str]]) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0],
+    p = argparse.ArgumentParser(prog="python3 -m bench.run", description=__doc__.split("\n", 1)[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--dir", default=DEFAULT_DIR, help=f"work dir: store, workloads, raw images, results (default {DEFAULT_DIR})")
     p.add_argument("--sizes", default="512,4096", help="synthetic workload sizes in MiB, comma separated (default 512,4096)")
@@ -1014,11 +1014,11 @@ def main(argv: Optional[List[str]] = None) -> int:
         render(results, args.markdown)
         return 0
     if os.geteuid() != 0:
-        sys.stderr.write("bench/run.py needs root (CRIU does)\n")
+        sys.stderr.write("bench.run needs root (CRIU does)\n")
         return 2
     args.dir = os.path.abspath(args.dir)
     os.makedirs(args.dir, mode=0o700, exist_ok=True)
-    E = load_engine(args.dir)
+    E = load_engine()
     args.criu = E.find_criu(args.criu)
     if not args.criu:
         sys.stderr.write("no CRIU found\n")
@@ -1031,8 +1031,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     results_path = args.results or os.path.join(args.dir, "results", f"{stamp}.json")
     os.makedirs(os.path.dirname(results_path), exist_ok=True)
     sizes = [int(x) for x in args.sizes.split(",") if x.strip()] if not args.no_synthetic else []
-    cmd = " ".join(shlex.quote(a) for a in ["/usr/bin/python3", os.path.relpath(os.path.abspath(sys.argv[0]), REPO)]
-                   + (argv if argv is not None else sys.argv[1:]))
+    cmd = command_line("bench.run", argv)
     results: Dict[str, Any] = {
         "started_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "command": cmd, "results_path": results_path, "machine": machine(E, args),
