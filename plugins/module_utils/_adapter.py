@@ -11,7 +11,7 @@ A module's ``main()`` is its argument spec and one call::
 ``engine_call(params, check_mode)`` returns the module result (it must say ``changed``). Invariants:
 
 - Check mode is decided once, by the engine call, from its ``check_mode`` argument.
-- ``warnings`` in the result are handed to ``module.warn`` and not returned as a key.
+- ``warnings`` in the result (or in a failure's details) are handed to ``module.warn``, not returned as a key.
 - A ``WarmstartError`` becomes one failure shape: ``msg`` (message and every reason), ``reasons`` (the list),
   ``criu_log_tail`` (lines, when CRIU or a helper failed) and the error's ``details``.
 - An ``OSError`` is reported by path and cause; anything else as its type and text. Both carry the
@@ -43,10 +43,30 @@ def failure(exc: BaseException) -> Result:
             out["criu_log_tail"] = exc.log_tail.splitlines()
         return out
     if isinstance(exc, OSError):
-        where = exc.filename or ""
-        return {"msg": f"{where}: {exc.strerror or exc}".lstrip(": "), "reasons": [],
-                "exception": _traceback(exc)}
+        return {"msg": os_error_message(exc), "reasons": [], "exception": _traceback(exc)}
     return {"msg": f"{type(exc).__name__}: {exc}", "reasons": [], "exception": _traceback(exc)}
+
+
+def os_error_message(exc: OSError) -> str:
+    """An OSError as a module reports it: the path, then the cause."""
+    return f"{exc.filename or ''}: {exc.strerror or exc}".lstrip(": ")
+
+
+def with_context(exc: Exception, **details: Any) -> Exception:
+    """``exc`` carrying ``details`` for its failure (details the error already has win); returns what to raise.
+
+    A ``WarmstartError`` gets the details added; an ``OSError`` becomes a ``WarmstartError`` with the message
+    :func:`failure` would give it, so that the context reaches the result; anything else is returned unchanged
+    (it is a bug, reported with its traceback).
+    """
+    if isinstance(exc, OSError) and not isinstance(exc, WarmstartError):
+        wrapped = WarmstartError(os_error_message(exc))
+        wrapped.__cause__ = exc
+        exc = wrapped
+    if isinstance(exc, WarmstartError):
+        for key, value in details.items():
+            exc.details.setdefault(key, value)
+    return exc
 
 
 def _traceback(exc: BaseException) -> str:
@@ -68,10 +88,16 @@ def _end(module: Any, result: Any, failed: Any, progress: bool) -> NoReturn:
     if progress:
         prog.finish()
     if failed is not None:
+        _warn(module, failed)
         module.fail_json(**failed)
         raise SystemExit(1)  # fail_json does not return; a test double that does is stopped here
+    _warn(module, result)
+    module.exit_json(**result)
+    raise SystemExit(0)  # exit_json does not return; a test double that does is stopped here
+
+
+def _warn(module: Any, result: Result) -> None:
+    """Hand ``result``'s ``warnings`` to ``module.warn`` (on success and on failure) and drop the key."""
     warnings: List[str] = list(result.pop("warnings", None) or [])
     for warning in warnings:
         module.warn(warning)
-    module.exit_json(**result)
-    raise SystemExit(0)  # exit_json does not return; a test double that does is stopped here

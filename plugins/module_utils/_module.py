@@ -2,40 +2,49 @@
 # Copyright (c) warmstart developers
 # GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
-"""Glue between AnsibleModule parameters and the engine, shared by the modules.
+"""The node-side modules' side of the engine: argument-spec helpers and one call per module.
 
-Each ``run_*`` takes the module object, calls one engine function and ends
-with ``exit_json`` / ``fail_json``; errors carry every reason and, when CRIU
-failed, the tail of its log.
+Each module's ``main()`` is its argument spec and ``_adapter.run_module(module, <function here>)``.
+Every function here has the shape ``x(params, check_mode) -> result``: it translates the module's
+options into one engine call and shapes that call's result into the module result.
+
+Invariants:
+
+- Nothing here exits, reports or catches to report: failures are raised (``WarmstartError`` with every
+  reason, or ``OSError``) and the adapter turns them into the one failure shape.
+- Context a failure must still carry (checkpoint's ``target``, restore's ``outcome``, the container
+  restore's ``restore``) is added to the raised error's details, never reported here.
+- Check mode is passed down; the engine decides what it means.
 """
 from __future__ import annotations
 
-import json
-import os
-import shutil
-import sys
-import time
-from typing import Any, Dict, List, Optional
+import shlex
+from typing import Any, Dict, List, Mapping, Optional
 
+from ansible_collections.warmstart.snapshot.plugins.module_utils import _cleanup as cln
 from ansible_collections.warmstart.snapshot.plugins.module_utils import _container as ctr
+from ansible_collections.warmstart.snapshot.plugins.module_utils import _cuda as cu
+from ansible_collections.warmstart.snapshot.plugins.module_utils import _info as inf
 from ansible_collections.warmstart.snapshot.plugins.module_utils import _lazy as lz
-from ansible_collections.warmstart.snapshot.plugins.module_utils import _manifest as mf
-from ansible_collections.warmstart.snapshot.plugins.module_utils import _progress as prog
+from ansible_collections.warmstart.snapshot.plugins.module_utils import _node as nd
+from ansible_collections.warmstart.snapshot.plugins.module_utils import _pageserver as ps
 from ansible_collections.warmstart.snapshot.plugins.module_utils import _retention as ret
 from ansible_collections.warmstart.snapshot.plugins.module_utils import _snapshot as snap
-from ansible_collections.warmstart.snapshot.plugins.module_utils import _store as st
-from ansible_collections.warmstart.snapshot.plugins.module_utils._criu import CriuError, find_criu
+from ansible_collections.warmstart.snapshot.plugins.module_utils import _workload as wl
+from ansible_collections.warmstart.snapshot.plugins.module_utils._adapter import with_context
 from ansible_collections.warmstart.snapshot.plugins.module_utils._criu_rpc import CriuOptions
 from ansible_collections.warmstart.snapshot.plugins.module_utils._errors import WarmstartError
 from ansible_collections.warmstart.snapshot.plugins.module_utils._manifest import ManifestError
-from ansible_collections.warmstart.snapshot.plugins.module_utils._proc import TargetError
-from ansible_collections.warmstart.snapshot.plugins.module_utils._rootfs import RootfsError
+from ansible_collections.warmstart.snapshot.plugins.module_utils._compat import GpuNode
 from ansible_collections.warmstart.snapshot.plugins.module_utils._runtime import get_runtime, pod_container
-from ansible_collections.warmstart.snapshot.plugins.module_utils._store import StoreError
+from ansible_collections.warmstart.snapshot.plugins.module_utils._storeapi import Store
 from ansible_collections.warmstart.snapshot.plugins.module_utils._stores import open_store
 
-ENGINE_ERRORS = (CriuError, ManifestError, TargetError, StoreError, snap.SnapshotError, RootfsError, OSError)
+Params = Mapping[str, Any]
+Result = Dict[str, Any]
 
+
+# --- argument specs ---------------------------------------------------------------
 
 def store_argument_spec() -> Dict[str, Any]:
     """``store`` and ``store_options``, as the doc fragment warmstart.snapshot.store documents them."""
@@ -67,22 +76,9 @@ def progress_argument_spec() -> Dict[str, Any]:
     return dict(progress_interval=dict(type="float", default=10.0), progress_file=dict(type="path"))
 
 
-def fail(module: Any, exc: BaseException, **extra: Any) -> None:
-    result: Dict[str, Any] = dict(extra)
-    reasons = getattr(exc, "reasons", None)
-    msg = str(exc)
-    if reasons:
-        result["reasons"] = reasons
-        msg += ": " + "; ".join(reasons)
-    tail = getattr(exc, "log_tail", None)
-    if tail:
-        result["criu_log_tail"] = tail.splitlines()
-    if isinstance(exc, OSError) and not isinstance(exc, (StoreError,)):
-        msg = f"{exc.filename or ''}: {exc.strerror or exc}".lstrip(": ")
-    module.fail_json(msg=msg, **result)
+# --- shared option translation ----------------------------------------------------
 
-
-def refuse_empty(p: Dict[str, Any], *keys: str) -> None:
+def refuse_empty(p: Params, *keys: str) -> None:
     """An empty string is refused, never read as 'any': every such option named at once."""
     empty = [k for k in keys if isinstance(p.get(k), str) and not p[k].strip()]
     empty += [f"{k} (an element)" for k in keys if isinstance(p.get(k), list) and any(not str(v).strip() for v in p[k])]
@@ -90,414 +86,194 @@ def refuse_empty(p: Dict[str, Any], *keys: str) -> None:
         raise ManifestError(f"empty value for {', '.join(empty)}: give a snapshot id or name, or leave the option out")
 
 
-def criu_options(p: Dict[str, Any]) -> CriuOptions:
+def criu_options(p: Params) -> CriuOptions:
+    """The checkpoint module's CRIU options."""
     return CriuOptions(tcp=p["tcp"], ext_unix_sk=p["ext_unix_sk"], file_locks=p["file_locks"],
                        link_remap=p["link_remap"], ghost_limit=p["ghost_limit"], timeout=p["timeout"])
 
 
-def run_checkpoint(module: Any) -> None:
-    prog.start(module.params.get("progress_file"))
-    try:
-        _run_checkpoint(module)
-    finally:  # exit_json / fail_json end the run with SystemExit
-        prog.finish()
+def _store(p: Params) -> Store:
+    return open_store(p["store"], p.get("store_options"))
 
 
-def _run_checkpoint(module: Any) -> None:
-    p = module.params
+# --- checkpoint -------------------------------------------------------------------
+
+def checkpoint(p: Params, check_mode: bool) -> Result:
+    """The checkpoint module: resolve the target, snapshot it; a failure carries ``target`` (empty until resolved)."""
     target_info: Dict[str, Any] = {}
     try:
-        store = open_store(p["store"], p.get("store_options"))
-        pod = p.get("pod")
-        if pod:
-            cid = pod_container(get_runtime(p["runtime"]), pod)
-            target = ctr.resolve(p["runtime"], cid, name=pod["container"])
-        elif p.get("container"):
-            target = ctr.resolve(p["runtime"], p["container"])
-        else:
-            target = snap.resolve_target(p["pid"], p["pidfile"], p["workload"], p["workloads_root"])
-        target_info = {"pid": target.pid, "name": target.name, "workload": target.workload,
-                       "container": target.name if target.capture else None, "control_dir": target.control_dir}
+        store = _store(p)
+        target = _checkpoint_target(p)
+        target_info.update(pid=target.pid, name=target.name, workload=target.workload,
+                           container=target.name if target.capture else None, control_dir=target.control_dir)
         name = p["name"] or target.workload or (target.name if target.capture else "process")
-        cuda = p.get("cuda") or "auto"
-        lock_ms = p.get("cuda_lock_timeout", snap.cu.DEFAULT_LOCK_TIMEOUT_MS)
-        if module.check_mode:
-            store.ensure()
-            plan = snap.cuda_plan(cuda, snap.GpuNode(), lock_ms)
-            snap.find_cuda(plan, target.pid)
-            what = f"container {target.name} (workload pid {target.pid})" if target.capture else f"pid {target.pid}"
-            module.exit_json(changed=True, target=target_info, cuda=plan.result(),
-                             msg=f"would snapshot {what} as {name}" + (" with its GPU state" if plan.used else ""))
+        if check_mode:
+            return dict(_would_checkpoint(p, store, target, name), changed=True, target=target_info)
         result = snap.checkpoint(store, target, name, p["labels"], criu_options(p), leave_running=p["leave_running"],
                                  wait_ready=p["wait_ready"], ready_timeout=p["ready_timeout"],
-                                 criu_path=p["criu_path"], pod=_pod_record(pod, target) if pod else None,
-                                 cuda=cuda, cuda_lock_timeout=lock_ms)
-    except ENGINE_ERRORS as exc:
-        fail(module, exc, target=target_info)
-    if getattr(store, "transfer", None):
+                                 criu_path=p["criu_path"], pod=_pod_record(p.get("pod"), target),
+                                 cuda=p.get("cuda") or "auto", cuda_lock_timeout=_lock_ms(p))
+    except (WarmstartError, OSError) as exc:
+        raise with_context(exc, target=target_info)
+    if store.transfer:
         result["transfer"] = dict(store.transfer)
-    module.exit_json(changed=True, snapshot=result, target=target_info)
+    return dict(changed=True, snapshot=result, target=target_info)
 
 
-def _pod_record(pod: Dict[str, Any], target: Any) -> Dict[str, Any]:
-    """The manifest's pod section: which pod and container this snapshot came from."""
+def _checkpoint_target(p: Params) -> Any:
+    """The checkpoint's target: a pod's container, a container, or a process (pid, pidfile, workload)."""
+    pod = p.get("pod")
+    if pod:
+        cid = pod_container(get_runtime(p["runtime"]), pod)
+        return ctr.resolve(p["runtime"], cid, name=pod["container"])
+    if p.get("container"):
+        return ctr.resolve(p["runtime"], p["container"])
+    return snap.resolve_target(p["pid"], p["pidfile"], p["workload"], p["workloads_root"])
+
+
+def _lock_ms(p: Params) -> int:
+    return int(p.get("cuda_lock_timeout", cu.DEFAULT_LOCK_TIMEOUT_MS))
+
+
+def _would_checkpoint(p: Params, store: Store, target: Any, name: str) -> Result:
+    """Check mode until the engine's checkpoint takes ``check_mode``: the CUDA plan and what would be snapshot."""
+    store.ensure()
+    plan = snap.cuda_plan(p.get("cuda") or "auto", GpuNode(), _lock_ms(p))
+    snap.find_cuda(plan, target.pid)
+    what = f"container {target.name} (workload pid {target.pid})" if target.capture else f"pid {target.pid}"
+    return {"cuda": plan.result(),
+            "msg": f"would snapshot {what} as {name}" + (" with its GPU state" if plan.used else "")}
+
+
+def _pod_record(pod: Optional[Mapping[str, Any]], target: Any) -> Optional[Dict[str, Any]]:
+    """The manifest's pod section: which pod and container this snapshot came from (None without ``pod``)."""
+    if not pod:
+        return None
     return {"namespace": pod.get("namespace") or "default", "name": pod["name"], "uid": pod.get("uid"),
             "container": pod["container"], "spec_hash": pod.get("spec_hash"),
             "container_id": target.capture.info.id if target.capture else None}
 
 
-def _restore_into(module: Any) -> None:
-    p = module.params
-    into = p["into"]
-    spec = into.get("container_map") or into.get("container")
-    try:
-        if into.get("pod"):
-            cid = pod_container(get_runtime(into["runtime"]), into["pod"])
-            spec = f"{into['pod']['source']}={cid}" if into["pod"].get("source") else cid
-        store = open_store(p["store"], p.get("store_options"))
-        result = ctr.restore_into(
-            store, spec, snapshot_id=p["snapshot"], name=p["name"], labels=p["labels"], verify=p["verify"],
-            skip_compat=p["skip_compat_check"], skip_image_check=into["skip_image_check"],
-            kill_on_failure=into["kill_placeholder_on_failure"], runtime_name=into["runtime"],
-            criu_path=p["criu_path"], restore_root=p["restore_root"], check_only=module.check_mode)
-    except ENGINE_ERRORS as exc:
-        fail(module, exc)
-    done = [d for d in result["destinations"] if d["result"] in ("succeeded", "would restore")]
-    if result["outcome"] != "succeeded":
-        errors = [d["error"] for d in result["destinations"] if d.get("error")]
-        tails = [line for d in result["destinations"] for line in d.get("criu_log_tail", [])]
-        extra: Dict[str, Any] = {"criu_log_tail": tails} if tails else {}
-        module.fail_json(msg=f"restore of snapshot {result['id']} {result['outcome'].replace('_', ' ')}: "
-                         f"{len(done)} of {len(result['destinations'])} container(s) restored; " + "; ".join(errors),
-                         restore=result, **extra)
-    verb = "would restore" if module.check_mode else "restored"
-    module.exit_json(changed=True, restore=result,
-                     msg=f"{verb} snapshot {result['id']} into {', '.join(d['container'] for d in done)}")
+# --- restore ----------------------------------------------------------------------
 
+def restore(p: Params, check_mode: bool) -> Result:
+    """The restore module: a process snapshot here, or a container snapshot ``into`` placeholders.
 
-def run_restore(module: Any) -> None:
-    prog.start(module.params.get("progress_file"))
-    try:
-        _run_restore(module)
-    finally:  # exit_json / fail_json end the run with SystemExit
-        prog.finish()
-
-
-def _run_restore(module: Any) -> None:
-    p = module.params
+    The result carries ``outcome`` at the top on success and on failure (``failed`` unless the engine
+    said otherwise, e.g. ``incompatible`` for a snapshot refused before anything was touched).
+    """
     try:
         refuse_empty(p, "snapshot", "name")
-    except ManifestError as exc:
-        fail(module, exc)
-    if p.get("into"):
-        _restore_into(module)
-        return
-    roots = dict(workloads_root=p.get("workloads_root") or snap.wl.DEFAULT_ROOT)
+        result = _restore_into(p, check_mode) if p.get("into") else _restore_process(p, check_mode)
+    except (WarmstartError, OSError) as exc:
+        raise with_context(exc, outcome="failed")
+    return result
+
+
+def _restore_process(p: Params, check_mode: bool) -> Result:
+    workloads_root = p.get("workloads_root") or wl.DEFAULT_ROOT
+    store = _store(p)
+    if check_mode:
+        plan = snap.plan_restore(store, p["snapshot"], p["name"], p["labels"], verify=p["verify"],
+                                 skip_compat=p["skip_compat_check"], criu_path=p["criu_path"],
+                                 cuda=p.get("cuda") or "auto", workloads_root=workloads_root)
+        return dict(changed=True, restore=plan, outcome=plan.get("outcome", "succeeded"),
+                    msg=f"would restore snapshot {plan['id']}")
+    result = snap.restore(store, snapshot_id=p["snapshot"], name=p["name"], labels=p["labels"],
+                          verify=p["verify"], skip_compat=p["skip_compat_check"], criu_path=p["criu_path"],
+                          restore_root=p["restore_root"], cuda=p.get("cuda") or "auto",
+                          lazy=bool(p.get("lazy")), lazy_wait=bool(p.get("lazy_wait")),
+                          lazy_timeout=float(p.get("lazy_timeout") or lz.DEFAULT_TIMEOUT),
+                          page_server=p.get("page_server"), control_roots=p.get("control_roots"),
+                          workloads_root=workloads_root)
+    warnings = list(result.get("warnings", []))
+    return dict(changed=True, restore=result, outcome=result.get("outcome", "succeeded"), warnings=warnings)
+
+
+def _restore_into(p: Params, check_mode: bool) -> Result:
+    """A container snapshot into placeholder containers; anything but full success fails, with ``restore``."""
+    into = p["into"]
+    spec = into.get("container_map") or into.get("container")
+    if into.get("pod"):
+        cid = pod_container(get_runtime(into["runtime"]), into["pod"])
+        spec = f"{into['pod']['source']}={cid}" if into["pod"].get("source") else cid
+    result = ctr.restore_into(
+        _store(p), spec, snapshot_id=p["snapshot"], name=p["name"], labels=p["labels"], verify=p["verify"],
+        skip_compat=p["skip_compat_check"], skip_image_check=into["skip_image_check"],
+        kill_on_failure=into["kill_placeholder_on_failure"], runtime_name=into["runtime"],
+        criu_path=p["criu_path"], restore_root=p["restore_root"], check_only=check_mode)
+    done = [d["container"] for d in result["destinations"] if d["result"] in ("succeeded", "would restore")]
+    if result["outcome"] != "succeeded":
+        raise _into_failed(result, len(done))
+    verb = "would restore" if check_mode else "restored"
+    return dict(changed=True, restore=result, outcome=result["outcome"],
+                msg=f"{verb} snapshot {result['id']} into {', '.join(done)}")
+
+
+def _into_failed(result: Result, done: int) -> WarmstartError:
+    """A container restore that did not fully succeed: every destination's error, their CRIU log tails joined."""
+    errors = [d["error"] for d in result["destinations"] if d.get("error")]
+    tails = [line for d in result["destinations"] for line in d.get("criu_log_tail", [])]
+    return WarmstartError(
+        f"restore of snapshot {result['id']} {result['outcome'].replace('_', ' ')}: "
+        f"{done} of {len(result['destinations'])} container(s) restored; " + "; ".join(errors),
+        log_tail="\n".join(tails) or None, restore=result, outcome=result["outcome"])
+
+
+# --- page_server, snapshot_info, cleanup ------------------------------------------
+
+def page_server(p: Params, check_mode: bool) -> Result:
+    """The page_server module: serve one snapshot's pages to one lazy restore (check mode: verify only)."""
+    served = ps.serve(_store(p), p["snapshot"], p["address"], p["port"], p["timeout"], p["log_dir"],
+                      criu_path=p["criu_path"], verify=p["verify"], check_mode=check_mode)
+    return dict(changed=True, page_server=served)
+
+
+def snapshot_info(p: Params, check_mode: bool) -> Result:  # pylint: disable=unused-argument  # reads only
+    """The snapshot_info module: list, filter, verify, query; the same in check mode."""
+    refuse_empty(p, "name")
+    return inf.snapshot_info(_store(p), name=p["name"], labels=p["labels"], details=p["details"],
+                             verify=p["verify"], query=p["query"])
+
+
+def cleanup(p: Params, check_mode: bool) -> Result:
+    """The cleanup module: the retention policy checked first, then applied (check mode: measured only)."""
+    pol = ret.policy(keep_last=p["keep_last"], max_age=p["max_age"],
+                     incomplete_older_than=p["incomplete_older_than"], group_by=p["group_by"],
+                     name=p["name"], labels=p["labels"], remove_broken=p["remove_broken"])
+    refuse_empty(p, "name", "snapshot_ids")
+    return cln.cleanup(_store(p), pol, snapshot_ids=p.get("snapshot_ids") or [], restore_root=p["restore_root"],
+                       prune_node_cache=bool(p.get("prune_node_cache")), check_mode=check_mode)
+
+
+# --- node_info, workload ----------------------------------------------------------
+
+def node_info(p: Params, check_mode: bool) -> Result:  # pylint: disable=unused-argument  # reads only
+    """The node_info module: this node's facts, also as the fact ``warmstart_node``."""
     try:
-        store = open_store(p["store"], p.get("store_options"))
-        if module.check_mode:
-            plan = snap.plan_restore(store, p["snapshot"], p["name"], p["labels"], verify=p["verify"],
-                                     skip_compat=p["skip_compat_check"], criu_path=p["criu_path"],
-                                     cuda=p.get("cuda") or "auto", **roots)
-            module.exit_json(changed=True, restore=plan, msg=f"would restore snapshot {plan['id']}")
-        result = snap.restore(store, snapshot_id=p["snapshot"], name=p["name"], labels=p["labels"],
-                              verify=p["verify"], skip_compat=p["skip_compat_check"], criu_path=p["criu_path"],
-                              restore_root=p["restore_root"], cuda=p.get("cuda") or "auto",
-                              lazy=bool(p.get("lazy")), lazy_wait=bool(p.get("lazy_wait")),
-                              lazy_timeout=float(p.get("lazy_timeout") or lz.DEFAULT_TIMEOUT),
-                              page_server=p.get("page_server"), control_roots=p.get("control_roots"), **roots)
-    except ENGINE_ERRORS + (lz.LazyError,) as exc:
-        fail(module, exc)
-    for warning in result.get("warnings", []):
-        module.warn(warning)
-    module.exit_json(changed=True, restore=result)
+        node = nd.collect(snapshot_root=p["snapshot_root"], criu_path=p["criu_path"],
+                          kernel_min_version=p["kernel_min_version"], probe_features=p["probe_features"])
+    except ValueError as exc:  # an option the engine cannot read (kernel_min_version)
+        if isinstance(exc, WarmstartError):
+            raise
+        raise WarmstartError(str(exc)) from exc
+    return dict(changed=False, node=node, ansible_facts={"warmstart_node": node})
 
 
-def run_page_server(module: Any) -> None:
-    """Serve one snapshot's pages to one lazy restore elsewhere (``criu page-server --lazy-pages``)."""
-    p = module.params
+def workload(p: Params, check_mode: bool) -> Result:
+    """The workload module: bring a workload to ``state``; every failure names the workload."""
     try:
-        store = open_store(p["store"], p.get("store_options"))
-        criu = find_criu(p["criu_path"])
-        if not criu:
-            raise CriuError("no CRIU found on this node; prepare it with warmstart.snapshot.node_prep")
-        if not 0 < p["port"] < 65536:
-            raise lz.LazyError(f"port: {p['port']} is not a TCP port (1-65535)")
-        doc = store.load(mf.check_id(p["snapshot"]))
-        targets = doc.get("targets") or []
-        if len(targets) != 1 or targets[0].get("kind") != "process":
-            raise snap.SnapshotError(f"snapshot {doc['id']}: a page server serves single-process snapshots only")
-        if module.check_mode:
-            problems = st.verify_local(store, doc, fetch=False) if p["verify"] else []
-            if problems:
-                raise snap.SnapshotError(f"snapshot {doc['id']} is not intact", reasons=problems)
-            module.exit_json(changed=True, page_server={"snapshot": doc["id"], "address": p["address"],
-                                                        "port": p["port"]})
-        problems = st.verify_local(store, doc, cached=True) if p["verify"] else []
-        if problems:
-            raise snap.SnapshotError(f"refusing to serve snapshot {doc['id']}: it is not intact", reasons=problems)
-        images = os.path.join(store.local_dir(doc["id"]), targets[0]["path"], "criu")
-        os.makedirs(p["log_dir"], mode=0o700, exist_ok=True)
-        served = lz.serve(criu, images, p["log_dir"], p["address"], p["port"], float(p["timeout"]))
-    except ENGINE_ERRORS + (lz.LazyError,) as exc:
-        fail(module, exc)
-    served["snapshot"] = doc["id"]
-    module.exit_json(changed=True, page_server=served)
+        changed, result = wl.ensure(
+            p["root"], p["name"], p["state"], _command(p["command"]),
+            env={k: str(v) for k, v in p["env"].items()}, chdir=p["chdir"], wait_ready=p["wait_ready"],
+            ready_timeout=p["ready_timeout"], stop_timeout=p["stop_timeout"], check_mode=check_mode)
+    except (WarmstartError, ValueError, OSError) as exc:
+        raise wl.WorkloadError(f"workload {p['name']}: {exc}") from exc
+    return dict(changed=changed, workload=result)
 
 
-# --- snapshot_info and cleanup ------------------------------------------------
-
-class QueryError(WarmstartError):
-    """A JMESPath query that cannot run here (library missing, or bad syntax)."""
-
-
-def _jmespath_search(query: str, data: Any) -> Any:
-    try:
-        import jmespath  # pylint: disable=import-outside-toplevel
-    except ImportError:
-        raise QueryError(
-            f"query needs the Python library jmespath on the managed node, and {sys.executable} cannot import it: "
-            "install it for that interpreter (Debian/Ubuntu: apt-get install python3-jmespath; "
-            "otherwise: python3 -m pip install jmespath), or drop the query and use "
-            "the community.general.json_query filter on the controller") from None
-    try:
-        return jmespath.search(query, data)
-    except jmespath.exceptions.JMESPathError as exc:
-        raise QueryError(f"query {query!r} is not valid JMESPath: {exc}") from None
-
-
-def _newest_mtime(top: str) -> float:
-    """Latest modification time of ``top`` or anything under it (symlinks not followed)."""
-    try:
-        newest = os.lstat(top).st_mtime
-    except OSError:
-        return 0.0
-    if not os.path.isdir(top) or os.path.islink(top):
-        return newest
-    for dirpath, dirs, files in os.walk(top):
-        for entry in dirs + files:
-            try:
-                newest = max(newest, os.lstat(os.path.join(dirpath, entry)).st_mtime)
-            except OSError:
-                pass
-    return newest
-
-
-def _staging(store: st.FsStore, now: float) -> List[Dict[str, Any]]:
-    out = []
-    for entry in store.staging_entries():
-        newest = _newest_mtime(entry["path"])
-        out.append(dict(entry, newest_mtime=newest, age=round(now - max(entry["mtime"], newest), 1)))
-    return out
-
-
-def _restore_dirs(root: Optional[str], now: float) -> List[Dict[str, Any]]:
-    """Restore work dirs (``<snapshot id>-<8 hex>``) directly under ``root``; nothing else is looked at."""
-    out: List[Dict[str, Any]] = []
-    if not root or not os.path.isdir(root):
-        return out
-    for entry in sorted(os.listdir(root)):
-        full = os.path.join(root, entry)
-        if not ret.RESTORE_DIR_RE.match(entry) or os.path.islink(full) or not os.path.isdir(full):
-            continue
-        try:
-            mtime = os.lstat(full).st_mtime
-        except FileNotFoundError:
-            continue
-        newest = _newest_mtime(full)
-        out.append({"path": full, "mtime": mtime, "newest_mtime": newest, "size": st.tree_size(full),
-                    "age": round(now - max(mtime, newest), 1)})
-    return out
-
-
-def _mark_newer_schema(store: st.FsStore, entry: Dict[str, Any]) -> Dict[str, Any]:
-    """Tag an unreadable snapshot whose manifest a newer warmstart wrote (it is not broken)."""
-    newer = ret.is_newer_schema(entry)
-    if not newer:
-        try:
-            fd = os.open(os.path.join(store.snapshot_dir(entry["id"]), mf.MANIFEST), os.O_RDONLY | os.O_NOFOLLOW)
-            with os.fdopen(fd, "rb") as handle:
-                schema = json.loads(handle.read(mf.MAX_MANIFEST_BYTES)).get("schema")
-            newer = isinstance(schema, int) and schema > mf.SCHEMA_VERSION
-        except (OSError, ValueError, AttributeError, RecursionError):
-            newer = False
-    return dict(entry, newer_schema=newer, path=store.snapshot_dir(entry["id"]))
-
-
-def _verify(store: st.FsStore, doc: Dict[str, Any]) -> List[str]:
-    try:
-        return st.verify_local(store, doc)
-    except OSError as exc:
-        return [f"{exc.filename or doc['id']}: cannot be read ({exc.strerror or exc})"]
-
-
-def run_snapshot_info(module: Any) -> None:
-    p = module.params
-    now = time.time()
-    try:
-        refuse_empty(p, "name")
-        store = open_store(p["store"], p.get("store_options"))
-        if p["name"] is not None:
-            mf.check_name(p["name"])
-        labels = mf.check_labels(p["labels"])
-        listed = store.list()
-        staging = _staging(store, now)
-    except ENGINE_ERRORS as exc:
-        fail(module, exc)
-    broken = [_mark_newer_schema(store, d) for d in listed if "error" in d]
-    docs = ret.newest_first([d for d in listed if "error" not in d and mf.matches(d, p["name"], labels)])
-    snapshots = []
-    for doc in docs:
-        item = dict(doc) if p["details"] else mf.summary(doc)
-        item["path"] = store.snapshot_dir(doc["id"])
-        if p["verify"]:
-            problems = _verify(store, doc)
-            item["intact"] = not problems
-            item["problems"] = problems
-        snapshots.append(item)
-    store_info = {"path": store.root, "kind": store.kind,
-                  "exists": os.path.isdir(store.snapshots) if store.kind == "fs" else True}
-    result: Dict[str, Any] = dict(
-        changed=False, store=store_info,
-        snapshots=snapshots, count=len(snapshots), broken=broken, staging=staging)
-    if p["query"]:
-        try:
-            result["query_result"] = _jmespath_search(p["query"], snapshots)
-        except QueryError as exc:
-            module.fail_json(msg=str(exc), **result)
-    module.exit_json(**result)
-
-
-def _human(size: int) -> str:
-    value = float(size)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if value < 1024 or unit == "TiB":
-            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
-        value /= 1024
-    return f"{size} B"  # pragma: no cover
-
-
-def _remove_path(path: str, store: Optional[st.FsStore] = None) -> int:
-    """Remove a staging entry or restore work dir; raises OSError when something stays behind."""
-    if path.startswith("s3://") and store is not None:
-        return store.delete_staging(path)
-    if os.path.islink(path) or not os.path.isdir(path):
-        size = os.lstat(path).st_size
-        os.unlink(path)
-        return size
-    if store is not None:
-        size = store.delete_staging(path)
-    else:
-        size = st.tree_size(path)
-        shutil.rmtree(path, ignore_errors=True)
-    if os.path.lexists(path):
-        raise OSError(f"{path} could not be removed completely (permissions, or files still in use)")
-    return size
-
-
-def run_cleanup(module: Any) -> None:
-    p = module.params
-    now = time.time()
-    try:
-        pol = ret.policy(keep_last=p["keep_last"], max_age=p["max_age"],
-                         incomplete_older_than=p["incomplete_older_than"], group_by=p["group_by"],
-                         name=p["name"], labels=p["labels"], remove_broken=p["remove_broken"])
-    except ret.RetentionError as exc:
-        module.fail_json(msg=str(exc))
-    try:
-        refuse_empty(p, "name", "snapshot_ids")
-        store = open_store(p["store"], p.get("store_options"))
-        listed = store.list()
-        staging = _staging(store, now)
-        restore_dirs = _restore_dirs(p["restore_root"], now)
-    except ENGINE_ERRORS as exc:
-        fail(module, exc)
-    listed = [_mark_newer_schema(store, d) if "error" in d else d for d in listed]
-    decision = ret.plan(listed, staging, pol, now=now, restore_dirs=restore_dirs)
-
-    doomed = [dict(entry) for entry in decision.remove]
-    published = {d["id"]: d for d in listed if "error" not in d}
-    missing = []
-    for sid in p.get("snapshot_ids") or []:
-        if sid in {e["id"] for e in doomed}:
-            continue
-        doc = published.get(sid)
-        if doc is None:
-            missing.append(sid)
-            continue
-        doomed.append({"id": sid, "name": doc.get("name"), "labels": doc.get("labels") or {},
-                       "created_at": doc.get("created_at"), "group": None, "reason": "named in snapshot_ids"})
-    doomed += [{"id": b["id"], "name": None, "labels": {}, "created_at": None, "group": None,
-                "reason": f"{b['reason']}: {b['error']}"} for b in decision.broken if b["remove"]]
-    removed_snapshots: List[Dict[str, Any]] = []
-    removed_staging: List[Dict[str, Any]] = []
-    removed_restore: List[Dict[str, Any]] = []
-    errors: List[str] = []
-    for entry in doomed:
-        try:
-            if module.check_mode:
-                entry["size"] = st.tree_size(store.snapshot_dir(entry["id"]))
-            else:
-                entry["size"] = store.delete(entry["id"])
-        except FileNotFoundError:
-            module.warn(f"snapshot {entry['id']} was gone before cleanup removed it (another cleanup?)")
-            continue
-        except OSError as exc:
-            errors.append(f"snapshot {entry['id']}: {exc.strerror or exc}")
-            continue
-        removed_snapshots.append(entry)
-    for plan_list, out in ((decision.remove_staging, removed_staging),
-                           (decision.remove_restore_dirs, removed_restore)):
-        for entry in plan_list:
-            item = dict(entry)
-            try:
-                if module.check_mode:
-                    item["size"] = item.get("size") if item.get("size") is not None else st.tree_size(item["path"])
-                else:
-                    item["size"] = _remove_path(item["path"], store if out is removed_staging else None)
-            except FileNotFoundError:
-                continue
-            except OSError as exc:
-                errors.append(f"{item['path']}: {exc.strerror or exc}")
-                continue
-            out.append(item)
-
-    removed_cache: List[Dict[str, Any]] = []
-    if p.get("prune_node_cache") and store.kind == "s3":
-        gone = {e["id"] for e in removed_snapshots}
-        published = {d["id"] for d in listed if "error" not in d} - gone
-        root = store.cache_root()
-        for entry in sorted(os.listdir(root)) if os.path.isdir(root) else []:
-            if not mf.is_id(entry) or entry in published:
-                continue
-            full = os.path.join(root, entry)
-            item = {"id": entry, "path": full, "size": st.tree_size(full), "reason": "no longer published in the store"}
-            if not module.check_mode:
-                shutil.rmtree(full, ignore_errors=True)
-                if os.path.lexists(full):
-                    errors.append(f"{full}: could not be removed completely")
-                    continue
-            removed_cache.append(item)
-    freed = sum(int(e.get("size") or 0) for e in removed_snapshots + removed_staging + removed_restore + removed_cache)
-    verb = "would remove" if module.check_mode else "removed"
-    kept = [k for k in decision.kept if k not in {e["id"] for e in removed_snapshots}]
-    result: Dict[str, Any] = dict(
-        changed=bool(removed_snapshots or removed_staging or removed_restore or removed_cache),
-        removed=[e["id"] for e in removed_snapshots],
-        removed_snapshots=removed_snapshots,
-        removed_staging=removed_staging,
-        removed_restore_dirs=removed_restore,
-        removed_cache=removed_cache,
-        missing=missing,
-        bytes_freed=freed,
-        kept=kept,
-        broken=[{k: b[k] for k in ("id", "error", "remove", "reason")} for b in decision.broken],
-        msg=(f"{verb} {len(removed_snapshots)} snapshot(s), {len(removed_staging)} staging dir(s) and "
-             f"{len(removed_restore)} restore work dir(s)"
-             + (f", {len(removed_cache)} cached snapshot(s)" if removed_cache else "")
-             + f", {_human(freed)}; kept {len(kept)} snapshot(s)"),
-    )
-    if errors:
-        module.fail_json(**dict(result, msg="cleanup could not remove everything: " + "; ".join(errors),
-                                errors=errors))
-    module.exit_json(**result)
+def _command(command: Any) -> List[str]:
+    """The workload's argv: a list as given, a string split as a shell would (ValueError when it cannot be)."""
+    if isinstance(command, str):
+        command = shlex.split(command)
+    return [str(c) for c in command or []]

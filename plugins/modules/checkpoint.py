@@ -308,7 +308,9 @@ cuda:
 """
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.warmstart.snapshot.plugins.module_utils._module import pod_argument_spec, progress_argument_spec, run_checkpoint, store_argument_spec
+from ansible_collections.warmstart.snapshot.plugins.module_utils import _module
+from ansible_collections.warmstart.snapshot.plugins.module_utils._adapter import run_module
+from ansible_collections.warmstart.snapshot.plugins.module_utils._module import pod_argument_spec, progress_argument_spec, store_argument_spec
 
 
 def main() -> None:
@@ -342,7 +344,7 @@ def main() -> None:
         required_one_of=[("pid", "pidfile", "workload", "container", "pod")],
         supports_check_mode=True,
     )
-    run_checkpoint(module)
+    run_module(module, _module.checkpoint, progress=True)
 
 
 if __name__ == "__main__":

@@ -219,7 +219,9 @@ errors:
 """
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.warmstart.snapshot.plugins.module_utils._module import run_cleanup, store_argument_spec
+from ansible_collections.warmstart.snapshot.plugins.module_utils import _module
+from ansible_collections.warmstart.snapshot.plugins.module_utils._adapter import run_module
+from ansible_collections.warmstart.snapshot.plugins.module_utils._module import store_argument_spec
 
 
 def main() -> None:
@@ -239,7 +241,7 @@ def main() -> None:
         ),
         supports_check_mode=True,
     )
-    run_cleanup(module)
+    run_module(module, _module.cleanup)
 
 
 if __name__ == "__main__":

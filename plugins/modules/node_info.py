@@ -359,8 +359,8 @@ ansible_facts:
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.warmstart.snapshot.plugins.module_utils._criu import CriuError
-from ansible_collections.warmstart.snapshot.plugins.module_utils._node import collect
+from ansible_collections.warmstart.snapshot.plugins.module_utils import _module
+from ansible_collections.warmstart.snapshot.plugins.module_utils._adapter import run_module
 
 ARGUMENT_SPEC = dict(
     snapshot_root=dict(type="path", default="/var/lib/warmstart"),
@@ -372,17 +372,7 @@ ARGUMENT_SPEC = dict(
 
 def main() -> None:
     module = AnsibleModule(argument_spec=ARGUMENT_SPEC, supports_check_mode=True)
-    params = module.params
-    try:
-        node = collect(
-            snapshot_root=params["snapshot_root"],
-            criu_path=params["criu_path"],
-            kernel_min_version=params["kernel_min_version"],
-            probe_features=params["probe_features"],
-        )
-    except (CriuError, ValueError) as exc:
-        module.fail_json(msg=str(exc))
-    module.exit_json(changed=False, node=node, ansible_facts={"warmstart_node": node})
+    run_module(module, _module.node_info)
 
 
 if __name__ == "__main__":

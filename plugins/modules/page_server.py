@@ -118,7 +118,9 @@ reasons:
 """
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.warmstart.snapshot.plugins.module_utils._module import run_page_server, store_argument_spec
+from ansible_collections.warmstart.snapshot.plugins.module_utils import _module
+from ansible_collections.warmstart.snapshot.plugins.module_utils._adapter import run_module
+from ansible_collections.warmstart.snapshot.plugins.module_utils._module import store_argument_spec
 
 
 def main() -> None:
@@ -135,7 +137,7 @@ def main() -> None:
         ),
         supports_check_mode=True,
     )
-    run_page_server(module)
+    run_module(module, _module.page_server)
 
 
 if __name__ == "__main__":

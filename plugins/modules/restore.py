@@ -384,7 +384,9 @@ criu_log_tail:
 """
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.warmstart.snapshot.plugins.module_utils._module import pod_argument_spec, progress_argument_spec, run_restore, store_argument_spec
+from ansible_collections.warmstart.snapshot.plugins.module_utils import _module
+from ansible_collections.warmstart.snapshot.plugins.module_utils._adapter import run_module
+from ansible_collections.warmstart.snapshot.plugins.module_utils._module import pod_argument_spec, progress_argument_spec, store_argument_spec
 
 
 def main() -> None:
@@ -420,7 +422,7 @@ def main() -> None:
         required_one_of=[("snapshot", "name", "labels")],
         supports_check_mode=True,
     )
-    run_restore(module)
+    run_module(module, _module.restore, progress=True)
 
 
 if __name__ == "__main__":

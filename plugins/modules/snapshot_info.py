@@ -180,7 +180,9 @@ store:
 """
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.warmstart.snapshot.plugins.module_utils._module import run_snapshot_info, store_argument_spec
+from ansible_collections.warmstart.snapshot.plugins.module_utils import _module
+from ansible_collections.warmstart.snapshot.plugins.module_utils._adapter import run_module
+from ansible_collections.warmstart.snapshot.plugins.module_utils._module import store_argument_spec
 
 
 def main() -> None:
@@ -195,7 +197,7 @@ def main() -> None:
         ),
         supports_check_mode=True,
     )
-    run_snapshot_info(module)
+    run_module(module, _module.snapshot_info)
 
 
 if __name__ == "__main__":

@@ -140,10 +140,9 @@ workload:
       sample: terminated
 """
 
-import shlex
-
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.warmstart.snapshot.plugins.module_utils._workload import WorkloadError, ensure
+from ansible_collections.warmstart.snapshot.plugins.module_utils import _module
+from ansible_collections.warmstart.snapshot.plugins.module_utils._adapter import run_module
 
 
 def main() -> None:
@@ -162,18 +161,7 @@ def main() -> None:
         required_if=[("state", "started", ("command",))],
         supports_check_mode=True,
     )
-    p = module.params
-    command = p["command"]
-    if isinstance(command, str):
-        command = shlex.split(command)
-    try:
-        changed, result = ensure(
-            p["root"], p["name"], p["state"], [str(c) for c in command or []],
-            env={k: str(v) for k, v in p["env"].items()}, chdir=p["chdir"], wait_ready=p["wait_ready"],
-            ready_timeout=p["ready_timeout"], stop_timeout=p["stop_timeout"], check_mode=module.check_mode)
-    except (WorkloadError, ValueError, OSError) as exc:
-        module.fail_json(msg=f"workload {p['name']}: {exc}")
-    module.exit_json(changed=changed, workload=result)
+    run_module(module, _module.workload)
 
 
 if __name__ == "__main__":

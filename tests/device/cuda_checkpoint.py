@@ -295,7 +295,7 @@ class ModuleExit(Exception):
 
 
 class FakeModule:
-    """What the module glue (_module.run_checkpoint / run_restore) uses of AnsibleModule."""
+    """What the module adapter (_adapter.run_module) uses of AnsibleModule."""
 
     def __init__(self, params: Dict[str, Any]) -> None:
         self.params = params
@@ -325,7 +325,7 @@ def run_module(name: str, params: Dict[str, Any], work: Path) -> Dict[str, Any]:
             if line.startswith("{"):
                 return json.loads(line)
         return {"failed": True, "msg": f"module {name} printed no result: {done.stdout[-800:]} {done.stderr[-800:]}"}
-    from ansible_collections.warmstart.snapshot.plugins.module_utils import _module  # pylint: disable=import-outside-toplevel
+    from ansible_collections.warmstart.snapshot.plugins.module_utils import _adapter, _module  # pylint: disable=import-outside-toplevel
     defaults = {
         "checkpoint": dict(pid=None, pidfile=None, workload=None, container=None, pod=None, runtime="podman",
                            workloads_root="/var/lib/warmstart/workloads", name=None, labels={}, leave_running=True,
@@ -338,7 +338,7 @@ def run_module(name: str, params: Dict[str, Any], work: Path) -> Dict[str, Any]:
                 progress_interval=0)
     full.update(params)
     try:
-        (_module.run_checkpoint if name == "checkpoint" else _module.run_restore)(FakeModule(full))
+        _adapter.run_module(FakeModule(full), _module.checkpoint if name == "checkpoint" else _module.restore, progress=True)
     except ModuleExit as done:
         return done.result
     return {"failed": True, "msg": f"module {name} ended without a result"}

@@ -1,0 +1,66 @@
+# -*- coding: utf-8 -*-
+# Copyright (c) warmstart developers
+# GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+"""Serve one process snapshot's pages to one lazy restore on another node (``criu page-server --lazy-pages``).
+
+Invariants:
+
+- Every refusal (no CRIU, a port outside 1-65535, an unknown id, a snapshot that is not a single process,
+  a snapshot that is not intact) comes before anything is started or written.
+- Check mode verifies without fetching (sizes only for an object store), starts nothing and writes nothing.
+- A real run serves only a snapshot whose local copy verified (an object store fetches it into its cache first).
+"""
+from __future__ import annotations
+
+import os
+from typing import Any, Dict, Optional
+
+from ansible_collections.warmstart.snapshot.plugins.module_utils import _lazy as lz
+from ansible_collections.warmstart.snapshot.plugins.module_utils import _manifest as mf
+from ansible_collections.warmstart.snapshot.plugins.module_utils import _snapshot as snap
+from ansible_collections.warmstart.snapshot.plugins.module_utils._criu import CriuError, find_criu
+from ansible_collections.warmstart.snapshot.plugins.module_utils._storeapi import Store
+
+
+def _servable(store: Store, snapshot_id: str) -> Dict[str, Any]:
+    """The manifest of ``snapshot_id``; SnapshotError unless it holds exactly one process."""
+    doc: Dict[str, Any] = store.load(mf.check_id(snapshot_id))
+    targets = doc.get("targets") or []
+    if len(targets) != 1 or targets[0].get("kind") != "process":
+        raise snap.SnapshotError(f"snapshot {doc['id']}: a page server serves single-process snapshots only")
+    return doc
+
+
+def _criu(criu_path: Optional[str], port: int) -> str:
+    """The CRIU binary to run; refuses a node without CRIU and a port that is not a TCP port."""
+    criu = find_criu(criu_path)
+    if not criu:
+        raise CriuError("no CRIU found on this node; prepare it with warmstart.snapshot.node_prep")
+    if not 0 < port < 65536:
+        raise lz.LazyError(f"port: {port} is not a TCP port (1-65535)")
+    return criu
+
+
+def serve(store: Store, snapshot_id: str, address: str, port: int, timeout: float, log_dir: str,
+          criu_path: Optional[str] = None, verify: bool = True, check_mode: bool = False) -> Dict[str, Any]:
+    """Check, verify and (unless ``check_mode``) serve ``snapshot_id`` on ``address:port``, detached.
+
+    Returns the page_server result: ``snapshot``, ``address``, ``port`` and, when serving, what
+    ``_lazy.serve`` reports (pid, logs, deadline).
+    """
+    criu = _criu(criu_path, port)
+    doc = _servable(store, snapshot_id)
+    if check_mode:
+        problems = store.verify(doc, fetch=False) if verify else []
+        if problems:
+            raise snap.SnapshotError(f"snapshot {doc['id']} is not intact", reasons=problems)
+        return {"snapshot": doc["id"], "address": address, "port": port}
+    problems = store.verify(doc, cached=True) if verify else []
+    if problems:
+        raise snap.SnapshotError(f"refusing to serve snapshot {doc['id']}: it is not intact", reasons=problems)
+    images = os.path.join(store.local_dir(doc["id"]), doc["targets"][0]["path"], "criu")
+    os.makedirs(log_dir, mode=0o700, exist_ok=True)
+    served = lz.serve(criu, images, log_dir, address, port, float(timeout))
+    served["snapshot"] = doc["id"]
+    return served
