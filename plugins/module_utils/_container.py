@@ -49,6 +49,7 @@ from ansible_collections.warmstart.snapshot.plugins.module_utils._runtime import
 
 EXT_NET = "warmstart-net"
 EXT_PID = "warmstart-pid"
+PINNED = ("mnt", "net", "pid", "uts", "ipc")  # the placeholder's namespaces a restore holds open
 ENV_FILE = "env.json"  # the placeholder's environment, offered to the restored workload
 
 
@@ -437,7 +438,7 @@ def _begin(snap_dir: str, doc: Dict[str, Any], d: Destination, info: ContainerIn
 
 def _pin(r: _Restore) -> None:
     """Pin the placeholder: its namespaces stay what we checked even if it is replaced meanwhile."""
-    for ns in ("mnt", "net", "pid", "uts", "ipc"):
+    for ns in PINNED:
         r.pinned[ns] = _inheritable(f"/proc/{r.info.pid}/ns/{ns}", os.O_RDONLY)
     if nsu.ns_inode(r.info.pid, "pid") != os.fstat(r.pinned["pid"]).st_ino:
         raise snap.SnapshotError(f"placeholder {r.info.name} was replaced while it was being prepared")
@@ -553,7 +554,15 @@ def restore_one(criu: str, snap_dir: str, doc: Dict[str, Any], d: Destination, o
 
 def _select(store: st.FsStore, snapshot_id: Optional[str], name: Optional[str], labels: Optional[Dict[str, str]],
             node: Dict[str, Any], skip_compat: bool, verify: bool, fetch: bool = True) -> Dict[str, Any]:
-    doc = snap.select(store, snapshot_id, name, labels, node, skip_compat)
+    """The snapshot to restore, after every check of the snapshot itself; reads only.
+
+    A snapshot that does not fit this node (none compatible, compatibility, checksums, not a container
+    snapshot, GPU state) is refused with every reason and ``outcome="incompatible"``.
+    """
+    try:
+        doc = snap.select(store, snapshot_id, name, labels, node, skip_compat)
+    except snap.SnapshotError as exc:  # with reasons: snapshots were found, and none fits this node
+        raise exc.with_details(outcome="incompatible") if exc.reasons else exc
     problems = [] if skip_compat else incompatibilities(doc["source"], node)
     if verify:
         problems += [f"checksum: {p}" for p in st.verify_local(store, doc, fetch=fetch, cached=True)]
@@ -565,7 +574,8 @@ def _select(store: st.FsStore, snapshot_id: Optional[str], name: Optional[str], 
         problems.append(f"gpu: the snapshot holds the GPU state of CUDA process(es) {pids}; restoring GPU state into "
                         "placeholder containers is not supported yet")
     if problems:
-        raise snap.SnapshotError(f"refusing to restore snapshot {doc['id']} ({doc['name']}) on this node", reasons=problems)
+        raise snap.SnapshotError(f"refusing to restore snapshot {doc['id']} ({doc['name']}) on this node",
+                                 reasons=problems, outcome="incompatible")
     return doc
 
 
@@ -591,37 +601,54 @@ def restore_into(store: st.FsStore, into: Any, snapshot_id: Optional[str] = None
                  labels: Optional[Dict[str, str]] = None, verify: bool = True, skip_compat: bool = False,
                  skip_image_check: bool = False, kill_on_failure: bool = True, runtime_name: str = "podman",
                  options: Optional[CriuOptions] = None, criu_path: Optional[str] = None,
-                 restore_root: str = snap.DEFAULT_RESTORE_ROOT, check_only: bool = False) -> Dict[str, Any]:
+                 restore_root: str = snap.DEFAULT_RESTORE_ROOT, check_mode: bool = False,
+                 check_only: Optional[bool] = None) -> Dict[str, Any]:
     """Restore a container snapshot into placeholder containers; per-destination results.
 
     Checksums and compatibility are checked once, before anything; each
     destination is then checked (running, inert, PIDs free, image, mounts) and
-    a destination that fails its check is reported and left untouched.
+    a destination that fails its check is reported and left untouched. In
+    ``check_mode`` nothing is fetched or touched: each destination that passes
+    its check says "would restore".
+
+    The result's ``outcome`` is computed here, once: over the destinations on
+    return; on a raise, in the error's details - ``incompatible`` when the
+    snapshot does not fit this node (refused before any container is touched),
+    ``failed`` otherwise. (``check_only``: the old name of ``check_mode``, until _module passes check_mode.)
     """
     t_start = time.monotonic()
-    criu = find_criu(criu_path)
-    if not criu:
-        raise CriuError("no CRIU found on this node; prepare it with warmstart.snapshot.node_prep")
-    node = describe_node(criu)
-    doc = _select(store, snapshot_id, name, labels, node, skip_compat, verify, fetch=not check_only)
-    sources = {t["name"]: t for t in doc["targets"]}
-    pairs = parse_container_map(into, list(sources))
-    runtime = get_runtime(runtime_name)
-    checked = [check_destination(runtime, sources[src], dst, skip_image_check) for src, dst in pairs]
-    results: List[Dict[str, Any]] = []
-    for d, problems in checked:
-        if problems:
-            results.append({"container": d.name, "source": d.source["name"], "result": "refused",
-                            "error": f"refusing to restore into {d.name}: " + "; ".join(problems),
-                            "reasons": problems})
-        elif check_only:
-            results.append({"container": d.name, "source": d.source["name"], "result": "would restore",
-                            "notes": d.notes or []})
-        else:
-            opts = options or CriuOptions.from_manifest(d.source["criu"]["options"])
-            results.append(_restore_exclusive(runtime, criu, store, doc, d, opts, restore_root, kill_on_failure,
-                                              skip_image_check))
-    ok = sum(1 for r in results if r["result"] in ("succeeded", "would restore"))
-    outcome = "succeeded" if ok == len(results) else ("failed" if ok == 0 else "partially_succeeded")
-    return {"id": doc["id"], "name": doc["name"], "outcome": outcome, "destinations": results,
+    check_mode = check_mode if check_only is None else check_only
+    try:
+        criu = find_criu(criu_path)
+        if not criu:
+            raise CriuError("no CRIU found on this node; prepare it with warmstart.snapshot.node_prep")
+        doc = _select(store, snapshot_id, name, labels, describe_node(criu), skip_compat, verify,
+                      fetch=not check_mode)
+        sources = {t["name"]: t for t in doc["targets"]}
+        pairs = parse_container_map(into, list(sources))
+        runtime = get_runtime(runtime_name)
+        checked = [check_destination(runtime, sources[src], dst, skip_image_check) for src, dst in pairs]
+        results = [_destination(runtime, criu, store, doc, d, problems, options, restore_root, kill_on_failure,
+                                skip_image_check, check_mode) for d, problems in checked]
+    except WarmstartError as exc:
+        raise exc.with_details(outcome=exc.details.get("outcome", "failed"))
+    return {"id": doc["id"], "name": doc["name"], "outcome": _outcome(results), "destinations": results,
             "timings": {"total": round(time.monotonic() - t_start, 3)}}
+
+
+def _destination(runtime: Runtime, criu: str, store: Any, doc: Dict[str, Any], d: Destination, problems: List[str],
+                 options: Optional[CriuOptions], restore_root: str, kill_on_failure: bool, skip_image_check: bool,
+                 check_mode: bool) -> Dict[str, Any]:
+    """One destination's result: refused (its check failed), would restore (check mode), or its restore."""
+    if problems:
+        return {"container": d.name, "source": d.source["name"], "result": "refused",
+                "error": f"refusing to restore into {d.name}: " + "; ".join(problems), "reasons": problems}
+    if check_mode:
+        return {"container": d.name, "source": d.source["name"], "result": "would restore", "notes": d.notes}
+    opts = options or CriuOptions.from_manifest(d.source["criu"]["options"])
+    return _restore_exclusive(runtime, criu, store, doc, d, opts, restore_root, kill_on_failure, skip_image_check)
+
+
+def _outcome(results: List[Dict[str, Any]]) -> str:
+    ok = sum(1 for r in results if r["result"] in ("succeeded", "would restore"))
+    return "succeeded" if ok == len(results) else ("failed" if ok == 0 else "partially_succeeded")

@@ -1,0 +1,101 @@
+"""_container.restore_into: the outcome of a raised refusal or failure, check mode; restore_one's rollback."""
+from __future__ import annotations
+
+from typing import Any, Dict, List
+
+import pytest
+
+from ansible_collections.warmstart.snapshot.plugins.module_utils import _container as ctr
+from ansible_collections.warmstart.snapshot.plugins.module_utils._errors import WarmstartError
+from ansible_collections.warmstart.snapshot.plugins.module_utils._runtime import ContainerInfo
+
+DOC = {"id": "20261203T000000Z-abcdef01", "name": "embed", "source": {},
+       "targets": [{"name": "app", "kind": "container", "path": "app", "criu": {"options": {}}}]}
+
+
+@pytest.fixture
+def engine(monkeypatch: pytest.MonkeyPatch) -> Dict[str, Any]:
+    """restore_into with CRIU, the node, the store and the runtime faked; ``calls`` records what was asked."""
+    calls: Dict[str, Any] = {"incompatible": [], "checksums": [], "fetch": []}
+    monkeypatch.setattr(ctr, "find_criu", lambda path: "/usr/local/bin/criu")
+    monkeypatch.setattr(ctr, "describe_node", lambda criu: {"arch": "x86_64"})
+    monkeypatch.setattr(ctr.snap, "select", lambda *a: DOC)
+    monkeypatch.setattr(ctr, "incompatibilities", lambda source, node: list(calls["incompatible"]))
+
+    def verify_local(store: Any, doc: Dict[str, Any], fetch: bool, cached: bool) -> List[str]:
+        calls["fetch"].append(fetch)
+        return list(calls["checksums"])
+
+    monkeypatch.setattr(ctr.st, "verify_local", verify_local)
+    monkeypatch.setattr(ctr, "get_runtime", lambda name: object())
+    info = ContainerInfo(id="c" * 64, name="ph", runtime="podman", image="i", image_id="x", running=True,
+                         status="running", pid=4242, cgroup_path="/cg", rootfs="/r", upper_dir=None, hostname="h")
+    monkeypatch.setattr(ctr, "check_destination",
+                        lambda runtime, target, dest, skip: (ctr.Destination(source=target, name=dest, info=info), []))
+    return calls
+
+
+def test_a_snapshot_that_does_not_fit_is_refused_as_incompatible(engine: Dict[str, Any]) -> None:
+    engine["incompatible"] = ["arch: the snapshot is aarch64, this node x86_64"]
+    engine["checksums"] = ["app/criu/pages-1.img: sha256 mismatch"]
+    with pytest.raises(WarmstartError) as err:
+        ctr.restore_into(object(), "app=ph", snapshot_id=DOC["id"])
+    assert err.value.details == {"outcome": "incompatible"}
+    assert err.value.reasons == ["arch: the snapshot is aarch64, this node x86_64",
+                                 "checksum: app/criu/pages-1.img: sha256 mismatch"]
+
+
+def test_no_compatible_snapshot_is_incompatible_and_none_at_all_failed(engine: Dict[str, Any],
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    def none_fits(*args: Any) -> Dict[str, Any]:
+        raise ctr.snap.SnapshotError("no snapshot matching name='embed' is compatible", reasons=["x: arch"])
+
+    monkeypatch.setattr(ctr.snap, "select", none_fits)
+    with pytest.raises(WarmstartError) as err:
+        ctr.restore_into(object(), "app=ph", name="embed")
+    assert err.value.details["outcome"] == "incompatible"
+
+    def none_found(*args: Any) -> Dict[str, Any]:
+        raise ctr.snap.SnapshotError("no published snapshot matches name='embed'")
+
+    monkeypatch.setattr(ctr.snap, "select", none_found)
+    with pytest.raises(WarmstartError) as err:
+        ctr.restore_into(object(), "app=ph", name="embed")
+    assert err.value.details["outcome"] == "failed"
+
+
+def test_other_raised_failures_are_failed(engine: Dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    with pytest.raises(WarmstartError, match="appears twice") as err:
+        ctr.restore_into(object(), "app=ph,app=ph", snapshot_id=DOC["id"])
+    assert err.value.details["outcome"] == "failed"
+    monkeypatch.setattr(ctr, "find_criu", lambda path: None)
+    with pytest.raises(WarmstartError, match="no CRIU found") as err:
+        ctr.restore_into(object(), "app=ph", snapshot_id=DOC["id"])
+    assert err.value.details["outcome"] == "failed"
+
+
+def test_check_mode_fetches_and_touches_nothing(engine: Dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(ctr, "_restore_exclusive", lambda *a: pytest.fail("check mode restored"))
+    result = ctr.restore_into(object(), "app=ph", snapshot_id=DOC["id"], check_mode=True)
+    assert engine["fetch"] == [False]
+    assert result["outcome"] == "succeeded"
+    assert result["destinations"] == [{"container": "ph", "source": "app", "result": "would restore", "notes": []}]
+
+
+def test_a_failed_restore_kills_what_it_restored_and_the_placeholder(tmp_path: Any,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """The rollback path: CRIU restored the tree, the placeholder died meanwhile -> tree and placeholder killed."""
+    info = ContainerInfo(id="c" * 64, name="ph", runtime="podman", image="i", image_id="x", running=True,
+                         status="running", pid=4242, cgroup_path="/cg", rootfs="/r", upper_dir=None, hostname="h")
+    d = ctr.Destination(source=DOC["targets"][0], name="ph", info=info)
+    killed: List[Any] = []
+    monkeypatch.setattr(ctr, "_pin", lambda r: r.pinned.update({ns: 60000 + n for n, ns in enumerate(ctr.PINNED)}))
+    monkeypatch.setattr(ctr, "_prepare", lambda r: None)
+    monkeypatch.setattr(ctr, "criu_restore", lambda criu, images, work, options: 777)
+    monkeypatch.setattr(ctr.nsu, "set_hostname", lambda pid, name: None)
+    monkeypatch.setattr(ctr.proc, "alive", lambda pid: pid == 777)
+    monkeypatch.setattr(ctr.proc, "signal_tree", lambda pid, sig: killed.append(("tree", pid)))
+    monkeypatch.setattr(ctr, "_kill_placeholder", lambda i: killed.append(("placeholder", i.pid)) or "killed")
+    out = ctr.restore_one("/criu", str(tmp_path), DOC, d, ctr.CriuOptions(), str(tmp_path / "restore"), True)
+    assert out["result"] == "failed" and out["error"] == "container ph: placeholder ph exited during the restore"
+    assert killed == [("tree", 777), ("placeholder", 4242)] and out["placeholder"] == "killed"
