@@ -85,14 +85,18 @@ crds:
       choices: [created, updated, unchanged, deleted, absent]
 """
 
+import functools
+
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.warmstart.snapshot.plugins.module_utils import _k8s
+from ansible_collections.warmstart.snapshot.plugins.module_utils import _k8s_runners
+from ansible_collections.warmstart.snapshot.plugins.module_utils._adapter import run_module
+from ansible_collections.warmstart.snapshot.plugins.module_utils._k8s_client import auth_argument_spec
 
 
 def main() -> None:
     module = AnsibleModule(
         argument_spec=dict(
-            **_k8s.auth_argument_spec(),
+            **auth_argument_spec(),
             definitions=dict(type="list", elements="dict", required=True),
             state=dict(type="str", choices=["present", "absent"], default="present"),
             wait=dict(type="bool", default=True),
@@ -100,11 +104,7 @@ def main() -> None:
         ),
         supports_check_mode=True,
     )
-    try:
-        result = _k8s.run_k8s_crds(module.params, module.check_mode, module._diff)
-    except _k8s.K8sError as exc:
-        module.fail_json(msg=str(exc), reasons=exc.reasons)
-    module.exit_json(**result)
+    run_module(module, functools.partial(_k8s_runners.run_k8s_crds, diff=module._diff))
 
 
 if __name__ == "__main__":

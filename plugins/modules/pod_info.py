@@ -130,14 +130,16 @@ reasons:
 """
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.warmstart.snapshot.plugins.module_utils import _k8s
-from ansible_collections.warmstart.snapshot.plugins.module_utils._k8s_pods import WAIT_FOR, run_pod_info
+from ansible_collections.warmstart.snapshot.plugins.module_utils import _k8s_runners
+from ansible_collections.warmstart.snapshot.plugins.module_utils._adapter import run_module
+from ansible_collections.warmstart.snapshot.plugins.module_utils._k8s_client import auth_argument_spec
+from ansible_collections.warmstart.snapshot.plugins.module_utils._k8s_records import WAIT_FOR
 
 
 def main() -> None:
     module = AnsibleModule(
         argument_spec=dict(
-            **_k8s.auth_argument_spec(),
+            **auth_argument_spec(),
             namespace=dict(type="str", default="default"),
             name=dict(type="str"),
             label_selector=dict(type="str"),
@@ -150,11 +152,7 @@ def main() -> None:
         mutually_exclusive=[("name", "label_selector"), ("name", "field_selector")],
         supports_check_mode=True,
     )
-    try:
-        result = run_pod_info(module.params)
-    except _k8s.K8sError as exc:
-        module.fail_json(msg=str(exc), reasons=exc.reasons)
-    module.exit_json(**result)
+    run_module(module, _k8s_runners.run_pod_info)
 
 
 if __name__ == "__main__":

@@ -207,13 +207,15 @@ reasons:
 """
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.warmstart.snapshot.plugins.module_utils import _k8s
+from ansible_collections.warmstart.snapshot.plugins.module_utils import _k8s_runners
+from ansible_collections.warmstart.snapshot.plugins.module_utils._adapter import run_module
+from ansible_collections.warmstart.snapshot.plugins.module_utils._k8s_client import auth_argument_spec
 
 
 def main() -> None:
     module = AnsibleModule(
         argument_spec=dict(
-            **_k8s.auth_argument_spec(),
+            **auth_argument_spec(),
             namespace=dict(type="str", required=True),
             name=dict(type="str", required=True),
             state=dict(type="str", choices=["present", "absent"], default="present"),
@@ -239,15 +241,7 @@ def main() -> None:
         required_if=[("state", "present", ["source_pod"])],
         supports_check_mode=True,
     )
-    if module.params["failed_reason"] and module.params["ready"]:
-        module.fail_json(msg="failed_reason needs ready=false")
-    try:
-        result = _k8s.run_pod_snapshot(module.params, module.check_mode)
-    except _k8s.K8sError as exc:
-        module.fail_json(msg=str(exc) + (": " + "; ".join(exc.reasons) if exc.reasons else ""), reasons=exc.reasons)
-    for warning in result.pop("warnings", []):
-        module.warn(warning)
-    module.exit_json(**result)
+    run_module(module, _k8s_runners.run_pod_snapshot)
 
 
 if __name__ == "__main__":

@@ -247,13 +247,15 @@ reasons:
 """
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.warmstart.snapshot.plugins.module_utils import _k8s
+from ansible_collections.warmstart.snapshot.plugins.module_utils import _k8s_runners
+from ansible_collections.warmstart.snapshot.plugins.module_utils._adapter import run_module
+from ansible_collections.warmstart.snapshot.plugins.module_utils._k8s_client import auth_argument_spec
 
 
 def main() -> None:
     module = AnsibleModule(
         argument_spec=dict(
-            **_k8s.auth_argument_spec(),
+            **auth_argument_spec(),
             action=dict(type="str", choices=["build", "validate", "classify", "select", "create", "begin", "finish"],
                         required=True),
             pod=dict(type="dict"),
@@ -286,15 +288,7 @@ def main() -> None:
         ],
         supports_check_mode=True,
     )
-    if module.params["count"] < 1:
-        module.fail_json(msg="count must be at least 1")
-    try:
-        result = _k8s.run_restore_pod(module.params, module.check_mode)
-    except _k8s.K8sError as exc:
-        extra = {"problems": exc.reasons} if module.params["action"] == "validate" else {}
-        module.fail_json(msg=str(exc) + (": " + "; ".join(exc.reasons) if exc.reasons else ""), reasons=exc.reasons,
-                         **extra)
-    module.exit_json(**result)
+    run_module(module, _k8s_runners.run_restore_pod)
 
 
 if __name__ == "__main__":

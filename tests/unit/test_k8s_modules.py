@@ -1,5 +1,5 @@
 """k8s_crds, pod_snapshot and restore_pod end to end: real ansible-playbook runs, the real kubernetes client, and the
-fake API server over HTTP on 127.0.0.1 (there is no cluster here). A few checks call the engine (_k8s) in-process.
+fake API server over HTTP on 127.0.0.1 (there is no cluster here). A few checks call the engine (_k8s_client, _k8s_records) in-process.
 
 Each playbook runs on localhost with this venv's Python as the module interpreter (the kubernetes library lives
 there). The tests read what the modules stored straight from the fake server's store.
@@ -18,7 +18,8 @@ import yaml
 
 pytest.importorskip("kubernetes")
 
-from ansible_collections.warmstart.snapshot.plugins.module_utils import _k8s  # noqa: E402
+from ansible_collections.warmstart.snapshot.plugins.module_utils import _k8s_client as _k8s  # noqa: E402
+from ansible_collections.warmstart.snapshot.plugins.module_utils import _k8s_records  # noqa: E402
 from ansible_collections.warmstart.snapshot.plugins.module_utils import _podcontract as pc  # noqa: E402
 from tests.integration.ansible_run import REPO, Run, playbook  # noqa: E402
 from tests.support import fake_apiserver as fake_server_module  # noqa: E402
@@ -92,7 +93,7 @@ def record(server: FakeApiServer, name: str, pod: str, created_at: str, ready: b
               "store": dict(STORE, snapshot_id=f"20261202T120000Z-{zlib.crc32(name.encode()):08x}"),
               "node": None, "source_node": SOURCE_NODE, "size": 1, "created_at": created_at, "ready": ready,
               "failed_reason": None if ready else "CheckpointFailed", "failed_message": None}
-    return _k8s.ensure_pod_snapshot(cluster(server), params)["snapshot"]
+    return _k8s_records.ensure_pod_snapshot(cluster(server), params)["snapshot"]
 
 
 # --- k8s_crds -------------------------------------------------------------------------

@@ -1,10 +1,10 @@
-"""Pod summaries, label selectors and PodSnapshotPolicy settings (plugins/module_utils/_k8s_pods.py)."""
+"""Pod summaries, label selectors and PodSnapshotPolicy settings (plugins/module_utils/_k8s_records.py)."""
 from __future__ import annotations
 
 import pytest
 
-from ansible_collections.warmstart.snapshot.plugins.module_utils import _k8s
-from ansible_collections.warmstart.snapshot.plugins.module_utils import _k8s_pods as kp
+from ansible_collections.warmstart.snapshot.plugins.module_utils import _k8s_client as _k8s
+from ansible_collections.warmstart.snapshot.plugins.module_utils import _k8s_records as kp
 
 
 def test_label_selectors_become_query_strings() -> None:
@@ -44,6 +44,6 @@ def test_a_pod_summary_carries_what_the_node_needs() -> None:
     assert s["containers"] == [
         {"name": "main", "container_id": "podman://abc", "running": True, "ready": True, "restart_count": 0},
         {"name": "side", "container_id": "podman://def", "running": False, "ready": False, "restart_count": 2}]
-    assert kp._waiting_for(s, "scheduled") is None  # pylint: disable=protected-access
-    assert kp._waiting_for(s, "running") == "containers not running: side"  # pylint: disable=protected-access
-    assert kp._waiting_for(dict(s, node=None), "scheduled") == "not scheduled"  # pylint: disable=protected-access
+    assert kp.waiting_for(s, "scheduled") is None
+    assert kp.waiting_for(s, "running") == "containers not running: side"
+    assert kp.waiting_for(dict(s, node=None), "scheduled") == "not scheduled"
