@@ -158,7 +158,7 @@ def active(pids: List[int], active_dir: str = ACTIVE_DIR) -> Optional[Dict[str, 
         path = os.path.join(active_dir, f"{pid}.json")
         try:
             with open(path, "r", encoding="utf-8") as handle:
-                state = json.load(handle)
+                state: Dict[str, Any] = json.load(handle)
         except (OSError, ValueError):
             continue
         if proc.alive(int(state.get("supervisor_pid") or 0)):
@@ -281,99 +281,152 @@ def start(criu: str, images: str, work: str, timeout: float = DEFAULT_TIMEOUT, c
     return Session(work, wfd, int(rest), started_at)
 
 
+@dataclass
+class _Job:
+    """What a supervisor watches over (its phases share it)."""
+
+    work: str
+    timeout: float
+    control: Optional[str]
+    snapshot_id: str
+    active_dir: str
+
+
 def _supervise(argv: List[str], rfd: int, ready_w: int, work: str, timeout: float, control: Optional[str],
                snapshot_id: str, env: Optional[Dict[str, str]], active_dir: str) -> None:  # pragma: no cover - forked
-    started_at = time.time()
-    try:
-        daemon = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                                  env=env, close_fds=True)
-    except OSError as exc:
-        os.write(ready_w, f"failed cannot run {argv[0]}: {exc}\n".encode())
+    """The supervisor (a detached child): start the daemon and say ``ready PID`` (or ``failed WHY``) on
+    ``ready_w``; wait for the restore's ``pid ROOT`` on ``rfd``; watch the daemon until memory is complete.
+
+    Invariant: a restored tree never runs on missing memory. Whenever memory cannot be complete (restore
+    aborted, daemon failed, ``timeout`` passed) the daemon is stopped, after the restored tree is killed.
+    """
+    job = _Job(work, timeout, control, snapshot_id, active_dir)
+    daemon = _start_daemon(job, argv, env, ready_w)
+    if daemon is None:
         return
-    _write_state(work, state="starting", daemon_pid=daemon.pid, supervisor_pid=os.getpid(), started_at=started_at,
-                 snapshot=snapshot_id, timeout=timeout)
-    sock = os.path.join(work, SOCKET)
-    end = time.monotonic() + START_TIMEOUT
-    while not os.path.exists(sock) and daemon.poll() is None and time.monotonic() < end:
-        time.sleep(0.005)
-    if not os.path.exists(sock) or daemon.poll() is not None:
-        why = _log_error(work) or (f"exited with {daemon.returncode}" if daemon.poll() is not None
-                                   else f"no socket within {START_TIMEOUT:.0f} s")
-        _stop(daemon)
-        _write_state(work, state="failed", error=f"lazy-pages daemon did not start: {why}")
-        os.write(ready_w, f"failed {why}\n".encode())
-        return
-    os.write(ready_w, f"ready {daemon.pid}\n".encode())
-    os.close(ready_w)
-    said = b""
     deadline = time.monotonic() + timeout
-    while not said.endswith(b"\n"):
-        left = deadline - time.monotonic()
-        if left <= 0:
-            break
-        readable = select.select([rfd], [], [], min(left, 0.5))[0]
-        if readable:
-            chunk = os.read(rfd, 256)
-            if not chunk:
-                break
-            said += chunk
-    word, _sep, arg = said.decode("ascii", "replace").strip().partition(" ")
+    word, _sep, arg = _read_line(rfd, deadline).partition(" ")
     if word != "pid":
         # the restore failed (CRIU killed its tree) or the restoring process died: no tree of ours to watch
         _stop(daemon)
         _write_state(work, state="failed", error="the restore did not complete" if word == "abort"
                      else "the restoring process went away before the restore completed")
         return
-    root = int(arg)
+    _stream(job, daemon, int(arg), deadline)
+
+
+def _start_daemon(job: _Job, argv: List[str], env: Optional[Dict[str, str]],
+                  ready_w: int) -> "Optional[subprocess.Popen[bytes]]":  # pragma: no cover - forked
+    """The daemon, listening on its socket, and ``ready PID`` said; None (and ``failed WHY`` said) if not."""
+    started_at = time.time()
+    try:
+        daemon = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                  env=env, close_fds=True)
+    except OSError as exc:
+        os.write(ready_w, f"failed cannot run {argv[0]}: {exc}\n".encode())
+        return None
+    _write_state(job.work, state="starting", daemon_pid=daemon.pid, supervisor_pid=os.getpid(),
+                 started_at=started_at, snapshot=job.snapshot_id, timeout=job.timeout)
+    sock = os.path.join(job.work, SOCKET)
+    end = time.monotonic() + START_TIMEOUT
+    while not os.path.exists(sock) and daemon.poll() is None and time.monotonic() < end:
+        time.sleep(0.005)
+    if not os.path.exists(sock) or daemon.poll() is not None:
+        why = _log_error(job.work) or (f"exited with {daemon.returncode}" if daemon.poll() is not None
+                                       else f"no socket within {START_TIMEOUT:.0f} s")
+        _stop(daemon)
+        _write_state(job.work, state="failed", error=f"lazy-pages daemon did not start: {why}")
+        os.write(ready_w, f"failed {why}\n".encode())
+        return None
+    os.write(ready_w, f"ready {daemon.pid}\n".encode())
+    os.close(ready_w)
+    return daemon
+
+
+def _read_line(rfd: int, deadline: float) -> str:  # pragma: no cover - forked
+    """One line from ``rfd`` (stripped), or what came before EOF or ``deadline``."""
+    said = b""
+    while not said.endswith(b"\n"):
+        left = deadline - time.monotonic()
+        if left <= 0:
+            break
+        if select.select([rfd], [], [], min(left, 0.5))[0]:
+            chunk = os.read(rfd, 256)
+            if not chunk:
+                break
+            said += chunk
+    return said.decode("ascii", "replace").strip()
+
+
+def _stream(job: _Job, daemon: "subprocess.Popen[bytes]", root: int,
+            deadline: float) -> None:  # pragma: no cover - forked
+    """The restored tree runs while the daemon streams its memory in; complete, or killed (``_roll_back``)."""
     tree = proc.descendants(root)
     held = _hold_uffds(daemon.pid)
-    marker = os.path.join(active_dir, f"{root}.json")
+    marker = _mark_active(job, root)
+    _write_state(job.work, state="streaming", pid=root, resumed_at=time.time(), held_uffds=len(held))
     try:
-        os.makedirs(active_dir, mode=0o700, exist_ok=True)
-        with open(marker, "w", encoding="utf-8") as handle:
-            json.dump({"work_dir": work, "supervisor_pid": os.getpid(), "snapshot": snapshot_id}, handle)
-    except OSError:
-        marker = ""
-    _write_state(work, state="streaming", pid=root, resumed_at=time.time(), held_uffds=len(held))
-    try:
-        rc = daemon.wait(timeout=max(0.0, deadline - time.monotonic()))
+        rc: Optional[int] = daemon.wait(timeout=max(0.0, deadline - time.monotonic()))
     except subprocess.TimeoutExpired:
         rc = None
     if rc == 0:
-        for fd in held:
-            os.close(fd)
-        _write_state(work, state="complete", complete_at=time.time())
+        _close_all(held)
+        _write_state(job.work, state="complete", complete_at=time.time())
     else:
-        # kill the tree while its faults still block on our uffd copies, then the daemon
-        for pid in proc.descendants(root) or tree:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except OSError:
-                pass
-        _stop(daemon)
-        for fd in held:
-            os.close(fd)
-        proc.wait_gone(root, 10)
-        if rc is None:
-            why = f"memory was not complete within {timeout:g} s (lazy_timeout)"
-        elif rc < 0:
-            why = f"the lazy-pages daemon (pid {daemon.pid}) was killed by signal {-rc} before memory was complete"
-        else:
-            why = f"the lazy-pages daemon (pid {daemon.pid}) failed with exit code {rc}: {_log_error(work) or 'see its log'}"
-        text = (f"lazy restore of snapshot {snapshot_id}: {why}; the restored tree (pid {root}) was killed so that "
-                f"it never runs on missing memory; log {os.path.join(work, LOG)}")
-        _write_state(work, state="failed", error=text, failed_at=time.time())
-        if control and os.path.isdir(control):
-            try:
-                ctl.write(control, ctl.RESTORE_FAILED, f"{text}\n")
-            except OSError:
-                pass
-    shutil.rmtree(os.path.join(work, "images"), ignore_errors=True)  # symlinks, or the sparse pages of a remote restore
+        _roll_back(job, daemon, root, tree, held, rc)
+    shutil.rmtree(os.path.join(job.work, "images"), ignore_errors=True)  # symlinks, or the sparse pages of a remote restore
     if marker:
         try:
             os.unlink(marker)
         except OSError:
             pass
+
+
+def _mark_active(job: _Job, root: int) -> str:  # pragma: no cover - forked
+    """The marker ``active`` finds (``root`` is streaming, under this supervisor); "" when it cannot be written."""
+    marker = os.path.join(job.active_dir, f"{root}.json")
+    try:
+        os.makedirs(job.active_dir, mode=0o700, exist_ok=True)
+        with open(marker, "w", encoding="utf-8") as handle:
+            json.dump({"work_dir": job.work, "supervisor_pid": os.getpid(), "snapshot": job.snapshot_id}, handle)
+    except OSError:
+        return ""
+    return marker
+
+
+def _roll_back(job: _Job, daemon: "subprocess.Popen[bytes]", root: int, tree: List[int], held: List[int],
+               rc: Optional[int]) -> None:  # pragma: no cover - forked
+    """Memory will not be complete: kill the tree while its faults still block on our uffd copies, then stop
+    the daemon; say why in the state and the workload's control dir."""
+    for pid in proc.descendants(root) or tree:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
+    _stop(daemon)
+    _close_all(held)
+    proc.wait_gone(root, 10)
+    text = (f"lazy restore of snapshot {job.snapshot_id}: {_why(job, daemon.pid, rc)}; the restored tree "
+            f"(pid {root}) was killed so that it never runs on missing memory; log {os.path.join(job.work, LOG)}")
+    _write_state(job.work, state="failed", error=text, failed_at=time.time())
+    if job.control and os.path.isdir(job.control):
+        try:
+            ctl.write(job.control, ctl.RESTORE_FAILED, f"{text}\n")
+        except OSError:
+            pass
+
+
+def _why(job: _Job, daemon_pid: int, rc: Optional[int]) -> str:
+    if rc is None:
+        return f"memory was not complete within {job.timeout:g} s (lazy_timeout)"
+    if rc < 0:
+        return f"the lazy-pages daemon (pid {daemon_pid}) was killed by signal {-rc} before memory was complete"
+    return f"the lazy-pages daemon (pid {daemon_pid}) failed with exit code {rc}: {_log_error(job.work) or 'see its log'}"
+
+
+def _close_all(fds: List[int]) -> None:
+    for fd in fds:
+        os.close(fd)
 
 
 def _stop(daemon: "subprocess.Popen[bytes]") -> None:  # pragma: no cover - forked
@@ -444,7 +497,8 @@ def eager_ranges(images: str) -> Dict[str, List[Tuple[int, int]]]:
     out: Dict[str, List[Tuple[int, int]]] = {}
     for pagemap in sorted(glob.glob(os.path.join(images, "pagemap-*.img"))):
         pages_id, entries = _entries(pagemap)
-        off, ranges = 0, []
+        off = 0
+        ranges: List[Tuple[int, int]] = []
         for _vaddr, nr, flags in entries:
             if not flags & PE_PRESENT:
                 continue
