@@ -532,9 +532,10 @@ def nvml_gpu_pids(nvml: Optional[Any] = None) -> Set[int]:
     """Host pids NVML lists as running on any GPU (compute or graphics); empty when NVML is unavailable."""
     if nvml is None:
         try:
-            import pynvml as nvml  # pylint: disable=import-outside-toplevel
+            import pynvml  # pylint: disable=import-outside-toplevel
         except ImportError:
             return set()
+        nvml = pynvml
     try:
         nvml.nvmlInit()
     except Exception:  # pylint: disable=broad-except

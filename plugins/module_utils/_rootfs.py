@@ -128,7 +128,7 @@ def _apply_here(tar_path_fd: int, deleted: Dict[str, List[str]], keep: FrozenSet
                 continue  # a mountpoint of the destination: it exists, and its mount stays
             if os.path.lexists(target) and not member.isdir():
                 _remove(target)
-            kwargs = {"filter": "fully_trusted"} if hasattr(tarfile, "fully_trusted_filter") else {}
+            kwargs: Dict[str, Any] = {"filter": "fully_trusted"} if hasattr(tarfile, "fully_trusted_filter") else {}
             tar.extract(member, path="/", numeric_owner=True, **kwargs)
             count += 1
     return str(count)
