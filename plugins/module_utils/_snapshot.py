@@ -29,7 +29,7 @@ import tempfile
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, Iterator, List, Optional, Protocol
+from typing import Any, Callable, Dict, Iterator, List, Optional, Protocol, Tuple
 
 from ansible_collections.warmstart.snapshot.plugins.module_utils import _control as ctl
 from ansible_collections.warmstart.snapshot.plugins.module_utils import _cuda as cu
@@ -699,7 +699,7 @@ def select(store: Store, snapshot_id: Optional[str], name: Optional[str], labels
             return doc
         rejected.append(f"{doc['id']}: " + "; ".join(reasons))
     raise SnapshotError(f"no snapshot matching name={name!r} labels={labels or {}} is compatible with this node",
-                        reasons=rejected)
+                        reasons=rejected, outcome="incompatible")
 
 
 def preflight(store: Store, doc: Dict[str, Any], node: Dict[str, Any], verify: bool,
@@ -894,125 +894,198 @@ def _run_criu(criu: str, images: str, work: str, opts: CriuOptions, session: Opt
                                 rst.tree_recorder(pidfile, proc.write_pidfile), _rebuild_error)
 
 
+@dataclass
+class _RestoreArgs:
+    """The options of one restore, as ``restore`` checked them; node-side places are this node's."""
+
+    verify: bool
+    skip_compat: bool
+    options: Optional[CriuOptions]
+    restore_root: str
+    cuda: str
+    gpu_node: GpuNode
+    lazy: bool
+    lazy_wait: bool
+    lazy_timeout: float
+    page_server: Optional[str]
+    workloads_root: str
+    control_roots: List[str]
+    remote: Any = None      # the page server's parsed address
+    t_start: float = field(default_factory=time.monotonic)
+    t_wall: float = field(default_factory=time.time)
+
+
 def restore(store: Store, snapshot_id: Optional[str] = None, name: Optional[str] = None,
             labels: Optional[Dict[str, str]] = None, verify: bool = True, skip_compat: bool = False,
             options: Optional[CriuOptions] = None, criu_path: Optional[str] = None,
             restore_root: str = DEFAULT_RESTORE_ROOT, cuda: str = "auto",
             gpu_node: Optional[GpuNode] = None, lazy: bool = False, lazy_wait: bool = False,
             lazy_timeout: float = lz.DEFAULT_TIMEOUT, page_server: Optional[str] = None,
-            workloads_root: str = wl.DEFAULT_ROOT, control_roots: Optional[List[str]] = None) -> Dict[str, Any]:
+            workloads_root: str = wl.DEFAULT_ROOT, control_roots: Optional[List[str]] = None,
+            check_mode: bool = False) -> Dict[str, Any]:
     """Restore a process snapshot; with GPU state (``cuda`` auto or required) the CUDA processes are restored too.
 
     ``lazy``: the tree resumes at once and CRIU's lazy-pages daemon streams its memory in (from the local
     images, or from ``page_server`` host:port, see ``_lazy``); without uffd on this node, or for a snapshot
     with GPU state, it is restored eagerly and ``result['lazy']['reason']`` says why. Node-side places
     (``workloads_root``, ``control_roots``) are this node's: a manifest never chooses where we write.
+
+    ``check_mode``: select and preflight (GPU checks included) and return {id, name, verified,
+    compat_checked, gpu_state}; no process, lock file, directory or store object is touched.
+
+    Outcome, decided here once: the result says ``outcome: succeeded``; a failure's ``details`` say
+    ``outcome: incompatible`` when it was refused before any process was touched because the snapshot
+    does not fit this node (compatibility, checksums, schema), else ``outcome: failed``.
     """
-    t_start, t_wall = time.monotonic(), time.time()
-    if cuda not in CUDA_MODES:
-        raise SnapshotError(f"cuda: {cuda!r} is not one of {', '.join(CUDA_MODES)}")
-    if lazy_timeout <= 0:
-        raise SnapshotError(f"lazy_timeout: {lazy_timeout:g} s is not positive")
-    remote = lz.parse_address(page_server) if page_server else None
+    a = _RestoreArgs(verify, skip_compat, options, restore_root, cuda, gpu_node or GpuNode(), lazy, lazy_wait,
+                     lazy_timeout, page_server, workloads_root, list(control_roots or DEFAULT_CONTROL_ROOTS))
+    try:
+        criu, node, doc = _choose(store, snapshot_id, name, labels, criu_path, a)
+        if check_mode:
+            return _would_restore(store, doc, node, a)
+        target = doc["targets"][0] if doc.get("targets") else {}
+        lock = _restore_lock(target, workloads_root)
+        try:
+            return _restore_locked(store, doc, node, criu, a)
+        finally:
+            if lock is not None:
+                os.close(lock)
+    except WarmstartError as exc:
+        exc.details.setdefault("outcome", "failed")
+        raise
+
+
+def _choose(store: Store, snapshot_id: Optional[str], name: Optional[str], labels: Optional[Dict[str, str]],
+            criu_path: Optional[str], a: _RestoreArgs) -> Tuple[str, Dict[str, Any], Dict[str, Any]]:
+    """The options checked, this node described, the snapshot chosen: (criu, node, manifest).
+
+    A manifest this node cannot use (schema) is ``incompatible``; a bad id or name given is the caller's error.
+    """
+    if a.cuda not in CUDA_MODES:
+        raise SnapshotError(f"cuda: {a.cuda!r} is not one of {', '.join(CUDA_MODES)}")
+    if a.lazy_timeout <= 0:
+        raise SnapshotError(f"lazy_timeout: {a.lazy_timeout:g} s is not positive")
+    a.remote = lz.parse_address(a.page_server) if a.page_server else None
     criu = find_criu(criu_path)
     if not criu:
         raise CriuError("no CRIU found on this node; prepare it with warmstart.snapshot.node_prep")
     node = describe_node(criu)
-    gpu_node = gpu_node or GpuNode()
-    doc = select(store, snapshot_id, name, labels, node, skip_compat, gpu_node, cuda)
-    target = doc["targets"][0] if doc.get("targets") else {}
-    lock = _restore_lock(target, workloads_root)
+    if snapshot_id is not None:
+        mf.check_id(snapshot_id)
+    if name is not None:
+        mf.check_name(name)
     try:
-        return _restore_locked(store, doc, node, criu, dict(
-            verify=verify, skip_compat=skip_compat, options=options, restore_root=restore_root, cuda=cuda,
-            gpu_node=gpu_node, lazy=lazy, lazy_wait=lazy_wait, lazy_timeout=lazy_timeout, page_server=page_server,
-            remote=remote, workloads_root=workloads_root,
-            control_roots=list(control_roots or DEFAULT_CONTROL_ROOTS), t_start=t_start, t_wall=t_wall))
-    finally:
-        if lock is not None:
-            os.close(lock)
+        doc = select(store, snapshot_id, name, labels, node, a.skip_compat, a.gpu_node, a.cuda)
+    except mf.ManifestError as exc:
+        exc.with_details(outcome="incompatible")
+        raise
+    return criu, node, doc
 
 
-def _prepare(store: Store, doc: Dict[str, Any], node: Dict[str, Any], a: Dict[str, Any],
+def _refusal(doc: Dict[str, Any], problems: List[str]) -> SnapshotError:
+    """Refused before anything is touched: the snapshot does not fit this node; every reason listed."""
+    return SnapshotError(f"refusing to restore snapshot {doc['id']} ({doc['name']}) on this node", reasons=problems,
+                         outcome="incompatible")
+
+
+def _would_restore(store: Store, doc: Dict[str, Any], node: Dict[str, Any], a: _RestoreArgs) -> Dict[str, Any]:
+    """Check mode: the preflight without fetching anything; what a restore would do, or every reason it would not."""
+    problems = preflight(store, doc, node, a.verify, a.skip_compat, fetch=False, gpu_node=a.gpu_node, cuda=a.cuda,
+                         workloads_root=a.workloads_root)
+    if problems:
+        raise _refusal(doc, problems)
+    return {"id": doc["id"], "name": doc["name"], "verified": a.verify, "compat_checked": not a.skip_compat,
+            "gpu_state": bool(doc.get("gpu"))}
+
+
+def _prepare(store: Store, doc: Dict[str, Any], node: Dict[str, Any], a: _RestoreArgs,
              lazy_plan: Dict[str, Any], timings: Dict[str, float]) -> Any:
     """Preflight, then the work dir with the images: (work dir, snapshot dir). Nothing is touched on refusal."""
-    remote = a["remote"] if lazy_plan["used"] else None
+    remote = a.remote if lazy_plan["used"] else None
     t0 = time.monotonic()
-    problems = preflight(store, doc, node, a["verify"] and not remote, a["skip_compat"], fetch=not remote,
-                         gpu_node=a["gpu_node"], cuda=a["cuda"], workloads_root=a["workloads_root"])
+    problems = preflight(store, doc, node, a.verify and not remote, a.skip_compat, fetch=not remote,
+                         gpu_node=a.gpu_node, cuda=a.cuda, workloads_root=a.workloads_root)
     target = doc["targets"][0] if doc.get("targets") else {}
-    work = os.path.join(a["restore_root"], f"{doc['id']}-{uuid.uuid4().hex[:8]}")
+    work = os.path.join(a.restore_root, f"{doc['id']}-{uuid.uuid4().hex[:8]}")
     snap_dir = os.path.join(work, "snapshot")
     if remote and not problems:
-        os.makedirs(a["restore_root"], mode=0o700, exist_ok=True)
+        os.makedirs(a.restore_root, mode=0o700, exist_ok=True)
         os.makedirs(work, mode=0o700)
         try:
             problems, lazy_plan["eager_bytes"] = _stage_remote(store, doc, target, os.path.join(work, "images"),
-                                                               a["verify"])
+                                                               a.verify)
         finally:
             if problems:
                 shutil.rmtree(work, ignore_errors=True)
     timings["preflight"] = time.monotonic() - t0
     if problems:
-        raise SnapshotError(f"refusing to restore snapshot {doc['id']} ({doc['name']}) on this node", reasons=problems)
+        raise _refusal(doc, problems)
     if not remote:
         snap_dir = store.local_dir(doc["id"])
-        os.makedirs(a["restore_root"], mode=0o700, exist_ok=True)
+        os.makedirs(a.restore_root, mode=0o700, exist_ok=True)
         os.makedirs(work, mode=0o700)
         stage_images(os.path.join(snap_dir, target["path"], "criu"), os.path.join(work, "images"))
     return work, snap_dir, remote
 
 
 def _restore_locked(store: Store, doc: Dict[str, Any], node: Dict[str, Any], criu: str,
-                    a: Dict[str, Any]) -> Dict[str, Any]:
+                    a: _RestoreArgs) -> Dict[str, Any]:
+    """Preflight and images, the workload's files and control dir, CRIU's restore, GPU state, the result."""
     timings: Dict[str, float] = {}
     target = doc["targets"][0] if doc.get("targets") else {}
-    lazy_plan = _lazy_plan(criu, doc, a["lazy"] or bool(a["remote"]))
+    lazy_plan = _lazy_plan(criu, doc, a.lazy or bool(a.remote))
     work, snap_dir, remote = _prepare(store, doc, node, a, lazy_plan, timings)
-    control, control_note = _control_dir(target, a["workloads_root"], a["control_roots"])
-    pidfile = wl.paths(a["workloads_root"], target["workload"])["pidfile"] if target.get("workload") else None
+    control, control_note = _control_dir(target, a.workloads_root, a.control_roots)
+    pidfile = wl.paths(a.workloads_root, target["workload"])["pidfile"] if target.get("workload") else None
     if target.get("workload"):
         within = [store.snapshot_dir(doc["id"])] if remote and store.reads_in_place else []
-        _put_back_files(target, snap_dir, a["workloads_root"], within)
+        _put_back_files(target, snap_dir, a.workloads_root, within)
     if control and os.path.isdir(control):
         ctl.clear(control, ctl.RESTORE_COMPLETE, ctl.RESTORE_FAILED)
-    opts = a["options"] or CriuOptions(**{k: v for k, v in target["criu"]["options"].items()
-                                          if k in CriuOptions.__dataclass_fields__})
-    gpu = doc.get("gpu")
+    opts = a.options or CriuOptions(**{k: v for k, v in target["criu"]["options"].items()
+                                       if k in CriuOptions.__dataclass_fields__})
     t0 = time.monotonic()
-    images = os.path.join(work, "images")
-    session: Optional[lz.Session] = None
-    try:
-        if lazy_plan["used"]:
-            prog.phase("lazy-pages daemon")
-            session = lz.start(criu, images, work, a["lazy_timeout"], control, remote, doc["id"])
-        prog.phase("restore")
-        with criu_plugins_off(bool(gpu)), lz.guard(session):
-            pid = _run_criu(criu, images, work, opts, session, pidfile)
-    except (CriuError, lz.LazyError) as exc:
-        raise _restore_failed(exc, session, remote, a["page_server"], control, doc) from None
-    if session is not None:
-        session.attach(pid)
-        lazy_plan.update(daemon_pid=session.daemon_pid, resumed_after=round(time.monotonic() - a["t_start"], 3))
+    pid, session = _criu_phase(criu, work, opts, lazy_plan, a, control, doc, pidfile, remote)
     timings["restore"] = time.monotonic() - t0
-    cuda_result = _after_criu(pid, gpu, a["gpu_node"], timings, control, doc, pidfile)
+    cuda_result = _after_criu(pid, doc.get("gpu"), a.gpu_node, timings, control, doc, pidfile)
     ns_pid = proc.ns_pids(pid)[-1] if proc.alive(pid) else None
     if control and os.path.isdir(control):
         ctl.write(control, ctl.RESTORE_COMPLETE, f"pid={ns_pid}\nhost_pid={pid}\nsnapshot={doc['id']}\n")
     stats = read_stats(os.path.join(work, "stats-restore"))
     warnings = [w for w in (control_note, _log_warning(work)) if w]
     if session is None:
-        shutil.rmtree(images, ignore_errors=True)  # symlinks only; keep restore.log (lazy: the supervisor removes it)
-    elif a["lazy_wait"]:
+        shutil.rmtree(os.path.join(work, "images"), ignore_errors=True)  # symlinks only; keep restore.log
+    elif a.lazy_wait:
         _wait_lazy(work, doc, a, lazy_plan)
-    timings["total"] = time.monotonic() - a["t_start"]
+    timings["total"] = time.monotonic() - a.t_start
     return {
-        "id": doc["id"], "name": doc["name"], "pid": pid, "pids": proc.descendants(pid), "ns_pid": ns_pid,
-        "workload": target.get("workload"), "work_dir": work, "started_at": round(a["t_wall"], 3),
+        "id": doc["id"], "name": doc["name"], "outcome": "succeeded", "pid": pid, "pids": proc.descendants(pid),
+        "ns_pid": ns_pid, "workload": target.get("workload"), "work_dir": work, "started_at": round(a.t_wall, 3),
         "timings": {k: round(v, 3) for k, v in timings.items()}, "criu_stats": stats,
-        "transfer": dict(store.transfer), "cuda": cuda_result, "lazy": lazy_plan,
-        "warnings": warnings,
+        "transfer": dict(store.transfer), "cuda": cuda_result, "lazy": lazy_plan, "warnings": warnings,
     }
+
+
+def _criu_phase(criu: str, work: str, opts: CriuOptions, lazy_plan: Dict[str, Any], a: _RestoreArgs,
+                control: Optional[str], doc: Dict[str, Any], pidfile: Optional[str],
+                remote: Any) -> Tuple[int, Optional[lz.Session]]:
+    """The lazy-pages daemon (when lazy) and CRIU's restore: (root pid, daemon session). On failure the daemon
+    is aborted and restore-failed written (``_restore_failed``); a lazy supervisor then watches the tree."""
+    images = os.path.join(work, "images")
+    session: Optional[lz.Session] = None
+    try:
+        if lazy_plan["used"]:
+            prog.phase("lazy-pages daemon")
+            session = lz.start(criu, images, work, a.lazy_timeout, control, remote, doc["id"])
+        prog.phase("restore")
+        with criu_plugins_off(bool(doc.get("gpu"))), lz.guard(session):
+            pid = _run_criu(criu, images, work, opts, session, pidfile)
+    except (CriuError, lz.LazyError) as exc:
+        raise _restore_failed(exc, session, remote, a.page_server, control, doc) from None
+    if session is not None:
+        session.attach(pid)
+        lazy_plan.update(daemon_pid=session.daemon_pid, resumed_after=round(time.monotonic() - a.t_start, 3))
+    return pid, session
 
 
 def _restore_failed(exc: BaseException, session: Optional[lz.Session], remote: Any, page_server: Optional[str],
@@ -1070,31 +1143,19 @@ def _free(path: str) -> str:
     return f"{vfs.f_bavail * vfs.f_frsize >> 20} MiB"
 
 
-def _wait_lazy(work: str, doc: Dict[str, Any], a: Dict[str, Any], lazy_plan: Dict[str, Any]) -> None:
+def _wait_lazy(work: str, doc: Dict[str, Any], a: _RestoreArgs, lazy_plan: Dict[str, Any]) -> None:
     prog.phase("lazy: wait for memory")
-    state = lz.wait(work, a["lazy_timeout"] + 15)
+    state = lz.wait(work, a.lazy_timeout + 15)
     if state.get("state") != "complete":
         raise SnapshotError(state.get("error") or f"lazy restore of snapshot {doc['id']}: memory not complete "
-                            f"after {a['lazy_timeout']:g} s", log_tail=log_tail(os.path.join(work, lz.LOG)))
-    lazy_plan["complete_after"] = round(state["complete_at"] - a["t_wall"], 3)
+                            f"after {a.lazy_timeout:g} s", log_tail=log_tail(os.path.join(work, lz.LOG)))
+    lazy_plan["complete_after"] = round(state["complete_at"] - a.t_wall, 3)
 
 
 def plan_restore(store: Store, snapshot_id: Optional[str] = None, name: Optional[str] = None,
                  labels: Optional[Dict[str, str]] = None, verify: bool = True, skip_compat: bool = False,
                  criu_path: Optional[str] = None, cuda: str = "auto", gpu_node: Optional[GpuNode] = None,
                  workloads_root: str = wl.DEFAULT_ROOT) -> Dict[str, Any]:
-    """Check mode: select and preflight (GPU checks included), touch nothing."""
-    if cuda not in CUDA_MODES:
-        raise SnapshotError(f"cuda: {cuda!r} is not one of {', '.join(CUDA_MODES)}")
-    criu = find_criu(criu_path)
-    if not criu:
-        raise CriuError("no CRIU found on this node; prepare it with warmstart.snapshot.node_prep")
-    node = describe_node(criu)
-    gpu_node = gpu_node or GpuNode()
-    doc = select(store, snapshot_id, name, labels, node, skip_compat, gpu_node, cuda)
-    problems = preflight(store, doc, node, verify, skip_compat, fetch=False, gpu_node=gpu_node, cuda=cuda,
-                         workloads_root=workloads_root)
-    if problems:
-        raise SnapshotError(f"refusing to restore snapshot {doc['id']} ({doc['name']}) on this node", reasons=problems)
-    return {"id": doc["id"], "name": doc["name"], "verified": verify, "compat_checked": not skip_compat,
-            "gpu_state": bool(doc.get("gpu"))}
+    """Transitional, goes once ``_module`` calls ``restore(..., check_mode=True)``: exactly that."""
+    return restore(store, snapshot_id, name, labels, verify=verify, skip_compat=skip_compat, criu_path=criu_path,
+                   cuda=cuda, gpu_node=gpu_node, workloads_root=workloads_root, check_mode=True)

@@ -536,10 +536,10 @@ def test_restore_refuses_before_criu_when_the_gpus_differ(
         assert any(f"[{UUID_A} {H100}, {UUID_B} {H100}], this node's [{UUID_A} {A100}]" in r for r in err.value.reasons)
         assert libs_dirs == [] and short(fake) == []  # CRIU never ran
         with pytest.raises(snap.SnapshotError, match="refusing to restore"):
-            snap.plan_restore(engine["store"], result["id"], gpu_node=node)
+            snap.restore(engine["store"], result["id"], gpu_node=node, check_mode=True)
         with pytest.raises(snap.SnapshotError) as off:
-            snap.plan_restore(engine["store"], result["id"], cuda="off", gpu_node=node_with(libs["full"], (UUID_A, H100),
-                                                                                            (UUID_B, H100)))
+            snap.restore(engine["store"], result["id"], cuda="off", gpu_node=node_with(libs["full"], (UUID_A, H100),
+                                                                                       (UUID_B, H100)), check_mode=True)
         assert "cuda: off, but the snapshot holds the GPU state" in off.value.reasons[0]
     finally:
         copy.stop()
