@@ -233,27 +233,28 @@ def parse_container_map(value: Any) -> List[Tuple[str, str]]:
     """``src=dst,...`` (or a list of such strings / ``[src, dst]`` pairs / ``{src, dst}`` dicts, or a
     mapping ``{src: dst | [dst, ...]}``) -> [(src, dst), ...] in the given order.
 
-    One source may fan out to several destinations; a destination appears once.
+    One source may fan out to several destinations; a destination appears once. Every malformed entry is a
+    reason of one ContractError (``_map_entries`` reads the shape, ``_map_pairs`` checks the names).
     """
     if value is None:
         return []
-    raw: List[Tuple[str, Any, Any]] = []
     problems: List[str] = []
+    pairs = _map_pairs(_map_entries(value, problems), problems)
+    if problems:
+        raise ContractError("invalid container map", problems)
+    return pairs
 
-    def from_text(text: str) -> None:
-        src, sep, dst = text.partition("=")
-        if not sep:
-            problems.append(f"container map entry {text!r} is not of the form src=dst")
-        else:
-            raw.append((text, src.strip(), dst.strip()))
 
+def _map_entries(value: Any, problems: List[str]) -> List[Tuple[str, Any, Any]]:
+    """The (text, src, dst) entries of a container map in any accepted shape; shape problems go to ``problems``."""
+    raw: List[Tuple[str, Any, Any]] = []
     if isinstance(value, str):
         if value.strip():
             for part in value.split(","):
                 if not part.strip():
                     problems.append(f"container map {value!r} has an empty entry")
                 else:
-                    from_text(part.strip())
+                    _text_entry(part.strip(), raw, problems)
     elif isinstance(value, dict):
         for src, dsts in value.items():
             for dst in (dsts if isinstance(dsts, list) else [dsts]):
@@ -261,7 +262,7 @@ def parse_container_map(value: Any) -> List[Tuple[str, str]]:
     elif isinstance(value, (list, tuple)):
         for item in value:
             if isinstance(item, str):
-                from_text(item.strip())
+                _text_entry(item.strip(), raw, problems)
             elif isinstance(item, (list, tuple)) and len(item) == 2:
                 raw.append((f"{item[0]}={item[1]}", item[0], item[1]))
             elif isinstance(item, dict) and set(item) == {"src", "dst"}:
@@ -270,7 +271,19 @@ def parse_container_map(value: Any) -> List[Tuple[str, str]]:
                 problems.append(f"container map entry {item!r} is neither 'src=dst', a [src, dst] pair nor {{src, dst}}")
     else:
         raise ContractError(f"container map must be a string, list or mapping, not {type(value).__name__}")
+    return raw
 
+
+def _text_entry(text: str, raw: List[Tuple[str, Any, Any]], problems: List[str]) -> None:
+    src, sep, dst = text.partition("=")
+    if not sep:
+        problems.append(f"container map entry {text!r} is not of the form src=dst")
+    else:
+        raw.append((text, src.strip(), dst.strip()))
+
+
+def _map_pairs(raw: List[Tuple[str, Any, Any]], problems: List[str]) -> List[Tuple[str, str]]:
+    """The entries whose source and destination are container names, each destination once."""
     pairs: List[Tuple[str, str]] = []
     seen: Dict[str, str] = {}
     for text, src, dst in raw:
@@ -289,8 +302,6 @@ def parse_container_map(value: Any) -> List[Tuple[str, str]]:
             continue
         seen[dst] = src
         pairs.append((src, dst))
-    if problems:
-        raise ContractError("invalid container map", problems)
     return pairs
 
 
@@ -324,7 +335,8 @@ def _entrypoint_of(container: Dict[str, Any]) -> Dict[str, Any]:
     return {key: container[key] for key in ("command", "args") if container.get(key)}
 
 
-def _container_names(spec: Dict[str, Any]) -> List[str]:
+def _container_names(spec: Dict[str, Any]) -> List[Any]:
+    """The containers' names as written (a missing one is None: callers name it as invalid)."""
     return [c.get("name") for c in _dicts(spec.get("containers"))]
 
 
@@ -439,93 +451,136 @@ def build(obj: Dict[str, Any], snapshot_name: str, container_map: Any = None, sk
     ContractError with every reason; nothing is overwritten. ``container_map``
     None (or empty) keeps the map annotation the pod may already carry;
     ``skip_compat_check`` False does not remove an existing annotation.
+
+    Two phases: ``_plan_build`` decides everything and collects every reason on the copy it only reads;
+    ``_apply_build`` writes the plan into the copy, and runs only when there is no reason.
     """
     out = copy.deepcopy(obj)
     pod, what = _locate(out)
     if not isinstance(pod.get("metadata"), dict):
         pod["metadata"] = {}
-    meta = pod["metadata"]
-    spec = pod["spec"]
-    annotations = dict(_annotations(meta))
-    reasons: List[str] = []
-    if not is_dns_subdomain(snapshot_name):
-        reasons.append(f"snapshot name {snapshot_name!r} is not a valid PodSnapshot name (DNS-1123 subdomain)")
-    reasons.extend(_profile_problems(seccomp_profile))
-    containers = _dicts(spec.get("containers"))
-    if not containers:
-        reasons.append(f"{what} has no containers")
-    names = _container_names(spec)
-    for index, name in enumerate(names):
+    plan = _BuildPlan(pod, what, snapshot_name, seccomp_profile)
+    _plan_build(plan, container_map, skip_compat_check, startup_probe)
+    if plan.reasons:
+        raise ContractError(f"cannot make {what} a restore pod for snapshot {snapshot_name!r}", plan.reasons)
+    _apply_build(plan, skip_compat_check, startup_probe)
+    return out
+
+
+class _BuildPlan:
+    """What ``build`` found in the pod and will add: read by ``_plan_build``, written by ``_apply_build``."""
+
+    def __init__(self, pod: Dict[str, Any], what: str, snapshot_name: str, profile: str) -> None:
+        self.meta: Dict[str, Any] = pod["metadata"]
+        self.spec: Dict[str, Any] = pod["spec"]
+        self.what, self.snapshot_name, self.profile = what, snapshot_name, profile
+        self.annotations = dict(_annotations(self.meta))
+        self.names = _container_names(self.spec)
+        self.reasons: List[str] = []
+        self.pairs: List[Tuple[str, str]] = []
+        self.entrypoints: Dict[str, Dict[str, Any]] = {}
+        self.containers: List[Tuple[Dict[str, Any], bool, bool]] = []  # (container, has mount, has env)
+        self.have_volume = self.have_seccomp = False
+
+
+def _plan_build(plan: _BuildPlan, container_map: Any, skip_compat_check: bool, startup_probe: bool) -> None:
+    """Every reason the pod cannot be made a restore pod, in a stable order, and the plan to make it one."""
+    _plan_identity(plan)
+    _plan_map(plan, container_map)
+    skip = plan.annotations.get(ANN_SKIP_COMPAT)
+    if skip is not None and str(skip).lower() not in ("true", "false"):
+        plan.reasons.append(f"annotation {ANN_SKIP_COMPAT} of {plan.what} is {skip!r}, not 'true' or 'false'")
+    elif skip_compat_check and skip is not None and str(skip).lower() == "false":
+        plan.reasons.append(f"annotation {ANN_SKIP_COMPAT} of {plan.what} is already 'false'")
+    recorded, problems = _entrypoint_annotation(plan.annotations, plan.what)
+    plan.reasons.extend(problems)
+    problems, plan.have_volume = _volume_conflicts(plan.spec, plan.what)
+    plan.reasons.extend(problems)
+    problems, plan.have_seccomp = _pod_seccomp_conflict(plan.spec, plan.what, plan.profile)
+    plan.reasons.extend(problems)
+    _plan_containers(plan, recorded, startup_probe)
+
+
+def _plan_identity(plan: _BuildPlan) -> None:
+    """The snapshot name, the seccomp profile, the containers and their names, the restore-from annotation."""
+    what = plan.what
+    if not is_dns_subdomain(plan.snapshot_name):
+        plan.reasons.append(f"snapshot name {plan.snapshot_name!r} is not a valid PodSnapshot name (DNS-1123 subdomain)")
+    plan.reasons.extend(_profile_problems(plan.profile))
+    if not _dicts(plan.spec.get("containers")):
+        plan.reasons.append(f"{what} has no containers")
+    for index, name in enumerate(plan.names):
         if not is_dns_label(name):
-            reasons.append(f"container #{index} of {what} has no valid name ({name!r})")
+            plan.reasons.append(f"container #{index} of {what} has no valid name ({name!r})")
+    current = plan.annotations.get(ANN_RESTORE_FROM)
+    if current is not None and current != plan.snapshot_name:
+        plan.reasons.append(f"annotation {ANN_RESTORE_FROM} of {what} is already {current!r}, not "
+                            f"{plan.snapshot_name!r}")
 
-    current = annotations.get(ANN_RESTORE_FROM)
-    if current is not None and current != snapshot_name:
-        reasons.append(f"annotation {ANN_RESTORE_FROM} of {what} is already {current!r}, not {snapshot_name!r}")
 
+def _plan_map(plan: _BuildPlan, container_map: Any) -> None:
+    """The container map: the one asked for, else the one annotated; they must agree, each destination exist."""
+    what, annotations = plan.what, plan.annotations
     pairs: List[Tuple[str, str]] = []
     if container_map is not None:
         try:
             pairs = parse_container_map(container_map)
         except ContractError as exc:
-            reasons.extend(exc.reasons or [exc.message])
+            plan.reasons.extend(exc.reasons or [exc.message])
     existing_pairs, problems = _map_annotation(annotations, what)
-    reasons.extend(problems)
+    plan.reasons.extend(problems)
     if ANN_CONTAINER_MAP in annotations and not problems and pairs:
         if format_container_map(existing_pairs) != format_container_map(pairs):
-            reasons.append(f"annotation {ANN_CONTAINER_MAP} of {what} is already {annotations[ANN_CONTAINER_MAP]!r}, "
-                           f"not {format_container_map(pairs)!r}")
-    pairs = pairs or existing_pairs
-    for src, dst in pairs:
-        if dst not in names:
-            reasons.append(f"container map destination {dst!r} (from {src!r}) is not a container of {what} "
-                           f"(containers: {', '.join(str(n) for n in names) or 'none'})")
-    destinations = {dst for _src, dst in pairs} or set(names)
+            plan.reasons.append(f"annotation {ANN_CONTAINER_MAP} of {what} is already "
+                                f"{annotations[ANN_CONTAINER_MAP]!r}, not {format_container_map(pairs)!r}")
+    plan.pairs = pairs or existing_pairs
+    for src, dst in plan.pairs:
+        if dst not in plan.names:
+            plan.reasons.append(f"container map destination {dst!r} (from {src!r}) is not a container of {what} "
+                                f"(containers: {', '.join(str(n) for n in plan.names) or 'none'})")
 
-    skip = annotations.get(ANN_SKIP_COMPAT)
-    if skip is not None and str(skip).lower() not in ("true", "false"):
-        reasons.append(f"annotation {ANN_SKIP_COMPAT} of {what} is {skip!r}, not 'true' or 'false'")
-    elif skip_compat_check and skip is not None and str(skip).lower() == "false":
-        reasons.append(f"annotation {ANN_SKIP_COMPAT} of {what} is already 'false'")
 
-    recorded, problems = _entrypoint_annotation(annotations, what)
-    reasons.extend(problems)
-    problems, have_volume = _volume_conflicts(spec, what)
-    reasons.extend(problems)
-    problems, have_seccomp = _pod_seccomp_conflict(spec, what, seccomp_profile)
-    reasons.extend(problems)
+def _destinations(plan: _BuildPlan) -> Set[str]:
+    return {dst for _src, dst in plan.pairs} or {str(n) for n in plan.names}
 
+
+def _plan_containers(plan: _BuildPlan, recorded: Dict[str, Dict[str, Any]], startup_probe: bool) -> None:
+    """Per container: its conflicts, its original entrypoint (recorded once, never rewritten), its startup probe."""
     probe = _startup_probe()
-    plans: List[Tuple[Dict[str, Any], bool, bool]] = []
-    entrypoints = dict(recorded)
-    for container in containers:
-        name = container.get("name")
-        problems, have_mount, have_env = _container_conflicts(container, what, seccomp_profile)
-        reasons.extend(problems)
-        plans.append((container, have_mount, have_env))
+    destinations = _destinations(plan)
+    plan.entrypoints = dict(recorded)
+    for container in _dicts(plan.spec.get("containers")):
+        name = str(container.get("name"))
+        problems, have_mount, have_env = _container_conflicts(container, plan.what, plan.profile)
+        plan.reasons.extend(problems)
+        plan.containers.append((container, have_mount, have_env))
         if name in recorded:
             if not _is_inert(container) and recorded[name] != _entrypoint_of(container):
-                reasons.append(f"annotation {ANN_ORIGINAL_ENTRYPOINT} of {what} records another command for "
-                               f"container {name!r} than the one it has")
+                plan.reasons.append(f"annotation {ANN_ORIGINAL_ENTRYPOINT} of {plan.what} records another command "
+                                    f"for container {name!r} than the one it has")
         elif not _is_inert(container):
-            entrypoints[name] = _entrypoint_of(container)
+            plan.entrypoints[name] = _entrypoint_of(container)
         if startup_probe and name in destinations and container.get("startupProbe") is not None:
             if not _probe_equal(container["startupProbe"], probe):
-                reasons.append(f"container {name!r} of {what} already has another startupProbe")
-    if reasons:
-        raise ContractError(f"cannot make {what} a restore pod for snapshot {snapshot_name!r}", reasons)
+                plan.reasons.append(f"container {name!r} of {plan.what} already has another startupProbe")
 
-    annotations[ANN_RESTORE_FROM] = snapshot_name
-    if pairs:
-        annotations[ANN_CONTAINER_MAP] = format_container_map(pairs)
+
+def _apply_build(plan: _BuildPlan, skip_compat_check: bool, startup_probe: bool) -> None:
+    """Write the plan into the (copied) pod: annotations, control volume, per-container mount, env, inert
+    command and startup probe, pod seccomp profile. Adds only what is missing."""
+    annotations, spec = plan.annotations, plan.spec
+    annotations[ANN_RESTORE_FROM] = plan.snapshot_name
+    if plan.pairs:
+        annotations[ANN_CONTAINER_MAP] = format_container_map(plan.pairs)
     if skip_compat_check:
         annotations[ANN_SKIP_COMPAT] = "true"
-    if entrypoints:
-        annotations[ANN_ORIGINAL_ENTRYPOINT] = _canonical(entrypoints)
-    meta["annotations"] = annotations
-    if not have_volume:
+    if plan.entrypoints:
+        annotations[ANN_ORIGINAL_ENTRYPOINT] = _canonical(plan.entrypoints)
+    plan.meta["annotations"] = annotations
+    if not plan.have_volume:
         spec["volumes"] = _items(spec.get("volumes")) + [{"name": CONTROL_VOLUME, "emptyDir": {}}]
-    for container, have_mount, have_env in plans:
+    destinations = _destinations(plan)
+    for container, have_mount, have_env in plan.containers:
         name = container.get("name")
         if not have_mount:
             container["volumeMounts"] = _items(container.get("volumeMounts")) + [
@@ -536,11 +591,10 @@ def build(obj: Dict[str, Any], snapshot_name: str, container_map: Any = None, sk
         container.pop("args", None)
         if startup_probe and name in destinations and container.get("startupProbe") is None:
             container["startupProbe"] = _startup_probe()
-    if not have_seccomp:
+    if not plan.have_seccomp:
         context = dict(_mapping(spec.get("securityContext")))
-        context["seccompProfile"] = _seccomp(seccomp_profile)
+        context["seccompProfile"] = _seccomp(plan.profile)
         spec["securityContext"] = context
-    return out
 
 
 def validate(pod: Dict[str, Any], seccomp_profile: str = SECCOMP_PROFILE) -> List[str]:
@@ -578,22 +632,27 @@ def validate(pod: Dict[str, Any], seccomp_profile: str = SECCOMP_PROFILE) -> Lis
     if not found and not have_volume:
         problems.append(f"{what} has no emptyDir volume {CONTROL_VOLUME!r}")
     for container in _dicts(spec.get("containers")):
-        name = container.get("name")
-        found, have_mount, have_env = _container_conflicts(container, what, seccomp_profile)
-        problems.extend(found)
-        cwhat = f"container {name!r} of {what}"
-        if not have_mount and not any(m.get("name") == CONTROL_VOLUME for m in _dicts(container.get("volumeMounts"))):
-            problems.append(f"{cwhat} does not mount volume {CONTROL_VOLUME!r} at {CONTROL_MOUNT} (subPath {name!r})")
-        if not have_env and not any(v.get("name") == CONTROL_ENV for v in _dicts(container.get("env"))):
-            problems.append(f"{cwhat} has no env {CONTROL_ENV}={CONTROL_MOUNT}")
-        if container.get("command") != INERT_COMMAND:
-            problems.append(f"{cwhat} does not run the inert command {INERT_COMMAND!r}")
-        if container.get("args"):
-            problems.append(f"{cwhat} has args; the inert placeholder takes none")
+        problems.extend(_container_shortfalls(container, what, seccomp_profile))
     found, have_seccomp = _pod_seccomp_conflict(spec, what, seccomp_profile)
     problems.extend(found)
     if not found and not have_seccomp:
         problems.append(f"{what} has no pod-level seccompProfile Localhost {seccomp_profile!r} (blocks io_uring)")
+    return problems
+
+
+def _container_shortfalls(container: Dict[str, Any], what: str, profile: str) -> List[str]:
+    """Every way one container of a restore pod falls short: conflicts, missing mount or env, not inert."""
+    name = container.get("name")
+    problems, have_mount, have_env = _container_conflicts(container, what, profile)
+    cwhat = f"container {name!r} of {what}"
+    if not have_mount and not any(m.get("name") == CONTROL_VOLUME for m in _dicts(container.get("volumeMounts"))):
+        problems.append(f"{cwhat} does not mount volume {CONTROL_VOLUME!r} at {CONTROL_MOUNT} (subPath {name!r})")
+    if not have_env and not any(v.get("name") == CONTROL_ENV for v in _dicts(container.get("env"))):
+        problems.append(f"{cwhat} has no env {CONTROL_ENV}={CONTROL_MOUNT}")
+    if container.get("command") != INERT_COMMAND:
+        problems.append(f"{cwhat} does not run the inert command {INERT_COMMAND!r}")
+    if container.get("args"):
+        problems.append(f"{cwhat} has args; the inert placeholder takes none")
     return problems
 
 
@@ -604,7 +663,7 @@ def restore_destinations(pod: Dict[str, Any]) -> List[str]:
     except ContractError:
         return []
     pairs, _problems = _map_annotation(_annotations(meta), what)
-    return sorted({dst for _src, dst in pairs}) if pairs else [n for n in _container_names(spec) if n]
+    return sorted({dst for _src, dst in pairs}) if pairs else [str(n) for n in _container_names(spec) if n]
 
 
 def classify(pod: Dict[str, Any]) -> str:
@@ -934,25 +993,48 @@ def select_snapshot(snapshots: List[Dict[str, Any]], pod: Dict[str, Any], groupi
     pinned = _annotations(meta).get(ANN_RESTORE_FROM)
     where = f"namespace {namespace}" if namespace else "the given list"
     if pinned is not None:
-        found = [s for s in pool if _mapping(s.get("metadata")).get("name") == pinned]
-        if not found:
-            return None, [f"{what} is pinned to PodSnapshot {pinned!r} (annotation {ANN_RESTORE_FROM}), "
-                          f"which does not exist in {where}"]
-        problems = readiness_problems(found[0])
-        if problems:
-            return None, [f"{what} is pinned to PodSnapshot {pinned!r} (annotation {ANN_RESTORE_FROM}), which cannot be used"] + problems
-        return found[0], []
+        return _pinned(pool, pinned, what, where)
     if not pool:
         return None, [f"there is no PodSnapshot in {where}"]
-
     ready = [s for s in pool if is_ready(s)]
-    reasons: List[str] = []
     not_ready = [s for s in pool if not is_ready(s)]
+    pod_fields = pod_spec_fields(pod)
+    matches, other_group, other_spec = _sort_ready(ready, _mapping(meta.get("labels")), hash_fields(pod_fields),
+                                                   grouping_labels, scope)
+    if matches:
+        return max(matches, key=_newness), []
+    reasons: List[str] = []
     if not_ready:
         reasons.append(f"{len(not_ready)} PodSnapshot(s) not Ready, ignored: {_names(not_ready)}")
-    pod_labels = _mapping(meta.get("labels"))
-    pod_fields = pod_spec_fields(pod)
-    pod_hash = hash_fields(pod_fields)
+    if not ready:
+        reasons.append(f"no Ready PodSnapshot in {where}")
+    if other_group:
+        shown = other_group[:5] + ([f"{len(other_group) - 5} more"] if len(other_group) > 5 else [])
+        reasons.append(f"{len(other_group)} Ready PodSnapshot(s) belong to another group: " + "; ".join(shown))
+    if other_spec:
+        reasons.append(f"{len(other_spec)} Ready PodSnapshot(s) of the pod's group were taken from another pod spec "
+                       f"(podSpecHash differs from {hash_fields(pod_fields)[:12]})")
+        reasons.append(_nearest(other_spec, pod_fields, contents or {}))
+    return None, reasons
+
+
+def _pinned(pool: List[Dict[str, Any]], pinned: Any, what: str, where: str
+            ) -> Tuple[Optional[Dict[str, Any]], List[str]]:
+    """The snapshot a restore-from annotation pins, if it exists and is Ready; else every reason."""
+    found = [s for s in pool if _mapping(s.get("metadata")).get("name") == pinned]
+    if not found:
+        return None, [f"{what} is pinned to PodSnapshot {pinned!r} (annotation {ANN_RESTORE_FROM}), "
+                      f"which does not exist in {where}"]
+    problems = readiness_problems(found[0])
+    if problems:
+        return None, [f"{what} is pinned to PodSnapshot {pinned!r} (annotation {ANN_RESTORE_FROM}), which cannot be used"] + problems
+    return found[0], []
+
+
+def _sort_ready(ready: List[Dict[str, Any]], pod_labels: Dict[str, Any], pod_hash: str,
+                grouping_labels: Sequence[str], scope: str
+                ) -> Tuple[List[Dict[str, Any]], List[str], List[Dict[str, Any]]]:
+    """Ready snapshots as (matches, other group (described), same group but another pod spec)."""
     matches: List[Dict[str, Any]] = []
     other_group: List[str] = []
     other_spec: List[Dict[str, Any]] = []
@@ -968,25 +1050,14 @@ def select_snapshot(snapshots: List[Dict[str, Any]], pod: Dict[str, Any], groupi
             matches.append(snapshot)
         else:
             other_spec.append(snapshot)
-    if matches:
-        return max(matches, key=_newness), []
-    if not ready:
-        reasons.append(f"no Ready PodSnapshot in {where}")
-    if other_group:
-        shown = other_group[:5] + ([f"{len(other_group) - 5} more"] if len(other_group) > 5 else [])
-        reasons.append(f"{len(other_group)} Ready PodSnapshot(s) belong to another group: " + "; ".join(shown))
-    if other_spec:
-        reasons.append(f"{len(other_spec)} Ready PodSnapshot(s) of the pod's group were taken from another pod spec "
-                       f"(podSpecHash differs from {pod_hash[:12]})")
-        reasons.append(_nearest(other_spec, pod_fields, contents or {}))
-    return None, reasons
+    return matches, other_group, other_spec
 
 
 def _nearest(candidates: List[Dict[str, Any]], pod_fields: Dict[str, str], contents: Dict[str, Dict[str, Any]]) -> str:
     ranked: List[Tuple[int, Tuple[float, float, str], Dict[str, Any], List[str]]] = []
     for snapshot in candidates:
         bound = _mapping(snapshot.get("status")).get("boundSnapshotContentName")
-        fields = _mapping(_mapping(_mapping(contents.get(bound)).get("status")).get("podSpecFields"))
+        fields = _mapping(_mapping(_mapping(contents.get(bound) if bound else None).get("status")).get("podSpecFields"))
         if fields:
             diff = describe_diff(pod_fields, {str(k): str(v) for k, v in fields.items()})
             ranked.append((len(diff), _newness(snapshot), snapshot, diff))
