@@ -53,47 +53,20 @@ PINNED = ("mnt", "net", "pid", "uts", "ipc")  # the placeholder's namespaces a r
 ENV_FILE = "env.json"  # the placeholder's environment, offered to the restored workload
 
 
-def _children(pid: int) -> List[int]:
-    out: List[int] = []
-    try:
-        tasks = os.listdir(f"/proc/{pid}/task")
-    except OSError:
-        return out
-    for tid in tasks:
-        try:
-            with open(f"/proc/{pid}/task/{tid}/children", "r", encoding="ascii") as handle:
-                out.extend(int(c) for c in handle.read().split())
-        except OSError:
-            continue
-    return sorted(set(out))
-
-
-def _ppid(pid: int) -> int:
-    try:
-        with open(f"/proc/{pid}/stat", "r", encoding="utf-8", errors="replace") as handle:
-            return int(handle.read().rsplit(")", 1)[1].split()[1])
-    except (OSError, IndexError, ValueError):
-        return 0
-
-
 def _restored_roots(pid1: int) -> List[int]:
     """Workload trees beside PID 1 of its PID namespace: what a restore into a placeholder leaves (CRIU restores
     the workload as a sibling of the placeholder's inert PID 1), so that a restored container can be snapshotted
     again. Their parent is outside the namespace."""
     members = {host for host, _name in nsu.pid_ns_members(nsu.ns_inode(pid1, "pid")).values()}
-    return sorted(h for h in members if h != pid1 and _ppid(h) not in members)
+    return sorted(h for h in members if h != pid1 and proc.parent(h) not in members)
 
 
 def _session_outside(pid: int) -> bool:
     """True when the session leader of ``pid`` is outside its PID namespace (NSsid 0 there)."""
     try:
-        with open(f"/proc/{pid}/status", "r", encoding="utf-8", errors="replace") as handle:
-            for line in handle:
-                if line.startswith("NSsid:"):
-                    return line.split()[-1] == "0"
+        return proc.status(pid).get("NSsid", "").split()[-1:] == ["0"]
     except OSError:
-        pass
-    return False
+        return False
 
 
 def _stdio(pid: int) -> List[str]:
@@ -214,7 +187,7 @@ def resolve(runtime_name: str, container: str, name: Optional[str] = None) -> sn
     """
     runtime = get_runtime(runtime_name)
     info = running(runtime, container)
-    kids = _children(info.pid) or _restored_roots(info.pid)
+    kids = sorted(set(proc.children(info.pid))) or _restored_roots(info.pid)
     if not kids:
         raise proc.TargetError(
             f"container {info.name} runs its workload as PID 1 of its PID namespace ({' '.join(proc.cmdline(info.pid))!r}); "

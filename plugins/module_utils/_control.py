@@ -26,6 +26,7 @@ import time
 import uuid
 from typing import Dict, Optional
 
+from ansible_collections.warmstart.snapshot.plugins.module_utils import _proc as proc
 from ansible_collections.warmstart.snapshot.plugins.module_utils._errors import WarmstartError
 
 READY = "ready-for-snapshot"
@@ -85,20 +86,12 @@ def wait_for(control_dir: str, name: str, timeout: float, alive: Optional[int] =
     start = time.monotonic()
     path = os.path.join(control_dir, name)
     while not os.path.exists(path):
-        if alive is not None and not _running(alive):
+        if alive is not None and not proc.alive(alive):
             raise ProcessLookupError(f"process {alive} exited before writing {path}")
         if time.monotonic() - start > timeout:
             raise TimeoutError(f"{path} did not appear within {timeout:g} s")
         time.sleep(interval)
     return time.monotonic() - start
-
-
-def _running(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as handle:
-            return handle.read().rsplit(b")", 1)[1].split()[0] not in (b"Z", b"X")
-    except (OSError, IndexError):
-        return False
 
 
 def process_control_dir(pid: int) -> Optional[str]:
@@ -169,7 +162,7 @@ def request_checkpoint(control_dir: str, timeout: float, alive: Optional[int] = 
                 answer.update(request=request, waited=f"{time.monotonic() - start:.3f}")
                 clear(control_dir, CHECKPOINT_REQUESTED)
                 return answer
-            if alive is not None and not _running(alive):
+            if alive is not None and not proc.alive(alive):
                 raise ProcessLookupError(f"process {alive} exited before answering {os.path.join(control_dir, CHECKPOINT_REQUESTED)}")
             if time.monotonic() - start > timeout:
                 finish_checkpoint(control_dir, request, "timeout", f"no answer within {timeout:g} s")

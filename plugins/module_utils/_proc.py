@@ -21,12 +21,12 @@ class TargetError(WarmstartError, ValueError):
 
 
 def alive(pid: int) -> bool:
+    """``pid`` exists and is neither a zombie nor dead."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as handle:
-            fields = handle.read().rsplit(b")", 1)[1].split()
-    except OSError:
+            return handle.read().rsplit(b")", 1)[1].split()[0] not in (b"Z", b"X")
+    except (OSError, IndexError):
         return False
-    return fields[0] not in (b"Z", b"X")
 
 
 def stat_fields(pid: int) -> List[str]:
@@ -81,22 +81,38 @@ def check_target(pid: int) -> None:
         raise TargetError(f"pid {pid} is a kernel thread ({status(pid).get('Name', '?')}); only user processes can be checkpointed")
 
 
+def children(pid: int) -> List[int]:
+    """The children of ``pid``, of every thread (/proc/<pid>/task/*/children), in the kernel's order; [] when
+    ``pid`` is gone."""
+    out: List[int] = []
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return out
+    for tid in tasks:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/children", "r", encoding="ascii") as handle:
+                out.extend(int(c) for c in handle.read().split())
+        except OSError:
+            continue
+    return out
+
+
+def parent(pid: int) -> int:
+    """The parent PID of ``pid`` (as this PID namespace sees it); 0 when unknown."""
+    try:
+        return int(stat_fields(pid)[1])
+    except (OSError, IndexError, ValueError):
+        return 0
+
+
 def descendants(pid: int) -> List[int]:
     """``pid`` and all its descendants (via /proc/<pid>/task/*/children)."""
     out, todo = [], [pid]
     while todo:
         cur = todo.pop()
         out.append(cur)
-        try:
-            tasks = os.listdir(f"/proc/{cur}/task")
-        except OSError:
-            continue
-        for tid in tasks:
-            try:
-                with open(f"/proc/{cur}/task/{tid}/children", "r", encoding="ascii") as handle:
-                    todo.extend(int(c) for c in handle.read().split())
-            except OSError:
-                continue
+        todo.extend(children(cur))
     return out
 
 
