@@ -271,40 +271,59 @@ class Destination:
 
 def check_destination(runtime: Runtime, target: Dict[str, Any], dest: str, skip_image_check: bool) -> Tuple[Destination, List[str]]:
     """Every reason ``dest`` cannot take ``target`` now; reads only."""
-    d = Destination(source=target, name=dest, notes=[])
+    d = Destination(source=target, name=dest)
     try:
-        info = running(runtime, dest)
+        d.info = info = running(runtime, dest)
     except proc.TargetError as exc:
         return d, [str(exc)]
-    d.info = info
-    problems: List[str] = []
-    src = target.get("container") or {}
-    if not skip_image_check and src.get("image_id") and info.image_id != src["image_id"]:
-        problems.append(f"image: placeholder {info.name} runs {info.image or '?'} ({info.image_id[:12]}), the snapshot "
-                        f"was taken from {src.get('image') or '?'} ({src['image_id'][:12]}); use the same image "
-                        "(or skip_image_check)")
+    problems = [] if skip_image_check else _image_problems(info, target)
     try:
         members = nsu.pid_ns_members(nsu.ns_inode(info.pid, "pid"))
     except OSError as exc:
         return d, problems + [f"placeholder {info.name}: cannot read its PID namespace ({exc})"]
-    others = {p: v for p, v in members.items() if p != 1}
-    if others:
-        listed = ", ".join(f"{p} ({name})" for p, (_host, name) in sorted(others.items()))
-        problems.append(f"placeholder {info.name} is not inert: besides PID 1 it runs {listed}")
-    taken = [p for p in target.get("ns_pids") or [] if p in members]
-    for p in taken:
-        problems.append(f"placeholder {info.name}: PID {p}, which the snapshot's workload needs, is taken by "
-                        f"{members[p][1]}")
+    problems += _pid_problems(info, target, members)
     if not info.rootfs or not os.path.isdir(info.rootfs):
         problems.append(f"placeholder {info.name}: its root file system {info.rootfs or '?'} is not mounted on this host")
     try:
         mounts = nsu.mountinfo(info.pid)
     except OSError as exc:
         return d, problems + [f"placeholder {info.name}: cannot read its mounts ({exc.strerror or exc})"]
+    problems += _map_mounts(d, info, mounts)
+    if target.get("control_dir"):
+        d.control_host = _confined_host_path(info, target["control_dir"])
+    return d, problems
+
+
+def _image_problems(info: ContainerInfo, target: Dict[str, Any]) -> List[str]:
+    src = target.get("container") or {}
+    if not src.get("image_id") or info.image_id == src["image_id"]:
+        return []
+    return [f"image: placeholder {info.name} runs {info.image or '?'} ({info.image_id[:12]}), the snapshot "
+            f"was taken from {src.get('image') or '?'} ({src['image_id'][:12]}); use the same image "
+            "(or skip_image_check)"]
+
+
+def _pid_problems(info: ContainerInfo, target: Dict[str, Any], members: Dict[int, Tuple[int, str]]) -> List[str]:
+    """The placeholder is inert (only its PID 1) and the PIDs the workload needs are free in it."""
+    problems: List[str] = []
+    others = {p: v for p, v in members.items() if p != 1}
+    if others:
+        listed = ", ".join(f"{p} ({name})" for p, (_host, name) in sorted(others.items()))
+        problems.append(f"placeholder {info.name} is not inert: besides PID 1 it runs {listed}")
+    for p in [p for p in target.get("ns_pids") or [] if p in members]:
+        problems.append(f"placeholder {info.name}: PID {p}, which the snapshot's workload needs, is taken by "
+                        f"{members[p][1]}")
+    return problems
+
+
+def _map_mounts(d: Destination, info: ContainerInfo, mounts: List[nsu.Mount]) -> List[str]:
+    """``d.ext_mnt``: each external mount of the snapshot -> the host path the placeholder has there (or this
+    node's container init, noted); a problem for each it lacks."""
     host = nsu.mountinfo()
     by_mp = {m.mountpoint: m for m in mounts}
-    ext: Dict[str, str] = {}
-    for m in target.get("external_mounts") or []:
+    problems: List[str] = []
+    d.ext_mnt = {}
+    for m in d.source.get("external_mounts") or []:
         mine = by_mp.get(m["mountpoint"])
         path = nsu.host_path(mine.dev, mine.root, host) if mine else None
         if path is None and _is_runtime_init(m.get("source")):
@@ -315,11 +334,8 @@ def check_destination(runtime: Runtime, target: Dict[str, Any], dest: str, skip_
             problems.append(f"placeholder {info.name} has no mount at {m['mountpoint']} (the snapshot's container had "
                             f"{m.get('source') or m.get('fstype')} there): start it with the same mounts")
             continue
-        ext[m["mountpoint"]] = path
-    d.ext_mnt = ext
-    if target.get("control_dir"):
-        d.control_host = _confined_host_path(info, target["control_dir"])
-    return d, problems
+        d.ext_mnt[m["mountpoint"]] = path
+    return problems
 
 
 RUNTIME_INITS = ("/usr/bin/catatonit", "/usr/libexec/podman/catatonit", "/usr/libexec/catatonit/catatonit",
