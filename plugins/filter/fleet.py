@@ -5,7 +5,7 @@
 """Per-host (and, for the Kubernetes playbooks, per-pod) summaries of the fleet playbooks."""
 from __future__ import annotations
 
-from typing import Any, Dict, List, Sequence
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 
 def fleet_rows(hosts: Sequence[str], hostvars: Any) -> List[Dict[str, Any]]:
@@ -122,10 +122,15 @@ def k8s_restore_work(begun: Sequence[Dict[str, Any]]) -> List[Dict[str, Any]]:
     return out
 
 
-def _restore_result(node_map: Dict[str, str], hostvars: Any, register: str, work: Dict[str, Any]) -> Dict[str, Any]:
+OUTCOMES = ("succeeded", "partially_succeeded", "failed", "incompatible")
+
+
+def _restore_result(node_map: Dict[str, str], hostvars: Any, register: str, work: Dict[str, Any]
+                    ) -> Tuple[Optional[Dict[str, Any]], str]:
+    """The restore result the destination's host registered for ``work``, or (None, why there is none)."""
     host = node_map.get(str(work.get("node")))
     if host is None:
-        return {"failed": True, "msg": f"node {work.get('node')} is not in the inventory", "host": None}
+        return None, f"node {work.get('node')} is not in the inventory"
     try:
         results = (hostvars[host].get(register) or {}).get("results") or []
     except (KeyError, AttributeError):
@@ -133,35 +138,55 @@ def _restore_result(node_map: Dict[str, str], hostvars: Any, register: str, work
     for res in results:
         item = res.get("item") or {}
         if all(item.get(k) == work.get(k) for k in ("namespace", "name", "container")):
-            return dict(res, host=host)
-    return {"failed": True, "msg": f"no result from {host}: unreachable or failed earlier", "host": host}
+            if res.get("skipped"):
+                return None, f"skipped on {host}"
+            return res, ""
+    return None, f"no result from {host}: unreachable or failed earlier"
+
+
+def _destination_outcome(res: Optional[Dict[str, Any]], missing: str) -> Tuple[str, str]:
+    """(outcome, message) of one destination: the restore module's own ``outcome``; no result is a failure."""
+    if res is None:
+        return "failed", missing
+    outcome = res.get("outcome")
+    if outcome not in OUTCOMES:
+        return "failed", str(res.get("msg") or "the restore result carries no outcome")
+    return str(outcome), "" if outcome == "succeeded" else str(res.get("msg") or outcome)
+
+
+def _pod_outcome(ok: List[str], bad: List[Tuple[str, str]]) -> Tuple[str, str]:
+    """A pod's outcome over its destinations: ``ok`` (succeeded) and ``bad`` ((outcome, "container: message"))."""
+    kinds = {outcome for outcome, _text in bad}
+    failed = "; ".join(text for _outcome, text in bad)
+    if not bad:
+        return "succeeded", "restored " + ", ".join(ok)
+    if ok or "partially_succeeded" in kinds:
+        return "partially_succeeded", "; ".join(([f"restored {', '.join(ok)}"] if ok else []) + [f"failed {failed}"])
+    return ("incompatible" if "incompatible" in kinds else "failed"), failed
 
 
 def k8s_restore_outcomes(work: Sequence[Dict[str, Any]], node_map: Dict[str, str], hostvars: Any,
                          register: str) -> List[Dict[str, Any]]:
-    """Per restore pod: succeeded / failed / partially_succeeded / incompatible over its destinations."""
+    """Per restore pod: succeeded / failed / partially_succeeded / incompatible over its destinations.
+
+    Each destination's outcome is the one the node-side restore module returned (``outcome``, on success and on
+    failure); a destination without a result (its node not in the inventory, its host unreachable, the item
+    skipped) failed, and the message says why. Only the aggregation per pod is done here: every destination
+    succeeded -> succeeded; some did (or one partially) -> partially_succeeded; none did -> incompatible when a
+    node refused the snapshot before touching anything, else failed.
+    """
     pods: Dict[str, Dict[str, Any]] = {}
     for item in work or ():
-        key = _pod(item)
-        entry = pods.setdefault(key, {"namespace": item.get("namespace"), "name": item.get("name"), "ok": [],
-                                      "bad": [], "refused": False})
-        res = _restore_result(node_map, hostvars, register, item)
-        if res.get("failed"):
-            entry["bad"].append(f"{item.get('container')}: {res.get('msg')}")
-            # refused before anything ran (compatibility / checksums): the snapshot does not fit this node
-            entry["refused"] = entry["refused"] or (bool(res.get("reasons")) and not res.get("restore"))
-        else:
+        entry = pods.setdefault(_pod(item), {"namespace": item.get("namespace"), "name": item.get("name"),
+                                             "ok": [], "bad": []})
+        outcome, message = _destination_outcome(*_restore_result(node_map, hostvars, register, item))
+        if outcome == "succeeded":
             entry["ok"].append(str(item.get("container")))
+        else:
+            entry["bad"].append((outcome, f"{item.get('container')}: {message}"))
     out = []
     for entry in pods.values():
-        if not entry["bad"]:
-            outcome, message = "succeeded", "restored " + ", ".join(entry["ok"])
-        elif entry["ok"]:
-            outcome = "partially_succeeded"
-            message = f"restored {', '.join(entry['ok'])}; failed " + "; ".join(entry["bad"])
-        else:
-            outcome = "incompatible" if entry["refused"] else "failed"
-            message = "; ".join(entry["bad"])
+        outcome, message = _pod_outcome(entry["ok"], entry["bad"])
         out.append({"namespace": entry["namespace"], "name": entry["name"], "outcome": outcome,
                     "message": message[:1000]})
     return out

@@ -64,12 +64,16 @@ def test_outcomes_over_destinations() -> None:
         begun("away", "far", [{"source": "m", "container": "a"}]),
     ])
     by_item = {(w["name"], w["container"]): w for w in work}
+    # as the node-side restore module returns them: a top-level outcome on success and on failure
     results = [
-        {"item": by_item[("all", "a")], "restore": {"id": "S1"}},
-        {"item": by_item[("some", "a")], "restore": {"id": "S1"}},
-        {"item": by_item[("some", "b")], "failed": True, "msg": "CRIU restore failed", "restore": {"id": "S1"}},
-        {"item": by_item[("none", "a")], "failed": True, "msg": "CRIU restore failed", "restore": {"id": "S1"}},
-        {"item": by_item[("unfit", "a")], "failed": True, "msg": "refusing", "reasons": ["kernel: older"]},
+        {"item": by_item[("all", "a")], "outcome": "succeeded", "restore": {"id": "S1"}},
+        {"item": by_item[("some", "a")], "outcome": "succeeded", "restore": {"id": "S1"}},
+        {"item": by_item[("some", "b")], "failed": True, "outcome": "failed", "msg": "CRIU restore failed",
+         "restore": {"id": "S1"}},
+        {"item": by_item[("none", "a")], "failed": True, "outcome": "failed", "msg": "CRIU restore failed",
+         "restore": {"id": "S1"}},
+        {"item": by_item[("unfit", "a")], "failed": True, "outcome": "incompatible", "msg": "refusing",
+         "reasons": ["kernel: older"]},
     ]
     out = {o["name"]: o for o in k8s_restore_outcomes(work, {"gpu-01": "gpu-01"}, {"gpu-01": {"rs": {"results": results}}}, "rs")}
     assert out["all"]["outcome"] == "succeeded"
