@@ -250,7 +250,7 @@ class FsStore:
         for path in (self.snapshots, self.tmp):
             try:
                 info = os.lstat(path)
-            except FileNotFoundError:
+            except (FileNotFoundError, NotADirectoryError):  # not there yet, or the root is no directory (ensure says)
                 continue
             except PermissionError:
                 raise StoreError(f"store {self.root}: permission denied looking into it (snapshots are 0700 root: "

@@ -17,9 +17,10 @@ Invariants every implementation keeps:
 """
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional, Protocol
+from typing import Any, Dict, List, Optional, Protocol, runtime_checkable
 
 
+@runtime_checkable
 class Staging(Protocol):
     """A snapshot being written: files go under ``path``; ``publish`` makes it visible, ``abort`` removes it."""
 
@@ -34,6 +35,7 @@ class Staging(Protocol):
         """Remove what was staged; a no-op once published or aborted."""
 
 
+@runtime_checkable
 class Store(Protocol):
     """A place snapshots are published to and restored from (see the module docstring for invariants)."""
 
