@@ -29,22 +29,15 @@ extends_documentation_fragment:
   - warmstart.snapshot.store
   - warmstart.snapshot.store.criu
   - warmstart.snapshot.store.progress
+  - warmstart.snapshot.attributes.progress
+  - warmstart.snapshot.attributes.node
+  - warmstart.snapshot.attributes.no_diff
+  - warmstart.snapshot.attributes
 attributes:
-  action:
-    support: full
-    description: An action plugin runs the module and prints its progress while it works (O(progress_interval)).
-  async:
-    support: full
-    description: Runs under C(async) like any module, then without progress lines.
   check_mode:
     support: full
     description: Checks the target and the store, takes no snapshot and reports C(changed=true).
-  diff_mode:
-    support: none
-    description: No diff is produced.
   platform:
-    support: full
-    platforms: linux
     description: Linux with CRIU >= 4.2 (see P(warmstart.snapshot.node_prep#role)).
 options:
   pid:

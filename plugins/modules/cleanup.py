@@ -27,16 +27,14 @@ author:
   - warmstart developers (!UNKNOWN)
 extends_documentation_fragment:
   - warmstart.snapshot.store
+  - warmstart.snapshot.attributes.node
+  - warmstart.snapshot.attributes.no_diff
+  - warmstart.snapshot.attributes
 attributes:
   check_mode:
     support: full
     description: Lists what would be removed and the bytes that would be freed; removes nothing.
-  diff_mode:
-    support: none
-    description: No diff is produced.
   platform:
-    support: full
-    platforms: linux
     description: Linux; CRIU is not needed.
 options:
   keep_last:

@@ -19,6 +19,8 @@ author:
   - warmstart developers (!UNKNOWN)
 extends_documentation_fragment:
   - warmstart.snapshot.k8s_auth
+  - warmstart.snapshot.attributes.api
+  - warmstart.snapshot.attributes
 attributes:
   check_mode:
     support: full
@@ -26,10 +28,6 @@ attributes:
   diff_mode:
     support: full
     description: Returns the spec of each CRD before and after.
-  platform:
-    support: full
-    platforms: posix
-    description: Any node with network access to the API server, usually the controller.
 options:
   definitions:
     description:

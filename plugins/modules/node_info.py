@@ -25,17 +25,10 @@ notes:
   - C(criu check) needs root. Without privilege escalation (C(become)) RV(node.criu.check_ok) is false
     and RV(node.criu.check_output) says why.
   - Each container runtime found is asked for C(--version) with a five second limit.
-attributes:
-  check_mode:
-    support: full
-    description: Can run in check_mode and return the same facts as without it.
-  diff_mode:
-    support: none
-    description: Reports nothing to diff; the module never changes the node.
-  platform:
-    support: full
-    platforms: linux
-    description: Target OS/families that can be operated against.
+extends_documentation_fragment:
+  - warmstart.snapshot.attributes.info
+  - warmstart.snapshot.attributes.node
+  - warmstart.snapshot.attributes
 options:
   snapshot_root:
     description:

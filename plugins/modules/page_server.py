@@ -23,16 +23,14 @@ author:
   - warmstart developers (!UNKNOWN)
 extends_documentation_fragment:
   - warmstart.snapshot.store
+  - warmstart.snapshot.attributes.node
+  - warmstart.snapshot.attributes.no_diff
+  - warmstart.snapshot.attributes
 attributes:
   check_mode:
     support: full
     description: Checks that the snapshot exists and its files have the manifest's sizes; starts nothing.
-  diff_mode:
-    support: none
-    description: No diff is produced.
   platform:
-    support: full
-    platforms: linux
     description: Linux with CRIU >= 4.2.
 options:
   snapshot:

@@ -30,17 +30,15 @@ author:
   - warmstart developers (!UNKNOWN)
 extends_documentation_fragment:
   - warmstart.snapshot.k8s_auth
+  - warmstart.snapshot.attributes.api
+  - warmstart.snapshot.attributes.no_diff
+  - warmstart.snapshot.attributes
 attributes:
   check_mode:
     support: full
     description: Reads the source pod and both records and reports what would be created or changed.
   diff_mode:
-    support: none
     description: No diff; RV(actions) lists the changes.
-  platform:
-    support: full
-    platforms: posix
-    description: Any node with network access to the API server, usually the controller.
 options:
   namespace:
     description: Namespace of the PodSnapshot and of the source pod.

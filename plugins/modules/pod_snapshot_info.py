@@ -22,17 +22,9 @@ author:
   - warmstart developers (!UNKNOWN)
 extends_documentation_fragment:
   - warmstart.snapshot.k8s_auth
-attributes:
-  check_mode:
-    support: full
-    description: Reads only; runs the same in check mode.
-  diff_mode:
-    support: none
-    description: Nothing changes, so there is no diff.
-  platform:
-    support: full
-    platforms: posix
-    description: Any node with network access to the API server, usually the controller.
+  - warmstart.snapshot.attributes.api
+  - warmstart.snapshot.attributes.info
+  - warmstart.snapshot.attributes
 options:
   namespace:
     description: Namespace of the PodSnapshots.

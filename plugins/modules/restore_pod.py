@@ -42,16 +42,14 @@ author:
   - warmstart developers (!UNKNOWN)
 extends_documentation_fragment:
   - warmstart.snapshot.k8s_auth
+  - warmstart.snapshot.attributes.api
+  - warmstart.snapshot.attributes.no_diff
+  - warmstart.snapshot.attributes
 attributes:
   check_mode:
     support: full
     description: O(action=create) reports the pods it would create and creates none; the other actions only read.
-  diff_mode:
-    support: none
-    description: No diff is produced.
   platform:
-    support: full
-    platforms: posix
     description: Any node; O(action=select), O(action=create) and O(action=classify) by name need the API server.
 options:
   action:

@@ -20,16 +20,11 @@ author:
   - warmstart developers (!UNKNOWN)
 extends_documentation_fragment:
   - warmstart.snapshot.store
+  - warmstart.snapshot.attributes.info
+  - warmstart.snapshot.attributes.node
+  - warmstart.snapshot.attributes
 attributes:
-  check_mode:
-    support: full
-    description: Runs as usual; it only reads.
-  diff_mode:
-    support: none
-    description: No diff is produced.
   platform:
-    support: full
-    platforms: linux
     description: Linux; CRIU is not needed.
 options:
   name:

@@ -18,16 +18,15 @@ description:
   - Idempotent - an already running workload of that name is left alone (C(changed=false)).
 author:
   - warmstart developers (!UNKNOWN)
+extends_documentation_fragment:
+  - warmstart.snapshot.attributes.node
+  - warmstart.snapshot.attributes.no_diff
+  - warmstart.snapshot.attributes
 attributes:
   check_mode:
     support: full
     description: Reports whether it would start or stop the workload, and does nothing.
-  diff_mode:
-    support: none
-    description: No diff is produced.
   platform:
-    support: full
-    platforms: linux
     description: Linux only (PID namespaces).
 options:
   name:
