@@ -630,37 +630,13 @@ def serve(criu: str, images: str, log_dir: str, address: str, port: int, timeout
     log = os.path.join(log_dir, f"page-server-{port}.log")
     notes = os.path.join(log_dir, f"page-server-{port}.connections.log")
     deadline = time.monotonic() + timeout
-
-    def note(text: str) -> None:
-        with open(notes, "a", encoding="utf-8") as handle:
-            handle.write(f"{time.strftime('%Y-%m-%dT%H:%M:%S')} {text}\n")
-
-    def supervise() -> None:  # pragma: no cover - runs in the detached supervisor
-        client = _first_client(srv, deadline, note)
-        srv.close()
-        if client is None:
-            note(f"no restore connected within {timeout:g} s; exiting")
-            return
-        argv = [criu, "page-server", "--lazy-pages", "-D", images, "--ps-socket", str(client.fileno()),
-                "-o", log, "-v4"]
-        server = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                  stderr=subprocess.DEVNULL, pass_fds=(client.fileno(),))
-        client.close()
-        try:
-            server.wait(timeout=max(1.0, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            server.kill()
-            server.wait()
-            note(f"killed the page server after {timeout:g} s")
-        else:
-            note(f"the page server exited with {server.returncode}")
-
     rfd, wfd = os.pipe()
 
     def announce() -> None:  # pragma: no cover - runs in the detached supervisor
         os.write(wfd, f"pid {os.getpid()}\n".encode())
         os.close(wfd)
-        supervise()
+        _serve_one(srv, [criu, "page-server", "--lazy-pages", "-D", images, "-o", log, "-v4"], notes, deadline,
+                   timeout)
 
     proc.detach(announce, keep=(wfd, srv.fileno()))
     os.close(wfd)
@@ -671,3 +647,28 @@ def serve(criu: str, images: str, log_dir: str, address: str, port: int, timeout
         raise LazyError(f"page server did not start: {' '.join(said[1:]) or 'no answer'}")
     return {"pid": int(said[1]), "supervisor_pid": int(said[1]), "address": address, "port": port, "log": log,
             "connections_log": notes, "timeout": timeout}
+
+
+def _serve_one(srv: socket.socket, argv: List[str], notes: str, deadline: float,
+               timeout: float) -> None:  # pragma: no cover - runs in the detached supervisor
+    """The first real client handed to ``argv`` (criu page-server) as its ``--ps-socket``; killed at ``deadline``."""
+    def note(text: str) -> None:
+        with open(notes, "a", encoding="utf-8") as handle:
+            handle.write(f"{time.strftime('%Y-%m-%dT%H:%M:%S')} {text}\n")
+
+    client = _first_client(srv, deadline, note)
+    srv.close()
+    if client is None:
+        note(f"no restore connected within {timeout:g} s; exiting")
+        return
+    server = subprocess.Popen(argv + ["--ps-socket", str(client.fileno())], stdin=subprocess.DEVNULL,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, pass_fds=(client.fileno(),))
+    client.close()
+    try:
+        server.wait(timeout=max(1.0, deadline - time.monotonic()))
+    except subprocess.TimeoutExpired:
+        server.kill()
+        server.wait()
+        note(f"killed the page server after {timeout:g} s")
+    else:
+        note(f"the page server exited with {server.returncode}")
