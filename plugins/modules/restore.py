@@ -363,6 +363,17 @@ restore:
           pid: 30211
           ns_pid: 6
           timings: {rootfs: 0.01, restore: 0.41, total: 0.47}
+outcome:
+  description:
+    - How the restore ended, on success and on failure (the Kubernetes restore playbook reads it).
+    - V(succeeded) - everything was restored (in check mode - would be).
+    - V(partially_succeeded) - with O(into), some placeholders were restored and others not (the task fails).
+    - V(incompatible) - refused before anything was touched because the snapshot does not fit this node
+      (compatibility, checksums, image); RV(reasons) says why.
+    - V(failed) - any other failure.
+  returned: always
+  type: str
+  sample: succeeded
 reasons:
   description: Every reason the restore was refused.
   returned: failure
