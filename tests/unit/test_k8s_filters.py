@@ -97,3 +97,26 @@ def test_restore_rows() -> None:
     assert rows["ml/late"]["result"] == "not started" and "timed out" in rows["ml/late"]["detail"]
     assert rows["ml/refused"]["result"] == "refused" and "already ran" in rows["ml/refused"]["detail"]
     assert rows["ml/bad"]["result"] == "failed" and "CRIU restore failed" in rows["ml/bad"]["detail"]
+
+
+def test_outcomes_come_from_the_module_and_a_missing_one_fails() -> None:
+    work = k8s_restore_work([
+        begun("crashed", "gpu-01", [{"source": "m", "container": "a"}]),
+        begun("skipped", "gpu-01", [{"source": "m", "container": "a"}]),
+        begun("half", "gpu-01", [{"source": "m", "container": "a"}]),
+        begun("mixed", "gpu-01", [{"source": "m", "container": "a"}, {"source": "m", "container": "b"}]),
+    ])
+    by_item = {(w["name"], w["container"]): w for w in work}
+    results = [
+        {"item": by_item[("crashed", "a")], "failed": True, "msg": "MODULE FAILURE"},
+        {"item": by_item[("skipped", "a")], "skipped": True},
+        {"item": by_item[("half", "a")], "failed": True, "outcome": "partially_succeeded", "msg": "1 of 2"},
+        {"item": by_item[("mixed", "a")], "failed": True, "outcome": "incompatible", "msg": "kernel"},
+        {"item": by_item[("mixed", "b")], "failed": True, "outcome": "failed", "msg": "CRIU"},
+    ]
+    out = {o["name"]: o for o in k8s_restore_outcomes(work, {"gpu-01": "gpu-01"},
+                                                      {"gpu-01": {"rs": {"results": results}}}, "rs")}
+    assert (out["crashed"]["outcome"], out["crashed"]["message"]) == ("failed", "a: MODULE FAILURE")
+    assert (out["skipped"]["outcome"], out["skipped"]["message"]) == ("failed", "a: skipped on gpu-01")
+    assert (out["half"]["outcome"], out["half"]["message"]) == ("partially_succeeded", "failed a: 1 of 2")
+    assert (out["mixed"]["outcome"], out["mixed"]["message"]) == ("incompatible", "a: kernel; b: CRIU")
