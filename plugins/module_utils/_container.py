@@ -40,12 +40,13 @@ from ansible_collections.warmstart.snapshot.plugins.module_utils import _safefs 
 from ansible_collections.warmstart.snapshot.plugins.module_utils import _snapshot as snap
 from ansible_collections.warmstart.snapshot.plugins.module_utils import _store as st
 from ansible_collections.warmstart.snapshot.plugins.module_utils._compat import describe_node, incompatibilities
+from ansible_collections.warmstart.snapshot.plugins.module_utils._containerinfo import ContainerInfo
 from ansible_collections.warmstart.snapshot.plugins.module_utils._criu import CriuError, find_criu
 from ansible_collections.warmstart.snapshot.plugins.module_utils._criu_rpc import (
     CriuOptions, ExtMount, InheritFd, JoinNs, _target_to_rpc, read_stats)
 from ansible_collections.warmstart.snapshot.plugins.module_utils._criu_rpc import restore as criu_restore
 from ansible_collections.warmstart.snapshot.plugins.module_utils._errors import WarmstartError
-from ansible_collections.warmstart.snapshot.plugins.module_utils._runtime import ContainerInfo, Runtime, get_runtime, running
+from ansible_collections.warmstart.snapshot.plugins.module_utils._runtime import Runtime, get_runtime, running
 
 EXT_NET = "warmstart-net"
 EXT_PID = "warmstart-pid"

@@ -2,7 +2,7 @@
 # Copyright (c) warmstart developers
 # GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
-"""Podman as a ``_runtime.Runtime``: ``podman container inspect`` and ``podman ps`` by CRI labels.
+"""Podman as a ``_runtime.Runtime`` (structurally: this file does not import ``_runtime``): ``podman container inspect`` and ``podman ps`` by CRI labels.
 
 Every failure (no podman, a name that is not valid, podman's own error) is a
 TargetError naming the container; nothing here changes a container.
@@ -14,9 +14,9 @@ import shutil
 import subprocess
 from typing import Any, Dict, List, Optional
 
-from ansible_collections.warmstart.snapshot.plugins.module_utils._proc import TargetError
-from ansible_collections.warmstart.snapshot.plugins.module_utils._runtime import (
+from ansible_collections.warmstart.snapshot.plugins.module_utils._containerinfo import (
     POD_CONTAINER, POD_NAME, POD_NAMESPACE, ContainerInfo)
+from ansible_collections.warmstart.snapshot.plugins.module_utils._proc import TargetError
 
 TIMEOUT = 120
 

@@ -14,44 +14,22 @@ labels the kubelet's CRI runtimes put on them (``io.kubernetes.pod.namespace``,
 the node. What is derived from those two (``running``, ``pod_container``) lives
 here, once, for every runtime.
 
-One file per runtime (``_podman``). A further runtime (containerd, CRI-O:
-``crictl inspect`` / ``ctr task ls`` give the same facts) is one new file plus
-one entry in RUNTIMES; nothing else names a runtime.
+One file per runtime (``_podman``), which returns ``_containerinfo`` types and
+satisfies ``Runtime`` without importing this file. A further runtime
+(containerd, CRI-O: ``crictl inspect`` / ``ctr task ls`` give the same facts)
+is one new file plus one entry in RUNTIMES; nothing else names a runtime.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, List, Optional, Protocol
+from typing import Any, Callable, Dict, List, Protocol
 
+from ansible_collections.warmstart.snapshot.plugins.module_utils._containerinfo import (
+    POD_CONTAINER, POD_NAME, POD_NAMESPACE, ContainerInfo)
+from ansible_collections.warmstart.snapshot.plugins.module_utils._podman import Podman
 from ansible_collections.warmstart.snapshot.plugins.module_utils._proc import TargetError
 
-
-@dataclass
-class ContainerInfo:
-    id: str
-    name: str
-    runtime: str
-    image: str
-    image_id: str
-    running: bool
-    status: str
-    pid: int                      # host PID of the container's PID 1 (0 when not running)
-    cgroup_path: str
-    rootfs: str                   # host path of the mounted root file system
-    upper_dir: Optional[str]      # overlay upper dir (the container's changes), if overlay
-    hostname: str
-    mounts: List[Dict[str, Any]] = field(default_factory=list)
-
-    def as_dict(self) -> Dict[str, Any]:
-        return {"id": self.id, "name": self.name, "runtime": self.runtime, "image": self.image,
-                "image_id": self.image_id, "running": self.running, "status": self.status, "pid": self.pid,
-                "cgroup_path": self.cgroup_path, "rootfs": self.rootfs, "upper_dir": self.upper_dir,
-                "hostname": self.hostname}
-
-
-POD_NAMESPACE = "io.kubernetes.pod.namespace"
-POD_NAME = "io.kubernetes.pod.name"
-POD_CONTAINER = "io.kubernetes.container.name"
+__all__ = ["POD_CONTAINER", "POD_NAME", "POD_NAMESPACE", "RUNTIMES", "ContainerInfo", "Runtime", "get_runtime",
+           "pod_container", "running"]
 
 
 class Runtime(Protocol):
@@ -82,14 +60,8 @@ def running(runtime: Runtime, container: str) -> ContainerInfo:
     return info
 
 
-def _podman() -> Runtime:
-    # Imported here: every runtime file imports this one's types.
-    from ansible_collections.warmstart.snapshot.plugins.module_utils._podman import Podman  # pylint: disable=import-outside-toplevel
-    return Podman()
-
-
 # name -> a new runtime of that name: the only place that knows which runtimes exist
-RUNTIMES: Dict[str, Callable[[], Runtime]] = {"podman": _podman}
+RUNTIMES: Dict[str, Callable[[], Runtime]] = {"podman": Podman}
 
 
 def pod_container(runtime: Runtime, pod: Dict[str, Any]) -> str:
