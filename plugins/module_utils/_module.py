@@ -35,7 +35,6 @@ from ansible_collections.warmstart.snapshot.plugins.module_utils._adapter import
 from ansible_collections.warmstart.snapshot.plugins.module_utils._criu_rpc import CriuOptions
 from ansible_collections.warmstart.snapshot.plugins.module_utils._errors import WarmstartError
 from ansible_collections.warmstart.snapshot.plugins.module_utils._manifest import ManifestError
-from ansible_collections.warmstart.snapshot.plugins.module_utils._compat import GpuNode
 from ansible_collections.warmstart.snapshot.plugins.module_utils._runtime import get_runtime, pod_container
 from ansible_collections.warmstart.snapshot.plugins.module_utils._storeapi import Store
 from ansible_collections.warmstart.snapshot.plugins.module_utils._stores import open_store
@@ -107,14 +106,16 @@ def checkpoint(p: Params, check_mode: bool) -> Result:
         target_info.update(pid=target.pid, name=target.name, workload=target.workload,
                            container=target.name if target.capture else None, control_dir=target.control_dir)
         name = p["name"] or target.workload or (target.name if target.capture else "process")
-        if check_mode:
-            return dict(_would_checkpoint(p, store, target, name), changed=True, target=target_info)
         result = snap.checkpoint(store, target, name, p["labels"], criu_options(p), leave_running=p["leave_running"],
                                  wait_ready=p["wait_ready"], ready_timeout=p["ready_timeout"],
                                  criu_path=p["criu_path"], pod=_pod_record(p.get("pod"), target),
-                                 cuda=p.get("cuda") or "auto", cuda_lock_timeout=_lock_ms(p))
+                                 cuda=p.get("cuda") or "auto",
+                                 cuda_lock_timeout=p.get("cuda_lock_timeout", cu.DEFAULT_LOCK_TIMEOUT_MS),
+                                 check_mode=check_mode)
     except (WarmstartError, OSError) as exc:
         raise with_context(exc, target=target_info)
+    if check_mode:  # {"cuda", "msg"}: what would be snapshot
+        return dict(result, changed=True, target=target_info)
     if store.transfer:
         result["transfer"] = dict(store.transfer)
     return dict(changed=True, snapshot=result, target=target_info)
@@ -129,20 +130,6 @@ def _checkpoint_target(p: Params) -> Any:
     if p.get("container"):
         return ctr.resolve(p["runtime"], p["container"])
     return snap.resolve_target(p["pid"], p["pidfile"], p["workload"], p["workloads_root"])
-
-
-def _lock_ms(p: Params) -> int:
-    return int(p.get("cuda_lock_timeout", cu.DEFAULT_LOCK_TIMEOUT_MS))
-
-
-def _would_checkpoint(p: Params, store: Store, target: Any, name: str) -> Result:
-    """Check mode until the engine's checkpoint takes ``check_mode``: the CUDA plan and what would be snapshot."""
-    store.ensure()
-    plan = snap.cuda_plan(p.get("cuda") or "auto", GpuNode(), _lock_ms(p))
-    snap.find_cuda(plan, target.pid)
-    what = f"container {target.name} (workload pid {target.pid})" if target.capture else f"pid {target.pid}"
-    return {"cuda": plan.result(),
-            "msg": f"would snapshot {what} as {name}" + (" with its GPU state" if plan.used else "")}
 
 
 def _pod_record(pod: Optional[Mapping[str, Any]], target: Any) -> Optional[Dict[str, Any]]:
@@ -171,23 +158,17 @@ def restore(p: Params, check_mode: bool) -> Result:
 
 
 def _restore_process(p: Params, check_mode: bool) -> Result:
-    workloads_root = p.get("workloads_root") or wl.DEFAULT_ROOT
-    store = _store(p)
-    if check_mode:
-        plan = snap.plan_restore(store, p["snapshot"], p["name"], p["labels"], verify=p["verify"],
-                                 skip_compat=p["skip_compat_check"], criu_path=p["criu_path"],
-                                 cuda=p.get("cuda") or "auto", workloads_root=workloads_root)
-        return dict(changed=True, restore=plan, outcome=plan.get("outcome", "succeeded"),
-                    msg=f"would restore snapshot {plan['id']}")
-    result = snap.restore(store, snapshot_id=p["snapshot"], name=p["name"], labels=p["labels"],
+    result = snap.restore(_store(p), snapshot_id=p["snapshot"], name=p["name"], labels=p["labels"],
                           verify=p["verify"], skip_compat=p["skip_compat_check"], criu_path=p["criu_path"],
                           restore_root=p["restore_root"], cuda=p.get("cuda") or "auto",
                           lazy=bool(p.get("lazy")), lazy_wait=bool(p.get("lazy_wait")),
                           lazy_timeout=float(p.get("lazy_timeout") or lz.DEFAULT_TIMEOUT),
                           page_server=p.get("page_server"), control_roots=p.get("control_roots"),
-                          workloads_root=workloads_root)
-    warnings = list(result.get("warnings", []))
-    return dict(changed=True, restore=result, outcome=result.get("outcome", "succeeded"), warnings=warnings)
+                          workloads_root=p.get("workloads_root") or wl.DEFAULT_ROOT, check_mode=check_mode)
+    outcome = result.get("outcome", "succeeded")
+    if check_mode:
+        return dict(changed=True, restore=result, outcome=outcome, msg=f"would restore snapshot {result['id']}")
+    return dict(changed=True, restore=result, outcome=outcome, warnings=list(result.get("warnings", [])))
 
 
 def _restore_into(p: Params, check_mode: bool) -> Result:
@@ -201,7 +182,7 @@ def _restore_into(p: Params, check_mode: bool) -> Result:
         _store(p), spec, snapshot_id=p["snapshot"], name=p["name"], labels=p["labels"], verify=p["verify"],
         skip_compat=p["skip_compat_check"], skip_image_check=into["skip_image_check"],
         kill_on_failure=into["kill_placeholder_on_failure"], runtime_name=into["runtime"],
-        criu_path=p["criu_path"], restore_root=p["restore_root"], check_only=check_mode)
+        criu_path=p["criu_path"], restore_root=p["restore_root"], check_mode=check_mode)
     done = [d["container"] for d in result["destinations"] if d["result"] in ("succeeded", "would restore")]
     if result["outcome"] != "succeeded":
         raise _into_failed(result, len(done))

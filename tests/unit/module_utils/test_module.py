@@ -150,6 +150,14 @@ def test_checkpoint_success_shapes_the_result(store: st.FsStore, tmp_path: Path,
     assert seen["options"].tcp == "established" and seen["cuda"] == "auto"
 
 
+def test_checkpoint_check_mode_creates_nothing(store: st.FsStore, tmp_path: Path, pid: int) -> None:
+    before = tree(tmp_path)
+    result = _module.checkpoint(checkpoint_params(store, tmp_path, pid=pid, cuda="off"), True)
+    assert tree(tmp_path) == before
+    assert result["changed"] is True and result["msg"] == f"would snapshot pid {pid} as process"
+    assert result["target"]["pid"] == pid and "cuda" in result and "snapshot" not in result
+
+
 # --- restore ----------------------------------------------------------------------
 
 def test_restore_refuses_empty_options_with_outcome_failed(store: st.FsStore, tmp_path: Path) -> None:
