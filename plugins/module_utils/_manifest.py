@@ -14,7 +14,7 @@ import errno
 import json
 import os
 import secrets
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, cast
 
 from ansible_collections.warmstart.snapshot.plugins.module_utils import _schema as schema
 from ansible_collections.warmstart.snapshot.plugins.module_utils._errors import WarmstartError
@@ -104,7 +104,7 @@ def validate(doc: Any, where: str) -> Dict[str, Any]:
         # one problem: the message says it all; several: every one in ``reasons``
         raise ManifestError(f"{where}: manifest {found[0]}{more}",
                             reasons=[f"{where}: {p}" for p in found] if len(found) > 1 else None)
-    return doc
+    return cast(Dict[str, Any], doc)  # the schema checked it is a mapping
 
 
 def parse(data: bytes, where: str) -> Dict[str, Any]:

@@ -236,13 +236,21 @@ def plan(manifests: Sequence[Dict[str, Any]], staging: Sequence[Dict[str, Any]],
          now: Optional[float] = None, restore_dirs: Optional[Sequence[Dict[str, Any]]] = None) -> Plan:
     """Decide what goes.
 
-    ``manifests``: what ``FsStore.list()`` returns (unreadable ones as ``{"id", "error"}``).
+    ``manifests``: what ``Store.list()`` returns (unreadable ones as ``{"id", "error"}``).
     ``staging`` / ``restore_dirs``: ``{"path", "mtime"}`` entries (optionally ``newest_mtime``, the
     latest change anywhere inside, and ``size``). ``now``: epoch seconds (default: the clock).
     """
     t_now = _now(now)
     out = Plan()
-    good = [d for d in manifests if "error" not in d]
+    _plan_broken(manifests, pol, out)
+    _plan_snapshots([d for d in manifests if "error" not in d], pol, t_now, out)
+    _plan_staging(staging, pol, t_now, out)
+    _plan_restore_dirs(restore_dirs or [], pol, t_now, out)
+    return out
+
+
+def _plan_broken(manifests: Sequence[Dict[str, Any]], pol: Policy, out: Plan) -> None:
+    """Unreadable snapshots: removed only with ``remove_broken``, never when a newer warmstart wrote them."""
     for entry in manifests:
         if "error" not in entry:
             continue
@@ -256,7 +264,10 @@ def plan(manifests: Sequence[Dict[str, Any]], staging: Sequence[Dict[str, Any]],
                        else "written by a newer warmstart; never removed here" if newer
                        else "unreadable snapshot; kept (set remove_broken to remove it)"),
         })
-    considered = [d for d in good if mf.matches(d, pol.name, pol.labels)]
+
+
+def _removal_reasons(considered: List[Dict[str, Any]], pol: Policy, t_now: float) -> Dict[str, List[str]]:
+    """Why each snapshot goes (keep_last per group, max_age), by id; absent = kept."""
     groups: Dict[Tuple[Optional[str], ...], List[Dict[str, Any]]] = {}
     for doc in newest_first(considered):
         groups.setdefault(group_key(doc, pol.group_by), []).append(doc)
@@ -272,6 +283,13 @@ def plan(manifests: Sequence[Dict[str, Any]], staging: Sequence[Dict[str, Any]],
                 why.append(f"older than max_age={format_duration(pol.max_age)} (age {format_duration(age)})")
             if why:
                 reasons[doc["id"]] = why
+    return reasons
+
+
+def _plan_snapshots(good: List[Dict[str, Any]], pol: Policy, t_now: float, out: Plan) -> None:
+    """Published snapshots matching the policy's name and labels: removed or kept, newest first."""
+    considered = [d for d in good if mf.matches(d, pol.name, pol.labels)]
+    reasons = _removal_reasons(considered, pol, t_now)
     for doc in newest_first(considered):
         if doc["id"] in reasons:
             out.remove.append({
@@ -284,6 +302,10 @@ def plan(manifests: Sequence[Dict[str, Any]], staging: Sequence[Dict[str, Any]],
             })
         else:
             out.kept.append(doc["id"])
+
+
+def _plan_staging(staging: Sequence[Dict[str, Any]], pol: Policy, t_now: float, out: Plan) -> None:
+    """Leftover deletes always go; incomplete snapshots once unchanged for ``incomplete_older_than``."""
     for entry in staging:
         base = str(entry["path"]).rstrip("/").rsplit("/", 1)[-1]
         age = t_now - _changed(entry)
@@ -297,7 +319,11 @@ def plan(manifests: Sequence[Dict[str, Any]], staging: Sequence[Dict[str, Any]],
             continue
         out.remove_staging.append({"path": entry["path"], "reason": reason, "age": round(age, 1),
                                    "size": entry.get("size")})
-    for entry in restore_dirs or []:
+
+
+def _plan_restore_dirs(restore_dirs: Sequence[Dict[str, Any]], pol: Policy, t_now: float, out: Plan) -> None:
+    """Restore work dirs of warmstart's naming, unchanged for ``incomplete_older_than``."""
+    for entry in restore_dirs:
         base = str(entry["path"]).rstrip("/").rsplit("/", 1)[-1]
         if not RESTORE_DIR_RE.match(base):
             continue
@@ -308,7 +334,6 @@ def plan(manifests: Sequence[Dict[str, Any]], staging: Sequence[Dict[str, Any]],
                 "reason": (f"restore work dir unchanged for {format_duration(age)} "
                            f"(incomplete_older_than={format_duration(pol.incomplete_older_than)})"),
             })
-    return out
 
 
 def _changed(entry: Dict[str, Any]) -> float:

@@ -31,7 +31,7 @@ NOFOLLOW_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 class UnsafePath(OSError, WarmstartError):
     """A path that would be reached through a symlink or a non-directory (``UnsafePath(errno, text)``)."""
 
-    def __init__(self, errno: int, text: str) -> None:
+    def __init__(self, errno: Optional[int], text: str) -> None:
         OSError.__init__(self, errno, text)
         self.message, self.reasons, self.log_tail, self.details = text, [], None, {}
 
