@@ -27,6 +27,7 @@ from ansible_collections.warmstart.snapshot.plugins.module_utils import _podcont
 from ansible_collections.warmstart.snapshot.plugins.module_utils._k8s_client import (
     JSON, LABEL_SNAPSHOT_NAME, LABEL_SNAPSHOT_NAMESPACE, Cluster, K8sError, Params, now, ref, subset)
 
+
 # --- PodSnapshot + PodSnapshotContent ------------------------------------------------
 
 def content_name_for(namespace: str, name: str, uid: str) -> str:
@@ -436,7 +437,6 @@ def create_restore_pods(cluster: Cluster, built: JSON, namespace: str, count: in
         actions.append(f"created Pod {namespace}/{meta.get('name') or meta['generateName'] + '*'}")
         pods.append(body if check_mode else cluster.create_pod(namespace, body))
     return bool(actions), pods, actions
-
 
 
 OUTCOMES = {
