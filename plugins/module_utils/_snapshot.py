@@ -22,6 +22,7 @@ CRIU as it is.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import shutil
 import signal
@@ -66,8 +67,9 @@ class SnapshotError(WarmstartError):
 class Capture(Protocol):
     """What a target kind other than a plain process adds to a checkpoint (see _container)."""
 
-    def criu_setup(self, opts: Any) -> None:
-        """Add kind-specific CRIU RPC options (root, external namespaces and mounts)."""
+    def criu_options(self, base: CriuOptions) -> CriuOptions:
+        """``base`` with what dumping this kind adds (root, external namespaces and mounts, ...); may refuse
+        (SnapshotError) before CRIU touches anything."""
 
     def while_stopped(self, target_dir: str) -> Dict[str, Any]:
         """Capture what must match the memory image (runs while the tree is stopped); entry fields."""
@@ -530,6 +532,7 @@ def _stop_and_dump(job: _Job, target: Target, options: CriuOptions, criu: str, p
     Onto ``stopped``: the CUDA rollback once they are locked, then the tree's resume (before the
     dump: a failed dump may leave it stopped); unwound in reverse, the tree runs before CUDA is restored.
     """
+    dump_options = target.capture.criu_options(options) if target.capture else options
     if plan.used:
         prog.phase("cuda checkpoint")
         try:
@@ -542,10 +545,9 @@ def _stop_and_dump(job: _Job, target: Target, options: CriuOptions, criu: str, p
     hasher = st.StreamingHasher(job.images, os.path.relpath(job.images, job.staging.path))
     prog.phase("dump")
     hasher.start()
-    setup: Optional[Callable[[Any], None]] = target.capture.criu_setup if target.capture else None
     try:
         with criu_plugins_off(plan.used):
-            dump(criu, target.pid, job.images, options, leave_stopped=True, setup=setup)
+            dump(criu, target.pid, job.images, dump_options, leave_stopped=True)
     finally:
         job.hashed = hasher.finish()
     timings["dump"] = time.monotonic() - t0
@@ -889,8 +891,9 @@ def _rebuild_error(report: Dict[str, Any]) -> BaseException:
 def _run_criu(criu: str, images: str, work: str, opts: CriuOptions, session: Optional[lz.Session],
               pidfile: Optional[str]) -> int:
     """CRIU's restore in the restorer child, which writes ``pidfile`` as soon as the tree exists (_restorer)."""
-    setup = (lambda o: setattr(o, "lazy_pages", True)) if session else None
-    return rst.restore_recorded(lambda: criu_restore(criu, images, work, opts, setup=setup),
+    if session is not None:
+        opts = dataclasses.replace(opts, lazy_pages=True)
+    return rst.restore_recorded(lambda: criu_restore(criu, images, work, opts),
                                 rst.tree_recorder(pidfile, proc.write_pidfile), _rebuild_error)
 
 
@@ -1042,8 +1045,7 @@ def _restore_locked(store: Store, doc: Dict[str, Any], node: Dict[str, Any], cri
         _put_back_files(target, snap_dir, a.workloads_root, within)
     if control and os.path.isdir(control):
         ctl.clear(control, ctl.RESTORE_COMPLETE, ctl.RESTORE_FAILED)
-    opts = a.options or CriuOptions(**{k: v for k, v in target["criu"]["options"].items()
-                                       if k in CriuOptions.__dataclass_fields__})
+    opts = a.options or CriuOptions.from_manifest(target["criu"]["options"])
     t0 = time.monotonic()
     pid, session = _criu_phase(criu, work, opts, lazy_plan, a, control, doc, pidfile, remote)
     timings["restore"] = time.monotonic() - t0
@@ -1151,11 +1153,3 @@ def _wait_lazy(work: str, doc: Dict[str, Any], a: _RestoreArgs, lazy_plan: Dict[
                             f"after {a.lazy_timeout:g} s", log_tail=log_tail(os.path.join(work, lz.LOG)))
     lazy_plan["complete_after"] = round(state["complete_at"] - a.t_wall, 3)
 
-
-def plan_restore(store: Store, snapshot_id: Optional[str] = None, name: Optional[str] = None,
-                 labels: Optional[Dict[str, str]] = None, verify: bool = True, skip_compat: bool = False,
-                 criu_path: Optional[str] = None, cuda: str = "auto", gpu_node: Optional[GpuNode] = None,
-                 workloads_root: str = wl.DEFAULT_ROOT) -> Dict[str, Any]:
-    """Transitional, goes once ``_module`` calls ``restore(..., check_mode=True)``: exactly that."""
-    return restore(store, snapshot_id, name, labels, verify=verify, skip_compat=skip_compat, criu_path=criu_path,
-                   cuda=cuda, gpu_node=gpu_node, workloads_root=workloads_root, check_mode=True)
