@@ -72,7 +72,7 @@ def _child(run: Callable[[], int], record: Callable[[int], None], out: int) -> N
             pid = run()
         except Exception as exc:  # pylint: disable=broad-except  # reported to the parent, which re-raises
             report: Dict[str, Any] = {"error": str(exc), "type": type(exc).__name__,
-                                      "log_tail": getattr(exc, "log_tail", None)}
+                                      "log_tail": exc.log_tail if isinstance(exc, WarmstartError) else None}
         else:
             try:
                 record(pid)
