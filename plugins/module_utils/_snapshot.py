@@ -373,9 +373,7 @@ def checkpoint(store: Store, target: Target, name: str, labels: Dict[str, str], 
     t_start = time.monotonic()
     mf.check_name(name)
     labels = mf.check_labels(labels)
-    criu = find_criu(criu_path)
-    if not criu:
-        raise CriuError("no CRIU found on this node; prepare it with warmstart.snapshot.node_prep")
+    criu = _need_criu(criu_path)
     gpu_node = gpu_node or GpuNode()
     plan = cuda_plan(cuda, gpu_node, cuda_lock_timeout)
     if wait_ready:
@@ -395,6 +393,14 @@ def checkpoint(store: Store, target: Target, name: str, labels: Dict[str, str], 
                                   plan, gpu_node)
     finally:
         os.close(lock)
+
+
+def _need_criu(criu_path: Optional[str]) -> str:
+    """This node's CRIU (``criu_path`` or found), or a CriuError saying how to get one."""
+    criu = find_criu(criu_path)
+    if not criu:
+        raise CriuError("no CRIU found on this node; prepare it with warmstart.snapshot.node_prep")
+    return criu
 
 
 def _would_checkpoint(store: Store, target: Target, name: str, cuda: str, lock_timeout_ms: int,
@@ -428,7 +434,7 @@ def _wait_ready(target: Target, timeout: float, timings: Dict[str, float]) -> No
 
 @dataclass
 class _Job:
-    """One checkpoint in progress: its staging, its manifest, and the target entry captured so far."""
+    """One checkpoint in progress: its staging, its manifest, and what the target's manifest entry is made of."""
 
     staging: Staging
     manifest: Dict[str, Any]
@@ -969,9 +975,7 @@ def _choose(store: Store, snapshot_id: Optional[str], name: Optional[str], label
     if a.lazy_timeout <= 0:
         raise SnapshotError(f"lazy_timeout: {a.lazy_timeout:g} s is not positive")
     a.remote = lz.parse_address(a.page_server) if a.page_server else None
-    criu = find_criu(criu_path)
-    if not criu:
-        raise CriuError("no CRIU found on this node; prepare it with warmstart.snapshot.node_prep")
+    criu = _need_criu(criu_path)
     node = describe_node(criu)
     if snapshot_id is not None:
         mf.check_id(snapshot_id)
