@@ -67,7 +67,6 @@ class CriuOptions:
     shell_job: bool = False
     network_lock: str = "nftables"      # a key of NETWORK_LOCK
     manage_cgroups: bool = False
-    extra: Dict[str, Any] = field(default_factory=dict)
     # --- set by a target kind or a restore mode
     root: Optional[str] = None          # the tree's root directory (a container's rootfs)
     manage_cgroups_mode: Optional[str] = None  # a key of CGROUPS_MODE; None = CRIU's default
