@@ -38,6 +38,13 @@ class Double:
             raise SystemExit(1)
 
 
+def raising(exc: BaseException) -> Any:
+    """An engine call that raises ``exc``."""
+    def call(params: Any, check_mode: bool) -> Dict[str, Any]:
+        raise exc
+    return call
+
+
 def run(call: Any, module: Optional[Double] = None, progress: bool = False) -> Double:
     module = module or Double()
     with pytest.raises(SystemExit):
@@ -77,7 +84,7 @@ def test_warmstart_error_gives_message_reasons_log_tail_and_details() -> None:
 
 
 def test_warmstart_error_without_reasons_or_tail() -> None:
-    module = run(lambda p, c: (_ for _ in ()).throw(WarmstartError("plain")))
+    module = run(raising(WarmstartError("plain")))
     assert module.failed == {"msg": "plain", "reasons": []}
 
 
@@ -108,7 +115,7 @@ def test_a_double_that_returns_is_stopped_by_the_adapter() -> None:
     assert ended.value.code == 0 and module.exited == {"changed": False}
     module = Double(returns=True)
     with pytest.raises(SystemExit) as ended:
-        _adapter.run_module(module, lambda p, c: (_ for _ in ()).throw(WarmstartError("no")))
+        _adapter.run_module(module, raising(WarmstartError("no")))
     assert ended.value.code == 1 and module.failed is not None
 
 

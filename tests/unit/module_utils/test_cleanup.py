@@ -58,7 +58,7 @@ def leftovers(store: st.FsStore, tmp_path: Path) -> Dict[str, str]:
 
 
 def test_check_mode_removes_nothing_and_reports_what_would_go(store: st.FsStore, tmp_path: Path) -> None:
-    docs = [make_snapshot(store, "embed") for _ in range(3)]
+    docs = [make_snapshot(store, "embed") for index in range(3)]
     paths = leftovers(store, tmp_path)
     before = tree(tmp_path)
     result = _module.cleanup(params(store, tmp_path, keep_last=1), True)
@@ -74,7 +74,7 @@ def test_check_mode_removes_nothing_and_reports_what_would_go(store: st.FsStore,
 
 
 def test_real_run_removes_what_check_mode_listed(store: st.FsStore, tmp_path: Path) -> None:
-    for _ in range(3):
+    for index in range(3):
         make_snapshot(store, "embed")
     paths = leftovers(store, tmp_path)
     plan = _module.cleanup(params(store, tmp_path, keep_last=1), True)
@@ -105,7 +105,7 @@ def test_bad_policy_is_refused_before_the_store_is_read(tmp_path: Path) -> None:
 
 def test_a_failed_removal_fails_with_the_whole_result_and_errors(store: st.FsStore, tmp_path: Path,
                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
-    gone, stuck, kept = (make_snapshot(store) for _ in range(3))
+    gone, stuck, kept = (make_snapshot(store, f"embed{index}") for index in range(3))
 
     def delete(snapshot_id: str) -> int:
         if snapshot_id == stuck["id"]:
