@@ -72,8 +72,9 @@ class VerifiedFiles:
     unwritable: everything is hashed.
     """
 
-    def __init__(self, snapshot_id: str, root: Optional[str] = None) -> None:
+    def __init__(self, snapshot_id: str, root: Optional[str] = None, record: bool = True) -> None:
         self.root = root or os.environ.get(VERIFIED_DIR_ENV) or VERIFIED_DIR
+        self.record = record  # False (check mode): what is known is used, nothing is written
         self.path = os.path.join(self.root, f"{mf.check_id(snapshot_id)}.json")
         self.data = self._load()
         self.added: Dict[str, List[Any]] = {}
@@ -106,7 +107,7 @@ class VerifiedFiles:
 
     def save(self) -> None:
         """Write the record (best effort: it only saves work); drop records not written for VERIFIED_KEEP_DAYS."""
-        if not self.added:
+        if not self.added or not self.record:
             return
         try:
             os.makedirs(self.root, mode=0o700, exist_ok=True)
@@ -345,9 +346,10 @@ class FsStore:
         return self.snapshot_dir(snapshot_id)
 
     def verify(self, doc: Dict[str, Any], fetch: bool = True, cached: bool = False) -> List[str]:
-        """Every file of the snapshot hashed in place (``fetch`` changes nothing: nothing is downloaded)."""
-        del fetch
-        return verify_files(self.local_dir(doc["id"]), doc, cache=VerifiedFiles(doc["id"]) if cached else None)
+        """Every file of the snapshot hashed in place (nothing to download); without ``fetch`` (check mode) this
+        node's record of hashed files is read but not written."""
+        cache = VerifiedFiles(doc["id"], record=fetch) if cached else None
+        return verify_files(self.local_dir(doc["id"]), doc, cache=cache)
 
     def fetch_file(self, snapshot_id: str, entry: Dict[str, Any], path: str, verify: bool = True) -> None:
         """One file of the snapshot at ``path`` (a symlink into the store), checked against its manifest entry."""

@@ -39,14 +39,9 @@ class Staging(Protocol):
 class Store(Protocol):
     """A place snapshots are published to and restored from (see the module docstring for invariants)."""
 
-    root: str
-    """The store as the user named it (a path or an ``s3://`` URL)."""
-
-    kind: str
-    """``fs`` or ``s3``: for reports only; the engine never branches on it."""
-
-    transfer: Dict[str, Any]
-    """Bytes moved over a network by this store object (empty for a filesystem store)."""
+    root: str                    # the store as the user named it (a path or an ``s3://`` URL)
+    kind: str                    # ``fs`` or ``s3``: for reports only; the engine never branches on it
+    transfer: Dict[str, Any]     # bytes moved over a network by this store object (empty for a filesystem store)
 
     @property
     def snapshots(self) -> str:

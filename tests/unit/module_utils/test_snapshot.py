@@ -3,6 +3,7 @@ every step, and the restore's outcome is decided once."""
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import time
@@ -75,12 +76,14 @@ def test_checkpoint_check_mode_refuses_what_the_store_would(engine: Path, sleepe
 def test_restore_check_mode_touches_nothing(engine: Path) -> None:
     store = st.FsStore(str(engine / "store"))
     doc = make_snapshot(store)
+    shutil.rmtree(engine / "verified")  # the record publish wrote: a node that did not take the snapshot
     before = tree(engine / "store")
     result = snap.restore(store, doc["id"], skip_compat=True, restore_root=str(engine / "restore"), check_mode=True)
     assert result == {"id": doc["id"], "name": "embed", "verified": True, "compat_checked": False,
                       "gpu_state": False}
     assert tree(engine / "store") == before
     assert not (engine / "restore").exists() and not (engine / "locks").exists()
+    assert not (engine / "verified").exists()  # this node's record of hashed files is not written either
 
 
 # --- outcome ------------------------------------------------------------------
