@@ -47,6 +47,7 @@ from ansible_collections.warmstart.snapshot.plugins.module_utils._criu_rpc impor
 from ansible_collections.warmstart.snapshot.plugins.module_utils._criu_rpc import restore as criu_restore
 from ansible_collections.warmstart.snapshot.plugins.module_utils._errors import WarmstartError
 from ansible_collections.warmstart.snapshot.plugins.module_utils._runtime import Runtime, get_runtime, running
+from ansible_collections.warmstart.snapshot.plugins.module_utils._storeapi import Store
 
 EXT_NET = "warmstart-net"
 EXT_PID = "warmstart-pid"
@@ -542,7 +543,7 @@ def restore_one(criu: str, snap_dir: str, doc: Dict[str, Any], d: Destination, o
     return r.out
 
 
-def _select(store: st.FsStore, snapshot_id: Optional[str], name: Optional[str], labels: Optional[Dict[str, str]],
+def _select(store: Store, snapshot_id: Optional[str], name: Optional[str], labels: Optional[Dict[str, str]],
             node: Dict[str, Any], skip_compat: bool, verify: bool, fetch: bool = True) -> Dict[str, Any]:
     """The snapshot to restore, after every check of the snapshot itself; reads only.
 
@@ -587,7 +588,7 @@ def _restore_exclusive(runtime: Runtime, criu: str, store: Any, doc: Dict[str, A
         os.close(lock)
 
 
-def restore_into(store: st.FsStore, into: Any, snapshot_id: Optional[str] = None, name: Optional[str] = None,
+def restore_into(store: Store, into: Any, snapshot_id: Optional[str] = None, name: Optional[str] = None,
                  labels: Optional[Dict[str, str]] = None, verify: bool = True, skip_compat: bool = False,
                  skip_image_check: bool = False, kill_on_failure: bool = True, runtime_name: str = "podman",
                  options: Optional[CriuOptions] = None, criu_path: Optional[str] = None,
