@@ -217,7 +217,7 @@ def test_container_restore_success_and_check_mode(store: st.FsStore, tmp_path: P
 
     def fake(store_: Any, spec: Any, **kwargs: Any) -> Dict[str, Any]:
         seen.update(kwargs, spec=spec)
-        verb = "would restore" if kwargs.get("check_mode", kwargs.get("check_only")) else "succeeded"
+        verb = "would restore" if kwargs["check_mode"] else "succeeded"
         return {"id": "i", "name": "app", "outcome": "succeeded",
                 "destinations": [{"container": "p1", "source": "app", "result": verb}]}
 
