@@ -19,12 +19,12 @@ A module's ``main()`` is its argument spec and one call::
 - Progress (``progress_file``) is started before the call and finished whatever happens.
 
 No Ansible import here: ``module`` is anything with ``params``, ``check_mode``, ``warn``, ``exit_json`` and
-``fail_json`` (an ``AnsibleModule``, or a test double).
+``fail_json`` (the ``Module`` protocol: an ``AnsibleModule``, or a test double).
 """
 from __future__ import annotations
 
 import traceback
-from typing import Any, Callable, Dict, List, Mapping, NoReturn
+from typing import Any, Callable, Dict, List, Mapping, NoReturn, Protocol
 
 from ansible_collections.warmstart.snapshot.plugins.module_utils import _progress as prog
 from ansible_collections.warmstart.snapshot.plugins.module_utils._errors import WarmstartError
@@ -32,6 +32,27 @@ from ansible_collections.warmstart.snapshot.plugins.module_utils._errors import 
 Params = Mapping[str, Any]
 Result = Dict[str, Any]
 EngineCall = Callable[[Params, bool], Result]
+
+
+class Module(Protocol):
+    """What the adapter uses of an ``AnsibleModule``; a test double needs no more."""
+
+    @property
+    def params(self) -> Params:
+        """The module's options, validated against its argument spec."""
+
+    @property
+    def check_mode(self) -> bool:
+        """Whether the task runs in check mode."""
+
+    def warn(self, warning: str) -> None:
+        """Add a warning to the task's result."""
+
+    def exit_json(self, **kwargs: Any) -> Any:
+        """End the module with this result (does not return)."""
+
+    def fail_json(self, **kwargs: Any) -> Any:
+        """End the module with this failure (does not return)."""
 
 
 def failure(exc: BaseException) -> Result:
@@ -73,30 +94,27 @@ def _traceback(exc: BaseException) -> str:
     return "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
 
 
-def run_module(module: Any, call: EngineCall, *, progress: bool = False) -> NoReturn:
+def run_module(module: Module, call: EngineCall, *, progress: bool = False) -> NoReturn:
     """Run ``call(module.params, module.check_mode)`` and end the module with its result or its failure."""
     if progress:
         prog.start(module.params.get("progress_file"))
     try:
         result = call(module.params, bool(module.check_mode))
     except Exception as exc:  # pylint: disable=broad-exception-caught  # reported, with a traceback when unexpected
-        _end(module, None, failure(exc), progress)
-    _end(module, result, None, progress)
+        _end(module, failure(exc), progress, module.fail_json, 1)
+    _end(module, result, progress, module.exit_json, 0)
 
 
-def _end(module: Any, result: Any, failed: Any, progress: bool) -> NoReturn:
+def _end(module: Module, result: Result, progress: bool, end: Callable[..., Any], code: int) -> NoReturn:
+    """Finish progress, hand over the warnings, then ``end`` (exit_json or fail_json) with ``result``."""
     if progress:
         prog.finish()
-    if failed is not None:
-        _warn(module, failed)
-        module.fail_json(**failed)
-        raise SystemExit(1)  # fail_json does not return; a test double that does is stopped here
     _warn(module, result)
-    module.exit_json(**result)
-    raise SystemExit(0)  # exit_json does not return; a test double that does is stopped here
+    end(**result)
+    raise SystemExit(code)  # exit_json / fail_json do not return; a test double that does is stopped here
 
 
-def _warn(module: Any, result: Result) -> None:
+def _warn(module: Module, result: Result) -> None:
     """Hand ``result``'s ``warnings`` to ``module.warn`` (on success and on failure) and drop the key."""
     warnings: List[str] = list(result.pop("warnings", None) or [])
     for warning in warnings:
