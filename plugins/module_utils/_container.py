@@ -43,7 +43,7 @@ from ansible_collections.warmstart.snapshot.plugins.module_utils._compat import 
 from ansible_collections.warmstart.snapshot.plugins.module_utils._containerinfo import ContainerInfo
 from ansible_collections.warmstart.snapshot.plugins.module_utils._criu import CriuError, find_criu
 from ansible_collections.warmstart.snapshot.plugins.module_utils._criu_rpc import (
-    CriuOptions, ExtMount, InheritFd, JoinNs, _target_to_rpc, read_stats)
+    CriuOptions, ExtMount, InheritFd, JoinNs, read_stats)
 from ansible_collections.warmstart.snapshot.plugins.module_utils._criu_rpc import restore as criu_restore
 from ansible_collections.warmstart.snapshot.plugins.module_utils._errors import WarmstartError
 from ansible_collections.warmstart.snapshot.plugins.module_utils._runtime import Runtime, get_runtime, running
@@ -137,12 +137,6 @@ class ContainerCapture:
                 f"container {self.info.name}: cannot read the nftables of its network namespace ({exc}); CRIU locks "
                 "that network during the dump and the lock could not be lifted afterwards - prepare the node with "
                 "warmstart.snapshot.node_prep (its CRIU bundle carries libnftables)") from None
-
-    def criu_setup(self, opts: Any) -> None:
-        """Transitional, until _snapshot uses ``criu_options``: what it adds, written into the RPC options."""
-        added = self.criu_options(CriuOptions())
-        opts.shell_job = True
-        _target_to_rpc(added, opts)
 
     def before_resume(self) -> None:
         if self.lock_tables is None:
@@ -592,8 +586,7 @@ def restore_into(store: Store, into: Any, snapshot_id: Optional[str] = None, nam
                  labels: Optional[Dict[str, str]] = None, verify: bool = True, skip_compat: bool = False,
                  skip_image_check: bool = False, kill_on_failure: bool = True, runtime_name: str = "podman",
                  options: Optional[CriuOptions] = None, criu_path: Optional[str] = None,
-                 restore_root: str = snap.DEFAULT_RESTORE_ROOT, check_mode: bool = False,
-                 check_only: Optional[bool] = None) -> Dict[str, Any]:
+                 restore_root: str = snap.DEFAULT_RESTORE_ROOT, check_mode: bool = False) -> Dict[str, Any]:
     """Restore a container snapshot into placeholder containers; per-destination results.
 
     Checksums and compatibility are checked once, before anything; each
@@ -605,10 +598,9 @@ def restore_into(store: Store, into: Any, snapshot_id: Optional[str] = None, nam
     The result's ``outcome`` is computed here, once: over the destinations on
     return; on a raise, in the error's details - ``incompatible`` when the
     snapshot does not fit this node (refused before any container is touched),
-    ``failed`` otherwise. (``check_only``: the old name of ``check_mode``, until _module passes check_mode.)
+    ``failed`` otherwise.
     """
     t_start = time.monotonic()
-    check_mode = check_mode if check_only is None else check_only
     try:
         criu = find_criu(criu_path)
         if not criu:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import struct
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Dict, List, Optional
 
 from ansible_collections.warmstart.snapshot.plugins.module_utils._criu import CriuError
 
@@ -193,11 +193,7 @@ def _fail(what: str, exc: Exception, log: str, log_kept: bool = True) -> CriuErr
     return CriuError(f"CRIU {what} failed: {cause}{where}", log_tail=log_tail(log))
 
 
-Setup = Optional[Callable[[Any], None]]  # transitional: goes once no caller passes setup=
-
-
-def dump(criu_path: str, pid: int, images_dir: str, options: CriuOptions, leave_stopped: bool = True,
-         setup: Setup = None) -> None:
+def dump(criu_path: str, pid: int, images_dir: str, options: CriuOptions, leave_stopped: bool = True) -> None:
     """Dump the tree rooted at ``pid`` into ``images_dir``.
 
     With ``leave_stopped`` the tree stays SIGSTOPped after a successful dump,
@@ -216,8 +212,6 @@ def dump(criu_path: str, pid: int, images_dir: str, options: CriuOptions, leave_
         else:
             client.opts.leave_running = True
         to_rpc(options, client.opts)
-        if setup is not None:
-            setup(client.opts)
         try:
             client.dump()
         except Exception as exc:  # pycriu raises CRIUExceptionExternal / OSError
@@ -227,7 +221,7 @@ def dump(criu_path: str, pid: int, images_dir: str, options: CriuOptions, leave_
         os.close(fd)
 
 
-def restore(criu_path: str, images_dir: str, work_dir: str, options: CriuOptions, setup: Setup = None) -> int:
+def restore(criu_path: str, images_dir: str, work_dir: str, options: CriuOptions) -> int:
     """Restore the tree in ``images_dir`` detached (as our sibling); return its host PID.
 
     The file descriptors of ``options.inherit_fd`` must be inheritable.
@@ -241,8 +235,6 @@ def restore(criu_path: str, images_dir: str, work_dir: str, options: CriuOptions
         client.opts.log_file = "restore.log"
         client.opts.rst_sibling = True
         to_rpc(options, client.opts)
-        if setup is not None:
-            setup(client.opts)
         try:
             resp = client.restore()
         except Exception as exc:

@@ -123,7 +123,7 @@ class Criu:
         self.fail = fail
         self.seen: List[Dict[str, Any]] = []
 
-    def dump(self, criu: str, pid: int, images: str, options: Any, leave_stopped: bool = True, setup: Any = None) -> None:
+    def dump(self, criu: str, pid: int, images: str, options: Any, leave_stopped: bool = True) -> None:
         libs = os.environ.get(snap.CRIU_LIBS_DIR)
         self.seen.append({"pid": pid, "states": self.fake.states() if self.fake else {}, "libs_dir": libs,
                           "libs_dir_empty": libs is not None and os.path.isdir(libs) and not os.listdir(libs)})
@@ -477,7 +477,7 @@ def restored(fake: Fake, engine: Dict[str, Any], ns: Ns, libs: Dict[str, Path], 
     fake.clear_log()
     libs_dirs = CallLog(tmp_path / "criu-calls.json")
 
-    def criu_restore(criu: str, images: str, work: str, options: Any, setup: Any = None) -> int:
+    def criu_restore(criu: str, images: str, work: str, options: Any) -> int:
         libs_dirs.append(os.environ.get(snap.CRIU_LIBS_DIR))  # runs in the restorer child: logged to a file
         return copy.pid
 

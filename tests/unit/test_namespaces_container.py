@@ -8,6 +8,7 @@ import pytest
 from ansible_collections.warmstart.snapshot.plugins.module_utils import _namespaces as nsu
 from ansible_collections.warmstart.snapshot.plugins.module_utils import _container as ctr
 from ansible_collections.warmstart.snapshot.plugins.module_utils._container import parse_container_map
+from ansible_collections.warmstart.snapshot.plugins.module_utils._criu_rpc import CriuOptions
 from ansible_collections.warmstart.snapshot.plugins.module_utils._snapshot import SnapshotError
 
 CONTAINER = """\
@@ -105,8 +106,8 @@ def test_a_container_whose_network_lock_cannot_be_read_is_refused_before_the_dum
     info = SimpleNamespace(name="embed-1", rootfs="/r")
     cap = ctr.ContainerCapture(info=info, root_pid=4242, ns_pids=[2], external=[], stdio=[], net_ns=1, pid_ns=2,
                                control_path=None)
-    opts = SimpleNamespace(external=[])
+    opts = CriuOptions()
     expected = r"container embed-1: cannot read the nftables .*libnftables is not available.*node_prep"
     with pytest.raises(SnapshotError, match=expected):
-        cap.criu_setup(opts)
+        cap.criu_options(opts)
     assert opts.external == [], "nothing was set up for CRIU"

@@ -99,3 +99,20 @@ def test_a_failed_restore_kills_what_it_restored_and_the_placeholder(tmp_path: A
     out = ctr.restore_one("/criu", str(tmp_path), DOC, d, ctr.CriuOptions(), str(tmp_path / "restore"), True)
     assert out["result"] == "failed" and out["error"] == "container ph: placeholder ph exited during the restore"
     assert killed == [("tree", 777), ("placeholder", 4242)] and out["placeholder"] == "killed"
+
+
+def test_a_container_dump_adds_its_root_namespaces_mounts_and_cgroups(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(ctr.nsu, "criu_lock_tables", lambda pid: ["filter"])
+    info = ContainerInfo(id="c" * 64, name="embed-1", runtime="podman", image="i", image_id="x", running=True,
+                         status="running", pid=4000, cgroup_path="/cg", rootfs="/merged", upper_dir=None, hostname="h")
+    cap = ctr.ContainerCapture(info=info, root_pid=4242, ns_pids=[2], stdio=[], net_ns=11, pid_ns=12,
+                               external=[{"mountpoint": "/data", "fstype": "ext4", "source": "/srv/data"}],
+                               control_path=None)
+    base = ctr.CriuOptions(tcp="close", timeout=7)
+    got = cap.criu_options(base)
+    assert got == ctr.CriuOptions(tcp="close", timeout=7, root="/merged", shell_job=True, manage_cgroups=True,
+                                  manage_cgroups_mode="soft",
+                                  external=["net[11]:warmstart-net", "pid[12]:warmstart-pid"],
+                                  ext_mnt=[ctr.ExtMount("/data", "/data")])
+    assert base == ctr.CriuOptions(tcp="close", timeout=7), "the caller's options are not changed"
+    assert cap.lock_tables == ["filter"], "the network lock's tables are remembered for before_resume"
