@@ -55,7 +55,8 @@ class CriuOptions:
 
     The first group is what users choose and a manifest records (``as_dict``); the rest is what a target kind
     or a restore mode adds (``dataclasses.replace`` of the user's options): never recorded, never read from a
-    manifest.
+    manifest. What belongs to one call (images and work dir, pid, log file, leave_stopped, rst_sibling: a
+    restore is always detached) is set by ``dump`` / ``restore`` themselves.
     """
 
     tcp: str = "established"            # established | close | none
