@@ -117,9 +117,6 @@ class FailingCapture:
     def __init__(self) -> None:
         self.calls: List[str] = []
 
-    def criu_setup(self, opts: Any) -> None:
-        self.calls.append("setup")
-
     def criu_options(self, base: CriuOptions) -> CriuOptions:
         self.calls.append("options")
         return base
