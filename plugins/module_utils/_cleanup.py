@@ -31,6 +31,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from ansible_collections.warmstart.snapshot.plugins.module_utils import _info as info
 from ansible_collections.warmstart.snapshot.plugins.module_utils import _manifest as mf
+from ansible_collections.warmstart.snapshot.plugins.module_utils import _progress as prog
 from ansible_collections.warmstart.snapshot.plugins.module_utils import _retention as ret
 from ansible_collections.warmstart.snapshot.plugins.module_utils import _store as st
 from ansible_collections.warmstart.snapshot.plugins.module_utils._errors import WarmstartError
@@ -171,16 +172,6 @@ def _prune_cache(store: Store, listed: List[Dict[str, Any]], check_mode: bool, d
         done.cache.append(item)
 
 
-def human(size: int) -> str:
-    """``size`` bytes for people: B, KiB, MiB, GiB or TiB."""
-    value = float(size)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if value < 1024 or unit == "TiB":
-            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
-        value /= 1024
-    return f"{size} B"  # pragma: no cover
-
-
 def _report(decision: ret.Plan, missing: List[str], done: _Done, check_mode: bool) -> Dict[str, Any]:
     """The module result for what the phases did (``warnings`` included for the adapter)."""
     freed = sum(int(e.get("size") or 0) for e in done.everything())
@@ -189,7 +180,7 @@ def _report(decision: ret.Plan, missing: List[str], done: _Done, check_mode: boo
     msg = (f"{'would remove' if check_mode else 'removed'} {len(done.snapshots)} snapshot(s), "
            f"{len(done.staging)} staging dir(s) and {len(done.restore_dirs)} restore work dir(s)"
            + (f", {len(done.cache)} cached snapshot(s)" if done.cache else "")
-           + f", {human(freed)}; kept {len(kept)} snapshot(s)")
+           + f", {prog.human(freed)}; kept {len(kept)} snapshot(s)")
     return dict(
         changed=bool(done.everything()), removed=removed, removed_snapshots=done.snapshots,
         removed_staging=done.staging, removed_restore_dirs=done.restore_dirs, removed_cache=done.cache,

@@ -25,6 +25,7 @@ import time
 from typing import Any, Dict, Optional
 
 MIN_INTERVAL = 0.5
+UNITS = ("B", "KiB", "MiB", "GiB", "TiB")
 
 
 class Reporter:
@@ -121,3 +122,13 @@ def add(n: int) -> None:
 
 def finish() -> None:
     _current.finish()
+
+
+def human(size: float) -> str:
+    """``size`` bytes for people: whole bytes below 1 KiB, else one decimal of KiB, MiB, GiB or TiB."""
+    value = float(size)
+    for unit in UNITS[:-1]:
+        if value < 1024:
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    return f"{value:.1f} {UNITS[-1]}"

@@ -29,18 +29,9 @@ from ansible.plugins.action import ActionBase
 from ansible.utils.display import Display
 from ansible.utils.vars import merge_hash
 
+from ansible_collections.warmstart.snapshot.plugins.module_utils._progress import human
+
 display = Display()
-
-UNITS = ("B", "KiB", "MiB", "GiB", "TiB")
-
-
-def human(size: float) -> str:
-    value = float(size)
-    for unit in UNITS:
-        if value < 1024 or unit == UNITS[-1]:
-            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
-        value /= 1024
-    return f"{value:.1f} TiB"  # pragma: no cover - loop always returns
 
 
 def format_progress(doc: Dict[str, Any]) -> Optional[str]:

@@ -10,6 +10,7 @@ import pytest
 
 from ansible_collections.warmstart.snapshot.plugins.module_utils import _cleanup as cln
 from ansible_collections.warmstart.snapshot.plugins.module_utils import _module
+from ansible_collections.warmstart.snapshot.plugins.module_utils import _progress as prog
 from ansible_collections.warmstart.snapshot.plugins.module_utils import _retention as ret
 from ansible_collections.warmstart.snapshot.plugins.module_utils import _store as st
 from ansible_collections.warmstart.snapshot.plugins.module_utils._adapter import failure
@@ -171,5 +172,5 @@ def test_remove_path_refuses_to_report_a_dir_that_stays(tmp_path: Path, monkeypa
 
 
 def test_human_sizes() -> None:
-    assert [cln.human(n) for n in (0, 1023, 1024, 5 << 20, 3 << 40)] == ["0 B", "1023 B", "1.0 KiB", "5.0 MiB",
+    assert [prog.human(n) for n in (0, 1023, 1024, 5 << 20, 3 << 40)] == ["0 B", "1023 B", "1.0 KiB", "5.0 MiB",
                                                                          "3.0 TiB"]

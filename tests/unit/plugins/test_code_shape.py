@@ -1,0 +1,128 @@
+"""The shape the engine promises to keep (issue 19), checked on the source itself.
+
+- plugins/module_utils imports nothing from Ansible, and its modules import each other without cycles;
+- no function there is longer than MAX_FUNCTION_LINES;
+- every exception class the engine defines derives from _errors.WarmstartError;
+- every module's main() is its AnsibleModule argument spec plus one run_module() call.
+"""
+from __future__ import annotations
+
+import ast
+import importlib
+import inspect
+from pathlib import Path
+from typing import Dict, List, Set
+
+import pytest
+
+PLUGINS = Path(__file__).resolve().parents[2] / "plugins"
+ENGINE = PLUGINS / "module_utils"
+PACKAGE = "ansible_collections.warmstart.snapshot.plugins.module_utils"
+MAX_FUNCTION_LINES = 80
+
+
+def _tree(path: Path) -> ast.Module:
+    return ast.parse(path.read_text(), filename=str(path))
+
+
+def _engine_files() -> List[Path]:
+    return sorted(p for p in ENGINE.glob("_*.py"))
+
+
+def _imports(tree: ast.Module) -> Set[str]:
+    names: Set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            names.add(node.module)
+            if node.module == PACKAGE:
+                names.update(f"{PACKAGE}.{alias.name}" for alias in node.names)
+    return names
+
+
+def test_engine_files_exist() -> None:
+    assert len(_engine_files()) > 20
+
+
+@pytest.mark.parametrize("path", _engine_files(), ids=lambda p: p.name)
+def test_engine_does_not_import_ansible(path: Path) -> None:
+    bad = sorted(n for n in _imports(_tree(path)) if n == "ansible" or n.startswith("ansible."))
+    assert not bad, f"{path.name} imports {bad}: the engine stays free of Ansible"
+
+
+@pytest.mark.parametrize("path", _engine_files(), ids=lambda p: p.name)
+def test_engine_functions_are_short(path: Path) -> None:
+    long = [f"{node.name} (line {node.lineno}, {node.end_lineno - node.lineno + 1} lines)"
+            for node in ast.walk(_tree(path))
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.end_lineno is not None
+            and node.end_lineno - node.lineno + 1 > MAX_FUNCTION_LINES]
+    assert not long, f"{path.name}: functions over {MAX_FUNCTION_LINES} lines: {', '.join(long)}"
+
+
+def _engine_graph() -> Dict[str, Set[str]]:
+    graph: Dict[str, Set[str]] = {}
+    for path in _engine_files():
+        deps = {n.rsplit(".", 1)[1] for n in _imports(_tree(path)) if n.startswith(PACKAGE + "._")}
+        graph[path.stem] = deps - {path.stem}
+    return graph
+
+
+def test_engine_imports_have_no_cycle() -> None:
+    graph = _engine_graph()
+    state: Dict[str, int] = {}
+    cycles: List[str] = []
+
+    def visit(name: str, trail: List[str]) -> None:
+        state[name] = 1
+        for dep in sorted(graph.get(name, ())):
+            if state.get(dep) == 1:
+                cycles.append(" -> ".join(trail[trail.index(dep):] + [dep]) if dep in trail else f"{name} -> {dep}")
+            elif dep not in state:
+                visit(dep, trail + [dep])
+        state[name] = 2
+
+    for name in sorted(graph):
+        if name not in state:
+            visit(name, [name])
+    assert not cycles, "import cycles in plugins/module_utils: " + "; ".join(cycles)
+
+
+def test_every_engine_error_derives_from_the_root() -> None:
+    root = importlib.import_module(f"{PACKAGE}._errors").WarmstartError
+    strays = []
+    for path in _engine_files():
+        module = importlib.import_module(f"{PACKAGE}.{path.stem}")
+        for name, cls in inspect.getmembers(module, inspect.isclass):
+            if cls.__module__ == module.__name__ and issubclass(cls, BaseException) and not issubclass(cls, root):
+                strays.append(f"{path.stem}.{name}")
+    assert not strays, f"engine errors outside WarmstartError: {strays}"
+
+
+def _main(path: Path) -> ast.FunctionDef:
+    found = [n for n in _tree(path).body if isinstance(n, ast.FunctionDef) and n.name == "main"]
+    assert found, f"{path.name} has no main()"
+    return found[0]
+
+
+def _call_name(node: ast.AST) -> str:
+    func = node.func if isinstance(node, ast.Call) else None
+    if isinstance(func, ast.Name):
+        return func.id
+    if isinstance(func, ast.Attribute):
+        return func.attr
+    return ""
+
+
+@pytest.mark.parametrize("path", sorted((PLUGINS / "modules").glob("*.py")), ids=lambda p: p.name)
+def test_module_main_is_spec_and_one_adapter_call(path: Path) -> None:
+    body = _main(path).body
+    shape = []
+    for stmt in body:
+        if isinstance(stmt, ast.Assign) and _call_name(stmt.value) == "AnsibleModule":
+            shape.append("spec")
+        elif isinstance(stmt, ast.Expr) and _call_name(stmt.value) == "run_module":
+            shape.append("run")
+        else:
+            shape.append(type(stmt).__name__)
+    assert shape == ["spec", "run"], f"{path.name}: main() is {shape}, not an argument spec and one run_module() call"
