@@ -14,7 +14,7 @@ import pytest
 
 from ansible_collections.warmstart.snapshot.plugins.module_utils import _control as ctl
 
-HELPER = Path(__file__).resolve().parents[2] / "workload" / "warmstart_workload.py"
+HELPER = Path(__file__).resolve().parents[3] / "workload" / "warmstart_workload.py"
 spec = importlib.util.spec_from_file_location("warmstart_workload_for_control", HELPER)
 ws = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(ws)

@@ -8,9 +8,7 @@ from __future__ import annotations
 
 import ctypes
 import os
-import shutil
 import struct
-import subprocess
 import sys
 from pathlib import Path
 from types import SimpleNamespace
@@ -36,7 +34,6 @@ from ansible_collections.warmstart.snapshot.plugins.module_utils._cuda import (
     restore_and_unlock,
 )
 
-FAKE_SOURCE = Path(__file__).resolve().parents[1] / "support" / "fake_libcuda.c"
 UUID_A = "GPU-aaaaaaaa-1111-2222-3333-444444444444"
 UUID_B = "GPU-bbbbbbbb-1111-2222-3333-444444444444"
 UUID_C = "GPU-cccccccc-1111-2222-3333-444444444444"
@@ -45,19 +42,7 @@ H100 = "NVIDIA H100 80GB HBM3"
 A100 = "NVIDIA A100-SXM4-40GB"
 
 
-def hexid(uuid: str) -> str:
-    return _cuda.uuid_bytes(uuid).hex()
-
-
-def compile_fake(out: Path, *defines: str) -> Path:
-    gcc = shutil.which("gcc") or shutil.which("cc")
-    if gcc is None:
-        pytest.fail("gcc is needed to build the fake libcuda.so.1 for these tests (apt-get install gcc)")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    cmd = [gcc, "-Wall", "-Werror", "-shared", "-fPIC", *[f"-D{d}" for d in defines], "-o", str(out), str(FAKE_SOURCE)]
-    done = subprocess.run(cmd, capture_output=True, text=True, check=False)
-    assert done.returncode == 0, done.stderr
-    return out
+from tests.support.fake_cuda import Fake, compile_fake, hexid
 
 
 @pytest.fixture(scope="session")
@@ -68,44 +53,6 @@ def libs(tmp_path_factory: pytest.TempPathFactory) -> Dict[str, Path]:
         "old": compile_fake(root / "old" / "libcuda.so.1", "FAKE_WITHOUT_CHECKPOINT_API"),
         "noname": compile_fake(root / "noname" / "libcuda.so.1", "FAKE_WITHOUT_ERROR_NAME"),
     }
-
-
-class Fake:
-    """The fake driver's state file and call log."""
-
-    def __init__(self, root: Path, lib: Path) -> None:
-        self.state_file = root / "cuda.state"
-        self.log_file = root / "cuda.log"
-        self.lib = lib
-        self.state_file.write_text("")
-
-    def add(self, pid: int, state: str = "running", busy: bool = False, gpus: Optional[List[str]] = None) -> None:
-        line = f"{pid} {state}" + (" busy" if busy else "")
-        if gpus:
-            line += " gpus=" + ",".join(hexid(g) for g in gpus)
-        with self.state_file.open("a") as handle:
-            handle.write(line + "\n")
-
-    def states(self) -> Dict[int, str]:
-        out = {}
-        for line in self.state_file.read_text().splitlines():
-            pid, state = line.split()[:2]
-            out[int(pid)] = state
-        return out
-
-    def calls(self, *names: str) -> List[Dict[str, str]]:
-        if not self.log_file.exists():
-            return []
-        out = []
-        for line in self.log_file.read_text().splitlines():
-            fields = dict(item.split("=", 1) for item in line.split())
-            if not names or fields["call"] in names:
-                out.append(fields)
-        return out
-
-    def clear_log(self) -> None:
-        if self.log_file.exists():
-            self.log_file.unlink()
 
 
 @pytest.fixture

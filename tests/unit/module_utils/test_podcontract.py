@@ -12,7 +12,7 @@ import yaml
 
 from ansible_collections.warmstart.snapshot.plugins.module_utils import _podcontract as pc
 
-CRDS = Path(__file__).resolve().parents[2] / "roles" / "k8s_crds" / "files" / "crds.yaml"
+CRDS = Path(__file__).resolve().parents[3] / "roles" / "k8s_crds" / "files" / "crds.yaml"
 PROFILE = {"type": "Localhost", "localhostProfile": pc.SECCOMP_PROFILE}
 
 

@@ -20,8 +20,6 @@ from pathlib import Path
 from typing import Any, Dict, Iterator, List, Optional
 
 import pytest
-from test_cuda import Fake, compile_fake
-from test_gpu import FakeNvml
 
 from ansible_collections.warmstart.snapshot.plugins.module_utils import _control as ctl
 from ansible_collections.warmstart.snapshot.plugins.module_utils import _cuda as cu
@@ -31,6 +29,8 @@ from ansible_collections.warmstart.snapshot.plugins.module_utils import _store a
 from ansible_collections.warmstart.snapshot.plugins.module_utils._compat import GpuNode, gpu_incompatibilities
 from ansible_collections.warmstart.snapshot.plugins.module_utils._criu import CriuError
 from ansible_collections.warmstart.snapshot.plugins.module_utils._criu_rpc import CriuOptions
+from tests.support.fake_cuda import Fake, compile_fake
+from tests.support.fake_nvml import FakeNvml
 
 UUID_A = "GPU-aaaaaaaa-1111-2222-3333-444444444444"
 UUID_B = "GPU-bbbbbbbb-1111-2222-3333-444444444444"

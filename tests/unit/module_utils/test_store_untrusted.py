@@ -322,7 +322,7 @@ rst.restore_recorded(slow_restore, lambda pid: open(out, "w").write(str(pid)), R
 
 def test_a_killed_caller_still_gets_its_tree_recorded(tmp_path: Path) -> None:
     record = tmp_path / "pidfile"
-    collections = str(Path(__file__).resolve().parents[2] / ".collections")
+    collections = str(Path(__file__).resolve().parents[3] / ".collections")
     caller = subprocess.Popen([sys.executable, "-c", CALLER, collections, str(record)])
     time.sleep(0.5)
     caller.send_signal(signal.SIGKILL)

@@ -3,19 +3,21 @@
 - plugins/module_utils imports nothing from Ansible, and its modules import each other without cycles;
 - no function there is longer than MAX_FUNCTION_LINES;
 - every exception class the engine defines derives from _errors.WarmstartError;
-- every module's main() is its AnsibleModule argument spec plus one run_module() call.
+- every module's main() is its AnsibleModule argument spec plus one run_module() call;
+- no test module imports another test module, and bench scripts do not edit sys.path.
 """
 from __future__ import annotations
 
 import ast
 import importlib
 import inspect
+import re
 from pathlib import Path
 from typing import Dict, List, Set
 
 import pytest
 
-PLUGINS = Path(__file__).resolve().parents[2] / "plugins"
+PLUGINS = Path(__file__).resolve().parents[3] / "plugins"
 ENGINE = PLUGINS / "module_utils"
 PACKAGE = "ansible_collections.warmstart.snapshot.plugins.module_utils"
 MAX_FUNCTION_LINES = 80
@@ -126,3 +128,30 @@ def test_module_main_is_spec_and_one_adapter_call(path: Path) -> None:
         else:
             shape.append(type(stmt).__name__)
     assert shape == ["spec", "run"], f"{path.name}: main() is {shape}, not an argument spec and one run_module() call"
+
+
+REPO = PLUGINS.parent
+
+
+def _test_module_imports(path: Path) -> List[str]:
+    """Test modules a test file imports (``test_x``, ``.test_x``, ``tests.unit.test_x``, ...)."""
+    found = []
+    for node in ast.walk(_tree(path)):
+        names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
+        if isinstance(node, ast.ImportFrom):
+            names = [node.module or ""] + [a.name for a in node.names]
+        found += [n for n in names if n.rsplit(".", 1)[-1].startswith("test_")]
+    return found
+
+
+def test_no_test_module_imports_another() -> None:
+    bad = {str(p.relative_to(REPO)): _test_module_imports(p) for p in sorted((REPO / "tests").rglob("*.py"))
+           if "output" not in p.parts}
+    bad = {k: v for k, v in bad.items() if v}
+    assert not bad, f"test modules importing test modules (shared helpers go to tests/support or a *_lab.py): {bad}"
+
+
+def test_bench_shares_code_through_its_package() -> None:
+    edits = [str(p.relative_to(REPO)) for p in sorted((REPO / "bench").glob("*.py"))
+             if p.name != "__init__.py" and re.search(r"sys\.path\.(insert|append|extend)|sys\.path\[", p.read_text())]
+    assert not edits, f"bench scripts editing sys.path (import through the bench package instead): {edits}"

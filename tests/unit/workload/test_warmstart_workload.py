@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-HELPER = Path(__file__).resolve().parents[2] / "workload" / "warmstart_workload.py"
+HELPER = Path(__file__).resolve().parents[3] / "workload" / "warmstart_workload.py"
 spec = importlib.util.spec_from_file_location("warmstart_workload", HELPER)
 ws = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(ws)

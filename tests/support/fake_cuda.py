@@ -1,0 +1,71 @@
+"""A fake libcuda.so.1 for tests: built here from fake_libcuda.c, with its state file and call log.
+
+The fake keeps per-PID state in a file and logs every call with its decoded
+arguments and the raw 64 bytes of each argument struct, so tests see what the
+C side of the ABI receives. gcc is required: without it the tests fail.
+"""
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Dict, List, Optional
+
+import pytest
+
+from ansible_collections.warmstart.snapshot.plugins.module_utils import _cuda
+
+FAKE_SOURCE = Path(__file__).resolve().parent / "fake_libcuda.c"
+
+
+def hexid(uuid: str) -> str:
+    return _cuda.uuid_bytes(uuid).hex()
+
+
+def compile_fake(out: Path, *defines: str) -> Path:
+    gcc = shutil.which("gcc") or shutil.which("cc")
+    if gcc is None:
+        pytest.fail("gcc is needed to build the fake libcuda.so.1 for these tests (apt-get install gcc)")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    cmd = [gcc, "-Wall", "-Werror", "-shared", "-fPIC", *[f"-D{d}" for d in defines], "-o", str(out), str(FAKE_SOURCE)]
+    done = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    assert done.returncode == 0, done.stderr
+    return out
+
+
+class Fake:
+    """The fake driver's state file and call log."""
+
+    def __init__(self, root: Path, lib: Path) -> None:
+        self.state_file = root / "cuda.state"
+        self.log_file = root / "cuda.log"
+        self.lib = lib
+        self.state_file.write_text("")
+
+    def add(self, pid: int, state: str = "running", busy: bool = False, gpus: Optional[List[str]] = None) -> None:
+        line = f"{pid} {state}" + (" busy" if busy else "")
+        if gpus:
+            line += " gpus=" + ",".join(hexid(g) for g in gpus)
+        with self.state_file.open("a") as handle:
+            handle.write(line + "\n")
+
+    def states(self) -> Dict[int, str]:
+        out = {}
+        for line in self.state_file.read_text().splitlines():
+            pid, state = line.split()[:2]
+            out[int(pid)] = state
+        return out
+
+    def calls(self, *names: str) -> List[Dict[str, str]]:
+        if not self.log_file.exists():
+            return []
+        out = []
+        for line in self.log_file.read_text().splitlines():
+            fields = dict(item.split("=", 1) for item in line.split())
+            if not names or fields["call"] in names:
+                out.append(fields)
+        return out
+
+    def clear_log(self) -> None:
+        if self.log_file.exists():
+            self.log_file.unlink()
