@@ -28,7 +28,6 @@ class ManifestError(WarmstartError, ValueError):
     """A manifest, snapshot id, name or label that cannot be used; ``reasons`` lists every bad field."""
 
 
-
 def check_name(value: str, what: str = "snapshot name") -> str:
     """A user handle that is safe as a path component (no '/', no '..'), matched in full."""
     if not schema.is_name(value):

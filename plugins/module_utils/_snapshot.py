@@ -63,7 +63,6 @@ class SnapshotError(WarmstartError):
     """A checkpoint or restore that cannot go ahead; ``reasons`` lists every cause."""
 
 
-
 class Capture(Protocol):
     """What a target kind other than a plain process adds to a checkpoint (see _container)."""
 
@@ -1156,4 +1155,3 @@ def _wait_lazy(work: str, doc: Dict[str, Any], a: _RestoreArgs, lazy_plan: Dict[
         raise SnapshotError(state.get("error") or f"lazy restore of snapshot {doc['id']}: memory not complete "
                             f"after {a.lazy_timeout:g} s", log_tail=log_tail(os.path.join(work, lz.LOG)))
     lazy_plan["complete_after"] = round(state["complete_at"] - a.t_wall, 3)
-

@@ -94,7 +94,6 @@ while True:
 '''
 
 
-
 class Pod:
     """Podman containers for one test module; everything it starts is removed at the end."""
 

@@ -185,7 +185,6 @@ def pids_running(needle: str) -> List[int]:
     return out
 
 
-
 class Lab:
     """One test's world: script, store, workloads root and restore root under its tmp dir."""
 

@@ -23,6 +23,7 @@ from .container_lab import Pod, ask, wait_file
 
 pytestmark = pytest.mark.integration
 
+
 def mounts_of(pid: int) -> List[str]:
     """Mount table of a namespace, without the mount ids (which change when anything is remounted)."""
     with open(f"/proc/{pid}/mountinfo", "r", encoding="utf-8") as handle:

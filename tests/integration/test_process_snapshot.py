@@ -37,7 +37,6 @@ def listing(top: Path) -> List[str]:
     return sorted(str(p.relative_to(top)) for p in top.rglob("*"))
 
 
-
 def assert_locked_down(snap_dir: Path) -> None:
     """Snapshots hold process memory: every directory 0700, every file 0600."""
     assert (os.stat(snap_dir).st_mode & 0o7777) == 0o700

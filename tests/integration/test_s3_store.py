@@ -25,6 +25,7 @@ from .s3_lab import SECRET, keys, serve
 
 pytestmark = pytest.mark.integration
 
+
 def no_secret(results: Dict[str, Any]) -> None:
     assert SECRET not in json.dumps(results), "a credential leaked into module output"
 

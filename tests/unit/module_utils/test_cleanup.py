@@ -173,4 +173,4 @@ def test_remove_path_refuses_to_report_a_dir_that_stays(tmp_path: Path, monkeypa
 
 def test_human_sizes() -> None:
     assert [prog.human(n) for n in (0, 1023, 1024, 5 << 20, 3 << 40)] == ["0 B", "1023 B", "1.0 KiB", "5.0 MiB",
-                                                                         "3.0 TiB"]
+                                                                          "3.0 TiB"]
