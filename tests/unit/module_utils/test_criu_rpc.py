@@ -1,21 +1,15 @@
 """CriuOptions -> CRIU's RPC options (_criu_rpc.to_rpc): every field lands in exactly its protobuf field.
 
 Checked against an attribute bag shaped like pycriu's ``criu_opts`` (repeated fields with ``add()`` /
-``append``) and, where this node has pycriu's generated rpc_pb2 (node_prep's CRIU bundle), against it too.
+``append``); tests/integration/test_criu_real.py checks the same options against the bundle's real rpc_pb2.
 """
 from __future__ import annotations
 
-import os
-import sys
 from types import SimpleNamespace
 from typing import Any, List
 
-import pytest
-
-from ansible_collections.warmstart.snapshot.plugins.module_utils._criu_rpc import (
-    CGROUPS_MODE, NETWORK_LOCK, CriuOptions, ExtMount, InheritFd, JoinNs, to_rpc)
-
-BUNDLE_PYTHON = "/opt/warmstart/criu/current/python"
+from ansible_collections.warmstart.snapshot.plugins.module_utils._criu_rpc import CGROUPS_MODE, NETWORK_LOCK, CriuOptions, to_rpc
+from tests.support.criu_options import FULL
 
 
 class Repeated(List[Any]):
@@ -30,16 +24,6 @@ class Repeated(List[Any]):
 def bag() -> SimpleNamespace:
     return SimpleNamespace(external=[], ext_mnt=Repeated(), inherit_fd=Repeated(), join_ns=Repeated(),
                            cg_root=Repeated())
-
-
-FULL = CriuOptions(
-    tcp="close", ext_unix_sk=False, file_locks=False, link_remap=False, ghost_limit=1 << 20, timeout=30,
-    shell_job=True, network_lock="skip", manage_cgroups=True, root="/var/lib/ctr/rootfs",
-    manage_cgroups_mode="soft", cgroup_root="/machine.slice/ph.scope",
-    external=["net[4026532001]:warmstart-net", "pid[4026532002]:warmstart-pid"],
-    ext_mnt=[ExtMount("/data", "/srv/data")], inherit_fd=[InheritFd("warmstart-net", 7), InheritFd("pipe:[42]", 9)],
-    join_ns=[JoinNs("uts", "/proc/1/fd/5"), JoinNs("ipc", "/proc/1/fd/6")], mntns_compat_mode=True,
-    lazy_pages=True)
 
 
 def test_every_field_lands_in_its_rpc_field() -> None:
@@ -76,27 +60,3 @@ def test_a_manifest_sets_only_the_options_it_records() -> None:
                     inherit_fd=[{"key": "x", "fd": 0}], manage_cgroups=True, extra={"a": 1})
     got = CriuOptions.from_manifest(recorded)
     assert got == CriuOptions(tcp="none", timeout=5)
-
-
-@pytest.mark.skipif(not os.path.isdir(BUNDLE_PYTHON), reason="no CRIU bundle (pycriu) on this machine")
-def test_every_field_fits_pycriu_s_criu_opts(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.syspath_prepend(BUNDLE_PYTHON)
-    before = set(sys.modules)
-    try:
-        rpc_pb2 = pytest.importorskip("pycriu.rpc_pb2")
-        _check_real(rpc_pb2)
-    finally:  # the test venv has no pycriu: leave none behind for the other tests
-        for name in set(sys.modules) - before:
-            if name.startswith("pycriu"):
-                del sys.modules[name]
-
-
-def _check_real(rpc_pb2: Any) -> None:
-    opts = rpc_pb2.criu_opts()
-    to_rpc(FULL, opts)
-    assert opts.root == "/var/lib/ctr/rootfs" and opts.rst_sibling is False
-    assert opts.manage_cgroups_mode == rpc_pb2.SOFT and opts.network_lock == rpc_pb2.SKIP
-    assert [c.path for c in opts.cg_root] == ["/machine.slice/ph.scope"]
-    assert [(i.key, i.fd) for i in opts.inherit_fd] == [("warmstart-net", 7), ("pipe:[42]", 9)]
-    assert [(j.ns, j.ns_file) for j in opts.join_ns] == [("uts", "/proc/1/fd/5"), ("ipc", "/proc/1/fd/6")]
-    assert list(opts.external) == FULL.external and opts.lazy_pages and opts.mntns_compat_mode
