@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import socket
 import subprocess
 import time
 import uuid
@@ -21,6 +20,7 @@ from typing import Any, Dict, List, Optional
 
 from .ansible_run import REPO
 from .podman_lab import node_image, play as _play, podman_env
+from .process_lab import json_line
 
 APP = r'''
 import hashlib, json, os, socket, sys, threading, time
@@ -191,18 +191,5 @@ def wait_file(path: Path, timeout: float) -> str:
 
 
 def ask(ip: str, timeout: float = 15.0) -> Dict[str, Any]:
-    end = time.monotonic() + timeout
-    while True:
-        try:
-            with socket.create_connection((ip, 8080), timeout=5) as sock:
-                data = b""
-                while not data.endswith(b"\n"):
-                    chunk = sock.recv(65536)
-                    if not chunk:
-                        break
-                    data += chunk
-            return json.loads(data)
-        except (OSError, ValueError):
-            if time.monotonic() > end:
-                raise
-            time.sleep(0.1)
+    """The test app's state line from its server in the container at ``ip``."""
+    return json_line((ip, 8080), timeout=timeout)

@@ -21,7 +21,7 @@ import socket
 import subprocess
 import time
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 import pytest
 
@@ -126,11 +126,17 @@ def port_open(port: int) -> bool:
 
 def query(port: int, timeout: float = 10.0) -> Dict[str, Any]:
     """The workload's state, over its TCP socket (retried briefly: a restore may still be settling)."""
+    return json_line(("127.0.0.1", port), b"state\n", timeout)
+
+
+def json_line(address: Tuple[str, int], request: bytes = b"", timeout: float = 10.0) -> Dict[str, Any]:
+    """The JSON line a server at ``address`` answers (after ``request``), retried until ``timeout``."""
     end = time.monotonic() + timeout
     while True:
         try:
-            with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
-                sock.sendall(b"state\n")
+            with socket.create_connection(address, timeout=5) as sock:
+                if request:
+                    sock.sendall(request)
                 data = b""
                 while not data.endswith(b"\n"):
                     chunk = sock.recv(65536)

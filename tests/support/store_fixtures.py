@@ -2,7 +2,8 @@
 from __future__ import annotations
 
 import os
-from typing import Any, Dict
+from pathlib import Path
+from typing import Any, Dict, List, Tuple
 
 from ansible_collections.warmstart.snapshot.plugins.module_utils import _manifest as mf
 from ansible_collections.warmstart.snapshot.plugins.module_utils import _store as st
@@ -26,3 +27,13 @@ def make_snapshot(store: st.FsStore, name: str = "embed", labels: Dict[str, str]
     doc["targets"] = [{"name": name, "kind": "process", "path": f"containers/{name}"}]
     staging.publish(doc)
     return doc
+
+
+def tree(top: Path) -> List[Tuple[str, int, int, int]]:
+    """Every entry under ``top`` with its mode, size and mtime: what "check mode changed nothing" compares."""
+    out = []
+    for dirpath, dirs, files in os.walk(top):
+        for name in dirs + files:
+            info = os.lstat(os.path.join(dirpath, name))
+            out.append((os.path.relpath(os.path.join(dirpath, name), top), info.st_mode, info.st_size, info.st_mtime_ns))
+    return sorted(out)

@@ -14,20 +14,9 @@ from ansible_collections.warmstart.snapshot.plugins.module_utils import _progres
 from ansible_collections.warmstart.snapshot.plugins.module_utils import _retention as ret
 from ansible_collections.warmstart.snapshot.plugins.module_utils import _store as st
 from ansible_collections.warmstart.snapshot.plugins.module_utils._adapter import failure
-from tests.support.store_fixtures import make_snapshot
+from tests.support.store_fixtures import make_snapshot, tree
 
 DAY = 86400
-
-
-@pytest.fixture(name="store")
-def fixture_store(tmp_path: Path) -> st.FsStore:
-    store = st.FsStore(str(tmp_path / "store"))
-    store.ensure()
-    return store
-
-
-def tree(top: Path) -> Dict[str, int]:
-    return {str(p.relative_to(top)): p.stat().st_size if p.is_file() else -1 for p in sorted(top.rglob("*"))}
 
 
 def age(path: str, seconds: float) -> None:

@@ -17,20 +17,9 @@ from ansible_collections.warmstart.snapshot.plugins.module_utils import _snapsho
 from ansible_collections.warmstart.snapshot.plugins.module_utils import _store as st
 from ansible_collections.warmstart.snapshot.plugins.module_utils._adapter import failure
 from ansible_collections.warmstart.snapshot.plugins.module_utils._errors import WarmstartError
-from tests.support.store_fixtures import make_snapshot
+from tests.support.store_fixtures import make_snapshot, tree
 
 STORE_OPTIONS: Dict[str, Any] = {}
-
-
-@pytest.fixture(name="store")
-def fixture_store(tmp_path: Path) -> st.FsStore:
-    store = st.FsStore(str(tmp_path / "store"))
-    store.ensure()
-    return store
-
-
-def tree(top: Path) -> Dict[str, int]:
-    return {str(p.relative_to(top)): p.stat().st_size if p.is_file() else -1 for p in sorted(top.rglob("*"))}
 
 
 def failed(call: Any, params: Dict[str, Any], check_mode: bool = False) -> Dict[str, Any]:

@@ -8,7 +8,7 @@ import signal
 import subprocess
 import time
 from pathlib import Path
-from typing import Any, Dict, Iterator, List, Tuple
+from typing import Any, Dict, Iterator, List
 
 import pytest
 
@@ -16,20 +16,10 @@ from ansible_collections.warmstart.snapshot.plugins.module_utils import _proc as
 from ansible_collections.warmstart.snapshot.plugins.module_utils import _snapshot as snap
 from ansible_collections.warmstart.snapshot.plugins.module_utils import _store as st
 from ansible_collections.warmstart.snapshot.plugins.module_utils._criu_rpc import CriuOptions
-from tests.support.store_fixtures import make_snapshot
+from tests.support.store_fixtures import make_snapshot, tree
 
 NODE = {"hostname": "n1", "arch": "x86_64", "kernel": "6.12.0", "cpu_vendor": "GenuineIntel", "cpu_model": "x",
         "cpu_flags": ["sse2"], "cpu_flags_hash": "h", "criu_version": "4.2.1", "os_id": "debian", "os_version_id": "13"}
-
-
-def tree(top: Path) -> List[Tuple[str, int, int]]:
-    """Every entry under ``top`` with its mode and mtime: what "unchanged" compares."""
-    out = []
-    for dirpath, dirs, files in os.walk(top):
-        for name in dirs + files:
-            info = os.lstat(os.path.join(dirpath, name))
-            out.append((os.path.relpath(os.path.join(dirpath, name), top), info.st_mode, info.st_mtime_ns))
-    return sorted(out)
 
 
 @pytest.fixture
