@@ -560,22 +560,6 @@ def raise_pipe_limit() -> None:
                         f"needs {PIPE_BYTES_NEEDED} bytes per request pipe") from None
 
 
-def port_free(address: str, port: int) -> bool:
-    try:
-        infos = socket.getaddrinfo(address, port, type=socket.SOCK_STREAM)
-    except OSError:
-        return False
-    for family, kind, proto, _name, addr in infos:
-        with socket.socket(family, kind, proto) as sock:
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            try:
-                sock.bind(addr)
-                return True
-            except OSError:
-                return False
-    return False
-
-
 def _listen(address: str, port: int) -> socket.socket:
     family = socket.AF_INET6 if ":" in address else socket.AF_INET
     srv = socket.socket(family, socket.SOCK_STREAM)

@@ -14,7 +14,7 @@ import errno
 import json
 import os
 import secrets
-from typing import Any, Dict, List, Optional, cast
+from typing import Any, Dict, Optional, cast
 
 from ansible_collections.warmstart.snapshot.plugins.module_utils import _schema as schema
 from ansible_collections.warmstart.snapshot.plugins.module_utils._errors import WarmstartError
@@ -165,7 +165,3 @@ def matches(doc: Dict[str, Any], name: Optional[str], labels: Optional[Dict[str,
         return False
     have = doc.get("labels", {})
     return all(have.get(k) == v for k, v in (labels or {}).items())
-
-
-def file_entries(doc: Dict[str, Any]) -> List[Dict[str, Any]]:
-    return list(doc.get("files", []))

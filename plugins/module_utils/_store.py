@@ -608,7 +608,3 @@ def verify_files(top: str, doc: Dict[str, Any], phase: bool = True,
     if cache is not None:
         cache.save()
     return problems
-
-
-def age_seconds(mtime: float) -> float:
-    return time.time() - mtime
