@@ -20,6 +20,7 @@ from typing import Any, Dict, List
 import pytest
 
 from .container_lab import Pod, ask, wait_file
+from .process_lab import pids_running
 
 pytestmark = pytest.mark.integration
 
@@ -33,16 +34,11 @@ def mounts_of(pid: int) -> List[str]:
 def processes_with(token: str) -> List[int]:
     """Host PIDs of app processes whose /tmp/state.txt (in their own root) holds ``token``: copies of one workload."""
     out = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
+    for pid in pids_running("/app/app.py"):
         try:
-            with open(f"/proc/{entry}/cmdline", "rb") as handle:
-                if b"/app/app.py" not in handle.read():
-                    continue
-            with open(f"/proc/{entry}/root/tmp/state.txt", "r", encoding="utf-8") as handle:
+            with open(f"/proc/{pid}/root/tmp/state.txt", "r", encoding="utf-8") as handle:
                 if handle.read() == token:
-                    out.append(int(entry))
+                    out.append(pid)
         except OSError:
             continue
     return out

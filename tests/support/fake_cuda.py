@@ -69,3 +69,19 @@ class Fake:
     def clear_log(self) -> None:
         if self.log_file.exists():
             self.log_file.unlink()
+
+
+# What a test's environment may carry over that would steer the fake or the engine elsewhere.
+FAKE_ENV = ("FAKE_CUDA_FAIL", "FAKE_CUDA_DRIVER_VERSION", "FAKE_CUDA_REQUIRE_INIT", "FAKE_CUDA_INIT_RESULT",
+            "WARMSTART_LIBCUDA", "WARMSTART_CUDA_CHECKPOINT")
+
+
+def install(root: Path, lib: Path, monkeypatch: pytest.MonkeyPatch, *unset: str) -> Fake:
+    """A fresh fake driver world under ``root`` for ``lib``, its state and log in the environment; FAKE_ENV and
+    ``unset`` removed from it."""
+    world = Fake(root, lib)
+    monkeypatch.setenv("FAKE_CUDA_STATE", str(world.state_file))
+    monkeypatch.setenv("FAKE_CUDA_LOG", str(world.log_file))
+    for name in FAKE_ENV + unset:
+        monkeypatch.delenv(name, raising=False)
+    return world

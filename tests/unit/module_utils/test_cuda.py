@@ -33,6 +33,7 @@ from ansible_collections.warmstart.snapshot.plugins.module_utils._cuda import (
     lock_and_checkpoint,
     restore_and_unlock,
 )
+from tests.support.fake_cuda import Fake, compile_fake, hexid, install
 
 UUID_A = "GPU-aaaaaaaa-1111-2222-3333-444444444444"
 UUID_B = "GPU-bbbbbbbb-1111-2222-3333-444444444444"
@@ -40,9 +41,6 @@ UUID_C = "GPU-cccccccc-1111-2222-3333-444444444444"
 UUID_D = "GPU-dddddddd-1111-2222-3333-444444444444"
 H100 = "NVIDIA H100 80GB HBM3"
 A100 = "NVIDIA A100-SXM4-40GB"
-
-
-from tests.support.fake_cuda import Fake, compile_fake, hexid
 
 
 @pytest.fixture(scope="session")
@@ -57,13 +55,7 @@ def libs(tmp_path_factory: pytest.TempPathFactory) -> Dict[str, Path]:
 
 @pytest.fixture
 def fake(tmp_path: Path, libs: Dict[str, Path], monkeypatch: pytest.MonkeyPatch) -> Fake:
-    world = Fake(tmp_path, libs["full"])
-    monkeypatch.setenv("FAKE_CUDA_STATE", str(world.state_file))
-    monkeypatch.setenv("FAKE_CUDA_LOG", str(world.log_file))
-    for name in ("FAKE_CUDA_FAIL", "FAKE_CUDA_DRIVER_VERSION", "FAKE_CUDA_REQUIRE_INIT", "FAKE_CUDA_INIT_RESULT",
-                 "WARMSTART_LIBCUDA", "WARMSTART_CUDA_CHECKPOINT"):
-        monkeypatch.delenv(name, raising=False)
-    return world
+    return install(tmp_path, libs["full"], monkeypatch)
 
 
 @pytest.fixture

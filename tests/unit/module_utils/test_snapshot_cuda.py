@@ -29,7 +29,7 @@ from ansible_collections.warmstart.snapshot.plugins.module_utils import _store a
 from ansible_collections.warmstart.snapshot.plugins.module_utils._compat import GpuNode, gpu_incompatibilities
 from ansible_collections.warmstart.snapshot.plugins.module_utils._criu import CriuError
 from ansible_collections.warmstart.snapshot.plugins.module_utils._criu_rpc import CriuOptions
-from tests.support.fake_cuda import Fake, compile_fake
+from tests.support.fake_cuda import Fake, compile_fake, install
 from tests.support.fake_nvml import FakeNvml
 
 UUID_A = "GPU-aaaaaaaa-1111-2222-3333-444444444444"
@@ -56,13 +56,7 @@ def libs(tmp_path_factory: pytest.TempPathFactory) -> Dict[str, Path]:
 
 @pytest.fixture
 def fake(tmp_path: Path, libs: Dict[str, Path], monkeypatch: pytest.MonkeyPatch) -> Fake:
-    world = Fake(tmp_path, libs["full"])
-    monkeypatch.setenv("FAKE_CUDA_STATE", str(world.state_file))
-    monkeypatch.setenv("FAKE_CUDA_LOG", str(world.log_file))
-    for name in ("FAKE_CUDA_FAIL", "FAKE_CUDA_DRIVER_VERSION", "FAKE_CUDA_REQUIRE_INIT", "WARMSTART_LIBCUDA",
-                 "WARMSTART_CUDA_CHECKPOINT", snap.CRIU_LIBS_DIR):
-        monkeypatch.delenv(name, raising=False)
-    return world
+    return install(tmp_path, libs["full"], monkeypatch, snap.CRIU_LIBS_DIR)
 
 
 def node_with(lib: Optional[Path], *gpus: Any, driver: str = "580.65.06") -> GpuNode:
