@@ -371,10 +371,15 @@ def _stream(job: _Job, daemon: "subprocess.Popen[bytes]", root: int,
         rc = None
     if rc == 0:
         _close_all(held)
+        _tidy(job, marker)  # before the final state: whoever sees it finds no marker and no images left
         _write_state(job.work, state="complete", complete_at=time.time())
     else:
-        _roll_back(job, daemon, root, tree, held, rc)
-    shutil.rmtree(os.path.join(job.work, "images"), ignore_errors=True)  # symlinks, or the sparse pages of a remote restore
+        _roll_back(job, daemon, root, tree, held, rc, marker)
+
+
+def _tidy(job: _Job, marker: str) -> None:  # pragma: no cover - forked
+    """Drop the image links (or sparse pages of a remote restore) and the ``active`` marker."""
+    shutil.rmtree(os.path.join(job.work, "images"), ignore_errors=True)
     if marker:
         try:
             os.unlink(marker)
@@ -395,7 +400,7 @@ def _mark_active(job: _Job, root: int) -> str:  # pragma: no cover - forked
 
 
 def _roll_back(job: _Job, daemon: "subprocess.Popen[bytes]", root: int, tree: List[int], held: List[int],
-               rc: Optional[int]) -> None:  # pragma: no cover - forked
+               rc: Optional[int], marker: str) -> None:  # pragma: no cover - forked
     """Memory will not be complete: kill the tree while its faults still block on our uffd copies, then stop
     the daemon; say why in the state and the workload's control dir."""
     for pid in proc.descendants(root) or tree:
@@ -408,12 +413,13 @@ def _roll_back(job: _Job, daemon: "subprocess.Popen[bytes]", root: int, tree: Li
     proc.wait_gone(root, 10)
     text = (f"lazy restore of snapshot {job.snapshot_id}: {_why(job, daemon.pid, rc)}; the restored tree "
             f"(pid {root}) was killed so that it never runs on missing memory; log {os.path.join(job.work, LOG)}")
-    _write_state(job.work, state="failed", error=text, failed_at=time.time())
-    if job.control and os.path.isdir(job.control):
+    if job.control and os.path.isdir(job.control):  # before the state: whoever sees "failed" finds the reason
         try:
             ctl.write(job.control, ctl.RESTORE_FAILED, f"{text}\n")
         except OSError:
             pass
+    _tidy(job, marker)
+    _write_state(job.work, state="failed", error=text, failed_at=time.time())
 
 
 def _why(job: _Job, daemon_pid: int, rc: Optional[int]) -> str:

@@ -154,8 +154,9 @@ def test_lazy_timeout_bounds_a_stalled_daemon(lab: Lab) -> None:
 
 def test_images_deleted_during_lazy_restore(lab: Lab) -> None:
     """The daemon holds the page images open: deleting the snapshot under it loses nothing."""
-    snap = snapshot(lab, "lazy6", 96)
+    snap = snapshot(lab, "lazy6", 256, "--pattern")  # big enough that the daemon cannot finish before it is stopped
     out = drive(lab, snap["id"], "--stop-daemon")
+    assert state(out["work_dir"]).get("state") != "complete", "memory was complete before the daemon was stopped"
     shutil.rmtree(lab.store / "snapshots" / snap["id"])
     assert snap["id"] not in lab.published()
     os.kill(out["lazy"]["daemon_pid"], signal.SIGCONT)
