@@ -6,6 +6,7 @@ set -euo pipefail
 
 packages=(
     podman runc uidmap slirp4netns fuse-overlayfs iptables   # test "nodes" and container workloads
+    containerd                                               # the containerd runtime's tests (they start their own)
     catatonit                                                # podman run --init (a recommends, skipped above)
     debootstrap                                              # the local node image
     python3 python3-venv                                     # the interpreter modules run with
