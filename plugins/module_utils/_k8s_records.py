@@ -376,7 +376,8 @@ def select_for_pod(cluster: Cluster, pod: JSON, namespace: str, grouping_labels:
     """The PodSnapshot (and its content) to restore ``pod`` from: ``(snapshot, content, reasons)``.
 
     Lists the namespace's PodSnapshots and the contents they are bound to, then ``select_snapshot``; the chosen
-    one must also pass ``check_content_binding`` (backlink uid, bound name, Ready).
+    one must also pass ``check_content_binding`` (backlink uid, bound name, Ready), and one the pod pins by its
+    restore-from annotation ``check_pod_spec`` (unless ``scope`` is rootfs-only).
     """
     snapshots = cluster.list(pc.KIND_SNAPSHOT, namespace)
     contents: Dict[str, JSON] = {}
@@ -400,6 +401,9 @@ def select_for_pod(cluster: Cluster, pod: JSON, namespace: str, grouping_labels:
         return None, None, [f"{sref} is bound to {pc.KIND_CONTENT} {bound!r}, which does not exist" if bound
                             else f"{sref} is not bound to any {pc.KIND_CONTENT}"]
     problems = pc.check_content_binding(chosen, content)
+    pinned = pc.restore_annotations(target)[0].get(pc.ANN_RESTORE_FROM) is not None
+    if not problems and pinned and scope != pc.SCOPE_ROOTFS_ONLY:
+        problems = pc.check_pod_spec(chosen, target, content)  # pinned: selection compared no hash
     if problems:
         return None, None, problems
     return chosen, content, []
@@ -411,7 +415,7 @@ def create_restore_pods(cluster: Cluster, built: JSON, namespace: str, count: in
     ``generateName`` when no prefix is given (each run creates new ones). ``(changed, pods, actions)``."""
     pods: List[JSON] = []
     actions: List[str] = []
-    source = ((built.get("metadata") or {}).get("annotations") or {}).get(pc.ANN_RESTORE_FROM)
+    source = pc.restore_annotations(built)[0].get(pc.ANN_RESTORE_FROM)
     for index in range(count):
         body = copy.deepcopy(built)
         meta = body.setdefault("metadata", {})
@@ -425,7 +429,7 @@ def create_restore_pods(cluster: Cluster, built: JSON, namespace: str, count: in
             meta["name"] = f"{name_prefix}-{index}"
             existing = cluster.find("Pod", meta["name"], namespace)
             if existing is not None:
-                have = ((existing.get("metadata") or {}).get("annotations") or {}).get(pc.ANN_RESTORE_FROM)
+                have = pc.restore_annotations(existing)[0].get(pc.ANN_RESTORE_FROM)
                 if have != source:
                     raise K8sError(f"Pod {namespace}/{meta['name']} exists and restores from {have!r}, not "
                                    f"{source!r}: delete it or use another name_prefix", "Pod")
@@ -440,7 +444,7 @@ def create_restore_pods(cluster: Cluster, built: JSON, namespace: str, count: in
 
 
 OUTCOMES = {
-    # outcome -> (condition status, reason)
+    # the node's restore result (restore_pod action=finish's outcome option) -> (condition status, reason)
     "succeeded": ("True", pc.REASON_SUCCEEDED),
     "failed": ("False", pc.REASON_FAILED),
     "partially_succeeded": ("False", pc.REASON_PARTIAL),
@@ -448,14 +452,22 @@ OUTCOMES = {
 }
 
 
-def begin_restore(cluster: Cluster, namespace: str, name: str, message: str = "", check_mode: bool = False) -> JSON:
-    """Before the node touches restore pod ``namespace/name``: hold it with the finalizer, say RestoreInProgress.
+def outcome_fields(pod: JSON) -> JSON:
+    """What a result says about where restore pod ``pod`` stands: ``outcome`` (the reference's name, ``classify``),
+    ``losses`` (``restore_losses``) and the deprecated ``state`` (``legacy_state``, kept for one release)."""
+    return {"outcome": pc.classify(pod), "losses": pc.restore_losses(pod), "state": pc.legacy_state(pod)}
 
-    A pod whose restore already ran (any Restored reason but RestoreInProgress) is refused: a restore is never
-    replayed over a pod whose one attempt is spent. Every check (``restore_plan``) comes before the finalizer.
+
+def begin_restore(cluster: Cluster, namespace: str, name: str, message: str = "", check_mode: bool = False) -> JSON:
+    """Before the node touches restore pod ``namespace/name``: hold it with the finalizer, say RestoreInProgress
+    (status False, as the reference contract does).
+
+    A pod whose restore already ran (any Restored reason but RestoreInProgress, ours or the reference's condition)
+    is refused: a restore is never replayed over a pod whose one attempt is spent. Every check (``restore_plan``)
+    comes before the finalizer.
     """
     pod = cluster.get_pod(namespace, name)
-    condition = pc.get_condition(pod, pc.RESTORE_CONDITION)
+    condition = pc.restore_condition(pod)
     if condition and condition.get("reason") not in (None, pc.REASON_IN_PROGRESS):
         raise K8sError(f"Pod {namespace}/{name}: its restore already ran ({condition.get('reason')}: "
                        f"{condition.get('message') or 'no message'}); a new pod is needed", "Pod")
@@ -463,25 +475,31 @@ def begin_restore(cluster: Cluster, namespace: str, name: str, message: str = ""
         raise K8sError(f"Pod {namespace}/{name} is being deleted", "Pod")
     plan = restore_plan(cluster, pod)
     added = cluster.add_finalizer("Pod", name, pc.FINALIZER, namespace, check_mode)
-    changed, pod = cluster.set_pod_condition(namespace, name, pc.RESTORE_CONDITION, "Unknown", pc.REASON_IN_PROGRESS,
+    changed, pod = cluster.set_pod_condition(namespace, name, pc.RESTORE_CONDITION, "False", pc.REASON_IN_PROGRESS,
                                              message or f"restoring from PodSnapshot {plan['snapshot']}", check_mode)
-    return dict(plan, changed=added or changed, state="pending", pod=pod)
+    return dict(plan, changed=added or changed, pod=pod, **outcome_fields(pod))
 
 
 def restore_plan(cluster: Cluster, pod: JSON) -> JSON:
     """What the node must do for restore pod ``pod``: the artifact, and (source, destination container) pairs.
 
-    The PodSnapshot named by the pod's restore-from annotation must be bound to its content (backlink uid,
-    Ready); the pairs are ``restore_pairs``. Reads only.
+    The PodSnapshot named by the pod's restore-from annotation (ours or the reference's) must be bound to its
+    content (backlink uid, Ready) and taken from the pod's spec (``check_pod_spec``: the condensed pod-spec hash,
+    unless the pod's skip-compat annotation says "true"); the pairs are ``restore_pairs``. Reads only.
     """
     meta = pod.get("metadata") or {}
     namespace, name = meta.get("namespace"), meta.get("name")
-    annotations = meta.get("annotations") or {}
+    annotations, conflicts = pc.restore_annotations(pod)
+    if conflicts:
+        raise K8sError(f"Pod {namespace}/{name}: its restore annotations disagree", "Pod", reasons=conflicts)
     source = annotations.get(pc.ANN_RESTORE_FROM)
     if not source:
-        raise K8sError(f"Pod {namespace}/{name} has no {pc.ANN_RESTORE_FROM} annotation: not a restore pod", "Pod")
+        raise K8sError(f"Pod {namespace}/{name} has no {pc.ANN_RESTORE_FROM} (or {pc.REF_ANN_RESTORE_FROM}) "
+                       "annotation: not a restore pod", "Pod")
     snap = cluster.get(pc.KIND_SNAPSHOT, source, namespace)
     content, problems = binding_problems(cluster, snap)
+    if not problems:
+        problems = pc.check_pod_spec(snap, pod, content)
     if problems:
         raise K8sError(f"Pod {namespace}/{name}: PodSnapshot {namespace}/{source} cannot be restored from",
                        "Pod", reasons=problems)
@@ -492,7 +510,7 @@ def restore_plan(cluster: Cluster, pod: JSON) -> JSON:
     return {"snapshot": source, "content": (snap.get("status") or {}).get("boundSnapshotContentName"),
             "store": ((content or {}).get("spec") or {}).get("store") or {},
             "node": (pod.get("spec") or {}).get("nodeName"), "pairs": pairs,
-            "skip_compat_check": str(annotations.get(pc.ANN_SKIP_COMPAT, "")).lower() == "true"}
+            "skip_compat_check": pc.skips_compat_check(annotations)}
 
 
 def restore_pairs(pod: JSON, snap: JSON) -> List[JSON]:
@@ -502,9 +520,10 @@ def restore_pairs(pod: JSON, snap: JSON) -> List[JSON]:
     container on each side - that one into that one. None at all is refused.
     """
     meta = pod.get("metadata") or {}
+    annotations = pc.restore_annotations(pod)[0]
     held = list(((snap.get("spec") or {}).get("source") or {}).get("containers") or [])
     dests = pc.restore_destinations(pod)
-    mapped = pc.parse_container_map((meta.get("annotations") or {}).get(pc.ANN_CONTAINER_MAP))
+    mapped = pc.parse_container_map(annotations.get(pc.ANN_CONTAINER_MAP))
     pairs: List[JSON]
     if mapped:
         pairs = [{"source": src, "container": dst} for src, dst in mapped]
@@ -513,7 +532,7 @@ def restore_pairs(pod: JSON, snap: JSON) -> List[JSON]:
     else:
         pairs = [{"source": d, "container": d} for d in dests if d in held]
     if not pairs:
-        namespace, source = meta.get("namespace"), (meta.get("annotations") or {}).get(pc.ANN_RESTORE_FROM)
+        namespace, source = meta.get("namespace"), annotations.get(pc.ANN_RESTORE_FROM)
         raise K8sError(f"Pod {namespace}/{meta.get('name')}: none of its containers ({', '.join(dests)}) is in "
                        f"PodSnapshot {namespace}/{source} ({', '.join(held) or 'none'}); set a container map", "Pod")
     return pairs
@@ -531,7 +550,7 @@ def finish_restore(cluster: Cluster, namespace: str, name: str, outcome: str, me
     removed = cluster.remove_finalizer("Pod", name, pc.FINALIZER, namespace, check_mode)
     if removed and not check_mode:
         pod = cluster.find("Pod", name, namespace) or pod
-    return {"changed": changed or removed, "state": pc.classify(pod), "pod": pod}
+    return dict(outcome_fields(pod), changed=changed or removed, pod=pod)
 
 
 # --- summaries and policies -------------------------------------------------------------------
@@ -545,6 +564,7 @@ def summary(pod: JSON) -> JSON:
     spec = pod.get("spec") or {}
     status = pod.get("status") or {}
     by_name = {c.get("name"): c for c in status.get("containerStatuses") or []}
+    restoring = pc.contract_annotations(meta.get("annotations") or {}, "pod")[0].get(pc.ANN_RESTORE_FROM) is not None
     containers = []
     for c in spec.get("containers") or []:
         st = by_name.get(c.get("name")) or {}
@@ -554,7 +574,8 @@ def summary(pod: JSON) -> JSON:
     return {"namespace": meta.get("namespace"), "name": meta.get("name"), "uid": meta.get("uid"),
             "node": spec.get("nodeName"), "phase": status.get("phase"), "labels": meta.get("labels") or {},
             "annotations": meta.get("annotations") or {}, "spec_hash": pc.pod_spec_hash(pod),
-            "restore_state": pc.classify(pod) if (meta.get("annotations") or {}).get(pc.ANN_RESTORE_FROM) else None,
+            "restore_outcome": pc.classify(pod) if restoring else None,
+            "restore_state": pc.legacy_state(pod) if restoring else None,  # deprecated: restore_outcome
             "containers": containers}
 
 

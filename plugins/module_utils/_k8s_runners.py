@@ -187,7 +187,7 @@ def _validate_pod(params: Params, check_mode: bool) -> JSON:  # pylint: disable=
     if problems:
         raise K8sError(f"{pc.object_ref(pod, 'Pod')} is not a restore pod", "restore pod", reasons=problems,
                        problems=problems)
-    return {"changed": False, "problems": []}
+    return {"changed": False, "problems": [], "entrypoints": pc.entrypoint_forms(pod)}
 
 
 def _classify_pod(params: Params, check_mode: bool) -> JSON:  # pylint: disable=unused-argument
@@ -197,8 +197,8 @@ def _classify_pod(params: Params, check_mode: bool) -> JSON:  # pylint: disable=
         raise K8sError("action classify needs pod, or namespace and name of a pod", "restore_pod")
     else:
         pod = cluster_from(params).get_pod(_namespace(params), params["name"])
-    return {"changed": False, "state": pc.classify(pod), "condition": pc.get_condition(pod, pc.RESTORE_CONDITION),
-            "pod_name": (pod.get("metadata") or {}).get("name")}
+    return dict(rec.outcome_fields(pod), changed=False, condition=pc.restore_condition(pod),
+                pod_name=(pod.get("metadata") or {}).get("name"))
 
 
 def _select_pod(params: Params, check_mode: bool) -> JSON:  # pylint: disable=unused-argument
@@ -208,7 +208,8 @@ def _select_pod(params: Params, check_mode: bool) -> JSON:  # pylint: disable=un
 
 
 def _create_pods(params: Params, check_mode: bool) -> JSON:
-    """The restore pods from ``snapshot`` (checked: bound and Ready unless skip_binding_check), else the selected one."""
+    """The restore pods from ``snapshot`` (checked: bound and Ready unless skip_binding_check, taken from the pod's spec
+    unless skip_compat_check), else the selected one."""
     cluster = cluster_from(params)
     pod = _input_pod(params)
     namespace = _namespace(params, pod)
@@ -225,6 +226,11 @@ def _create_pods(params: Params, check_mode: bool) -> JSON:
         snapshot, content = _selected(cluster, params, pod, namespace)
         name = snapshot["metadata"]["name"]
     built = _build(params, str(name))
+    if params.get("snapshot") and params.get("scope") != pc.SCOPE_ROOTFS_ONLY:
+        problems = pc.check_pod_spec(snapshot, built, content)  # pinned: no selection compared the hash
+        if problems:
+            raise K8sError(f"{ref(pc.KIND_SNAPSHOT, str(name), namespace)} cannot be restored into "
+                           f"{pc.object_ref(pod, 'Pod')}", "restore_pod", reasons=problems)
     changed, pods, actions = rec.create_restore_pods(cluster, built, namespace, params.get("count") or 1,
                                                      params.get("name_prefix"), check_mode)
     return {"changed": changed, "pods": pods, "actions": actions, "pod": built, "snapshot": snapshot,
@@ -269,7 +275,8 @@ def _build(params: Params, snapshot_name: str) -> JSON:
     return pc.build(_input_pod(params), snapshot_name, container_map=params.get("container_map"),
                     skip_compat_check=bool(params.get("skip_compat_check")),
                     startup_probe=bool(params.get("startup_probe", True)),
-                    seccomp_profile=params.get("seccomp_profile") or pc.SECCOMP_PROFILE)
+                    seccomp_profile=params.get("seccomp_profile") or pc.SECCOMP_PROFILE,
+                    entrypoint=params.get("entrypoint") or pc.ENTRYPOINT_INERT)
 
 
 def _namespace(params: Params, pod: Optional[JSON] = None) -> str:

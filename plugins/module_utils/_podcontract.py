@@ -21,6 +21,19 @@ Restore pod (``build`` / ``validate`` / ``classify``)
     annotation ``snapshot.warmstart.io/original-entrypoint`` (canonical JSON,
     ``{"<container>": {"command": [...], "args": [...]}}``) so that the pod
     hashes like the template it came from. Init containers are left alone.
+    ``build(entrypoint="standby")`` keeps each container's command and sets
+    ``SNAPSHOT_RESTORE_STANDBY=1`` instead, for a standby-aware entrypoint that
+    blocks without initialising; ``validate`` accepts either form.
+
+Reference names (ai-dynamo/snapshot ``api/podcontract``)
+    ``nvidia.com/restore-from``, ``nvidia.com/restore-container-map`` and
+    ``nvidia.com/snapshot-skip-compat-check`` are read as aliases of ours
+    (``contract_annotations`` is the one reader; ours and an alias with
+    different values is refused, naming both), ``nvidia.com/Restored`` as an
+    alias of the ``Restored`` condition. Written names stay ours. ``classify``
+    returns the reference's outcome names (Pending, Succeeded, Failed,
+    PartiallySucceeded, Unknown) by its table; a restore in progress is status
+    ``False``, reason ``RestoreInProgress``.
 
 Condensed pod-spec hash (``pod_spec_fields`` / ``pod_spec_hash``)
     Exactly the fields of ANCHORS.md section 2, one digest per field path:
@@ -95,12 +108,34 @@ SECCOMP_PROFILE = "profiles/block-iouring.json"
 STARTUP_PROBE_COMMAND = ["cat", CONTROL_MOUNT + "/restore-complete"]
 FINALIZER = GROUP + "/restore"
 
+# The reference contract's names (ai-dynamo/snapshot ``api/podcontract``): read as aliases of ours, never written.
+REFERENCE_GROUP = "nvidia.com"
+REF_ANN_RESTORE_FROM = REFERENCE_GROUP + "/restore-from"
+REF_ANN_CONTAINER_MAP = REFERENCE_GROUP + "/restore-container-map"
+REF_ANN_SKIP_COMPAT = REFERENCE_GROUP + "/snapshot-skip-compat-check"
+ANNOTATION_ALIASES = ((ANN_RESTORE_FROM, REF_ANN_RESTORE_FROM), (ANN_CONTAINER_MAP, REF_ANN_CONTAINER_MAP),
+                      (ANN_SKIP_COMPAT, REF_ANN_SKIP_COMPAT))
+STANDBY_ENV = "SNAPSHOT_RESTORE_STANDBY"
+STANDBY_VALUE = "1"
+ENTRYPOINT_INERT = "inert"
+ENTRYPOINT_STANDBY = "standby"
+ENTRYPOINTS = (ENTRYPOINT_INERT, ENTRYPOINT_STANDBY)
+_TRUE_WORDS = ("1", "true", "yes", "on")
+
 RESTORE_CONDITION = "Restored"
+REF_RESTORE_CONDITION = REFERENCE_GROUP + "/Restored"
 REASON_IN_PROGRESS = "RestoreInProgress"
 REASON_SUCCEEDED = "RestoreSucceeded"
 REASON_FAILED = "RestoreFailed"
 REASON_PARTIAL = "RestorePartiallySucceeded"
 REASON_INCOMPATIBLE = "RestoreIncompatible"
+OUTCOME_PENDING = "Pending"
+OUTCOME_SUCCEEDED = "Succeeded"
+OUTCOME_FAILED = "Failed"
+OUTCOME_PARTIAL = "PartiallySucceeded"
+OUTCOME_UNKNOWN = "Unknown"
+OUTCOMES = (OUTCOME_PENDING, OUTCOME_SUCCEEDED, OUTCOME_FAILED, OUTCOME_PARTIAL, OUTCOME_UNKNOWN)
+LEGACY_STATES = ("pending", "succeeded", "failed", "partial")  # classify's earlier names: the deprecated ``state``
 READY_CONDITION = "Ready"
 FAILED_CONDITION = "Failed"
 
@@ -344,14 +379,68 @@ def _annotations(meta: Dict[str, Any]) -> Dict[str, Any]:
     return _mapping(meta.get("annotations"))
 
 
-def _map_annotation(annotations: Dict[str, Any], what: str) -> Tuple[List[Tuple[str, str]], List[str]]:
+def _same_annotation(key: str, mine: Any, theirs: Any) -> bool:
+    """Whether two values of one contract annotation say the same (a map in any order, a bool in any case)."""
+    if key == ANN_CONTAINER_MAP:
+        try:
+            return format_container_map(parse_container_map(mine)) == format_container_map(parse_container_map(theirs))
+        except ContractError:
+            return bool(mine == theirs)
+    if key == ANN_SKIP_COMPAT:
+        return str(mine).strip().lower() == str(theirs).strip().lower()
+    return bool(mine == theirs)
+
+
+def contract_annotations(annotations: Dict[str, Any], what: str) -> Tuple[Dict[str, Any], List[str]]:
+    """A pod's annotations with the reference contract's names read as ours, and every conflict between them.
+
+    The one reader of the restore-from, container-map and skip-compat annotations: each of ours
+    (``snapshot.warmstart.io/...``) that is absent takes the value of its alias (``nvidia.com/...``,
+    ``ANNOTATION_ALIASES``); both set to different values is a problem naming both annotations and both
+    values (equal values are fine). The input is not changed.
+    """
+    merged = dict(annotations)
+    problems: List[str] = []
+    for ours, theirs in ANNOTATION_ALIASES:
+        mine, other = annotations.get(ours), annotations.get(theirs)
+        if other is None:
+            continue
+        if mine is None:
+            merged[ours] = other
+        elif not _same_annotation(ours, mine, other):
+            problems.append(f"{what} has annotation {ours}: {mine!r} and annotation {theirs}: {other!r}, which "
+                            "disagree: remove one or make them equal")
+    return merged, problems
+
+
+def restore_annotations(obj: Any) -> Tuple[Dict[str, Any], List[str]]:
+    """``contract_annotations`` of a Pod, pod template or workload: ``(annotations, conflicts)``."""
+    meta, _spec, what = _pod_parts(obj)
+    return contract_annotations(_annotations(meta), what)
+
+
+def _label(raw: Dict[str, Any], ours: str) -> str:
+    """The name under which a pod carries one contract annotation: ours, else its reference alias when only that is set."""
+    for mine, theirs in ANNOTATION_ALIASES:
+        if mine == ours and ours not in raw and theirs in raw:
+            return theirs
+    return ours
+
+
+def skips_compat_check(annotations: Dict[str, Any]) -> bool:
+    """Whether (merged) annotations ask to skip the compatibility and pod-spec checks."""
+    return str(annotations.get(ANN_SKIP_COMPAT, "")).strip().lower() == "true"
+
+
+def _map_annotation(annotations: Dict[str, Any], what: str, label: str = ANN_CONTAINER_MAP
+                    ) -> Tuple[List[Tuple[str, str]], List[str]]:
     value = annotations.get(ANN_CONTAINER_MAP)
     if value is None:
         return [], []
     try:
         return parse_container_map(value), []
     except ContractError as exc:
-        return [], [f"annotation {ANN_CONTAINER_MAP} of {what} is invalid: " + "; ".join(exc.reasons or [exc.message])]
+        return [], [f"annotation {label} of {what} is invalid: " + "; ".join(exc.reasons or [exc.message])]
 
 
 def _entrypoint_annotation(annotations: Dict[str, Any], what: str) -> Tuple[Dict[str, Dict[str, Any]], List[str]]:
@@ -437,10 +526,58 @@ def _profile_problems(profile: Any) -> List[str]:
     return []
 
 
+def _standby_value(container: Dict[str, Any]) -> Optional[Dict[str, Any]]:
+    """The container's env entry ``SNAPSHOT_RESTORE_STANDBY`` (the first), or None."""
+    for var in _dicts(container.get("env")):
+        if var.get("name") == STANDBY_ENV:
+            return var
+    return None
+
+
+def _standby_problems(container: Dict[str, Any], cwhat: str) -> List[str]:
+    """Why the container's ``SNAPSHOT_RESTORE_STANDBY`` does not ask for standby; [] when it does or is absent."""
+    var = _standby_value(container)
+    if var is None:
+        return []
+    if var.get("valueFrom") is not None:
+        return [f"{cwhat} sets env {STANDBY_ENV} from valueFrom; a standby entrypoint needs the literal value "
+                f"{STANDBY_VALUE!r}"]
+    if str(var.get("value") or "").strip().lower() not in _TRUE_WORDS:
+        return [f"{cwhat} sets env {STANDBY_ENV}={var.get('value')!r}, which does not ask its entrypoint to stay inert "
+                f"(true values: {', '.join(_TRUE_WORDS)})"]
+    return []
+
+
+def _standby_conflicts(container: Dict[str, Any], what: str, recorded: bool) -> List[str]:
+    """Why ``build(entrypoint=standby)`` cannot keep this container's own entrypoint in standby."""
+    cwhat = f"container {container.get('name')!r} of {what}"
+    problems = _standby_problems(container, cwhat)
+    if recorded and _is_inert(container):
+        problems.append(f"{cwhat} was made inert by an earlier build (annotation {ANN_ORIGINAL_ENTRYPOINT} records "
+                        "its command): build the standby form from the original pod or template")
+    return problems
+
+
+def entrypoint_form(container: Dict[str, Any]) -> Optional[str]:
+    """``inert`` (the inert command, no args), ``standby`` (own command, ``SNAPSHOT_RESTORE_STANDBY`` true) or None."""
+    if _is_inert(container):
+        return ENTRYPOINT_INERT
+    if _standby_value(container) is not None and not _standby_problems(container, ""):
+        return ENTRYPOINT_STANDBY
+    return None
+
+
+def entrypoint_forms(pod: Any) -> Dict[str, Optional[str]]:
+    """Container name -> ``entrypoint_form`` of each container of a Pod, pod template or workload."""
+    _meta, spec, _what = _pod_parts(pod)
+    return {str(c.get("name")): entrypoint_form(c) for c in _dicts(spec.get("containers"))}
+
+
 # --- build / validate / classify ----------------------------------------------------
 
 def build(obj: Dict[str, Any], snapshot_name: str, container_map: Any = None, skip_compat_check: bool = False,
-          startup_probe: bool = True, seccomp_profile: str = SECCOMP_PROFILE) -> Dict[str, Any]:
+          startup_probe: bool = True, seccomp_profile: str = SECCOMP_PROFILE,
+          entrypoint: str = ENTRYPOINT_INERT) -> Dict[str, Any]:
     """A restore pod from a Pod, a pod template or a workload (its ``spec.template``): a deep copy with the contract added.
 
     Idempotent (``build(build(x)) == build(x)``); ``obj`` is never changed. Whatever is
@@ -450,7 +587,11 @@ def build(obj: Dict[str, Any], snapshot_name: str, container_map: Any = None, sk
     profile or startup probe, a map destination that is no container) raises
     ContractError with every reason; nothing is overwritten. ``container_map``
     None (or empty) keeps the map annotation the pod may already carry;
-    ``skip_compat_check`` False does not remove an existing annotation.
+    ``skip_compat_check`` False does not remove an existing annotation. The reference contract's
+    annotations (``nvidia.com/...``) count as ours (``contract_annotations``); the ones written are ours.
+    ``entrypoint`` ``inert`` (default) replaces each container's command with the inert one; ``standby``
+    keeps it and sets ``SNAPSHOT_RESTORE_STANDBY=1``, for images whose entrypoint then blocks without
+    initialising (the reference publishes the variable; it never injects it).
 
     Two phases: ``_plan_build`` decides everything and collects every reason on the copy it only reads;
     ``_apply_build`` writes the plan into the copy, and runs only when there is no reason.
@@ -459,7 +600,7 @@ def build(obj: Dict[str, Any], snapshot_name: str, container_map: Any = None, sk
     pod, what = _locate(out)
     if not isinstance(pod.get("metadata"), dict):
         pod["metadata"] = {}
-    plan = _BuildPlan(pod, what, snapshot_name, seccomp_profile)
+    plan = _BuildPlan(pod, what, snapshot_name, seccomp_profile, entrypoint)
     _plan_build(plan, container_map, skip_compat_check, startup_probe)
     if plan.reasons:
         raise ContractError(f"cannot make {what} a restore pod for snapshot {snapshot_name!r}", plan.reasons)
@@ -470,13 +611,17 @@ def build(obj: Dict[str, Any], snapshot_name: str, container_map: Any = None, sk
 class _BuildPlan:
     """What ``build`` found in the pod and will add: read by ``_plan_build``, written by ``_apply_build``."""
 
-    def __init__(self, pod: Dict[str, Any], what: str, snapshot_name: str, profile: str) -> None:
+    def __init__(self, pod: Dict[str, Any], what: str, snapshot_name: str, profile: str, entrypoint: str) -> None:
         self.meta: Dict[str, Any] = pod["metadata"]
         self.spec: Dict[str, Any] = pod["spec"]
         self.what, self.snapshot_name, self.profile = what, snapshot_name, profile
-        self.annotations = dict(_annotations(self.meta))
+        self.standby = entrypoint == ENTRYPOINT_STANDBY
+        self.raw = _annotations(self.meta)
+        self.annotations, conflicts = contract_annotations(self.raw, what)
         self.names = _container_names(self.spec)
-        self.reasons: List[str] = []
+        self.reasons: List[str] = list(conflicts)
+        if entrypoint not in ENTRYPOINTS:
+            self.reasons.append(f"entrypoint {entrypoint!r} is not one of {', '.join(ENTRYPOINTS)}")
         self.pairs: List[Tuple[str, str]] = []
         self.entrypoints: Dict[str, Dict[str, Any]] = {}
         self.containers: List[Tuple[Dict[str, Any], bool, bool]] = []  # (container, has mount, has env)
@@ -487,11 +632,11 @@ def _plan_build(plan: _BuildPlan, container_map: Any, skip_compat_check: bool, s
     """Every reason the pod cannot be made a restore pod, in a stable order, and the plan to make it one."""
     _plan_identity(plan)
     _plan_map(plan, container_map)
-    skip = plan.annotations.get(ANN_SKIP_COMPAT)
+    skip, label = plan.annotations.get(ANN_SKIP_COMPAT), _label(plan.raw, ANN_SKIP_COMPAT)
     if skip is not None and str(skip).lower() not in ("true", "false"):
-        plan.reasons.append(f"annotation {ANN_SKIP_COMPAT} of {plan.what} is {skip!r}, not 'true' or 'false'")
+        plan.reasons.append(f"annotation {label} of {plan.what} is {skip!r}, not 'true' or 'false'")
     elif skip_compat_check and skip is not None and str(skip).lower() == "false":
-        plan.reasons.append(f"annotation {ANN_SKIP_COMPAT} of {plan.what} is already 'false'")
+        plan.reasons.append(f"annotation {label} of {plan.what} is already 'false'")
     recorded, problems = _entrypoint_annotation(plan.annotations, plan.what)
     plan.reasons.extend(problems)
     problems, plan.have_volume = _volume_conflicts(plan.spec, plan.what)
@@ -514,7 +659,7 @@ def _plan_identity(plan: _BuildPlan) -> None:
             plan.reasons.append(f"container #{index} of {what} has no valid name ({name!r})")
     current = plan.annotations.get(ANN_RESTORE_FROM)
     if current is not None and current != plan.snapshot_name:
-        plan.reasons.append(f"annotation {ANN_RESTORE_FROM} of {what} is already {current!r}, not "
+        plan.reasons.append(f"annotation {_label(plan.raw, ANN_RESTORE_FROM)} of {what} is already {current!r}, not "
                             f"{plan.snapshot_name!r}")
 
 
@@ -527,11 +672,12 @@ def _plan_map(plan: _BuildPlan, container_map: Any) -> None:
             pairs = parse_container_map(container_map)
         except ContractError as exc:
             plan.reasons.extend(exc.reasons or [exc.message])
-    existing_pairs, problems = _map_annotation(annotations, what)
+    label = _label(plan.raw, ANN_CONTAINER_MAP)
+    existing_pairs, problems = _map_annotation(annotations, what, label)
     plan.reasons.extend(problems)
     if ANN_CONTAINER_MAP in annotations and not problems and pairs:
         if format_container_map(existing_pairs) != format_container_map(pairs):
-            plan.reasons.append(f"annotation {ANN_CONTAINER_MAP} of {what} is already "
+            plan.reasons.append(f"annotation {label} of {what} is already "
                                 f"{annotations[ANN_CONTAINER_MAP]!r}, not {format_container_map(pairs)!r}")
     plan.pairs = pairs or existing_pairs
     for src, dst in plan.pairs:
@@ -554,7 +700,9 @@ def _plan_containers(plan: _BuildPlan, recorded: Dict[str, Dict[str, Any]], star
         problems, have_mount, have_env = _container_conflicts(container, plan.what, plan.profile)
         plan.reasons.extend(problems)
         plan.containers.append((container, have_mount, have_env))
-        if name in recorded:
+        if plan.standby:
+            plan.reasons.extend(_standby_conflicts(container, plan.what, name in recorded))
+        elif name in recorded:
             if not _is_inert(container) and recorded[name] != _entrypoint_of(container):
                 plan.reasons.append(f"annotation {ANN_ORIGINAL_ENTRYPOINT} of {plan.what} records another command "
                                     f"for container {name!r} than the one it has")
@@ -587,8 +735,11 @@ def _apply_build(plan: _BuildPlan, skip_compat_check: bool, startup_probe: bool)
                 {"name": CONTROL_VOLUME, "mountPath": CONTROL_MOUNT, "subPath": name}]
         if not have_env:
             container["env"] = _items(container.get("env")) + [{"name": CONTROL_ENV, "value": CONTROL_MOUNT}]
-        container["command"] = list(INERT_COMMAND)
-        container.pop("args", None)
+        if not plan.standby:
+            container["command"] = list(INERT_COMMAND)
+            container.pop("args", None)
+        elif _standby_value(container) is None:
+            container["env"] = _items(container.get("env")) + [{"name": STANDBY_ENV, "value": STANDBY_VALUE}]
         if startup_probe and name in destinations and container.get("startupProbe") is None:
             container["startupProbe"] = _startup_probe()
     if not plan.have_seccomp:
@@ -605,22 +756,23 @@ def validate(pod: Dict[str, Any], seccomp_profile: str = SECCOMP_PROFILE) -> Lis
         return [str(exc)]
     meta = _mapping(located.get("metadata"))
     spec = _mapping(located.get("spec"))
-    annotations = _annotations(meta)
-    problems: List[str] = []
+    raw = _annotations(meta)
+    annotations, problems = contract_annotations(raw, what)
     source = annotations.get(ANN_RESTORE_FROM)
     if source is None:
-        problems.append(f"{what} has no annotation {ANN_RESTORE_FROM}")
+        problems.append(f"{what} has no annotation {ANN_RESTORE_FROM} (or {REF_ANN_RESTORE_FROM})")
     elif not is_dns_subdomain(source):
-        problems.append(f"annotation {ANN_RESTORE_FROM} of {what} is {source!r}, not a valid PodSnapshot name (DNS-1123 subdomain)")
+        problems.append(f"annotation {_label(raw, ANN_RESTORE_FROM)} of {what} is {source!r}, not a valid PodSnapshot "
+                        "name (DNS-1123 subdomain)")
     names = _container_names(spec)
-    pairs, found = _map_annotation(annotations, what)
+    pairs, found = _map_annotation(annotations, what, _label(raw, ANN_CONTAINER_MAP))
     problems.extend(found)
     for src, dst in pairs:
         if dst not in names:
             problems.append(f"container map destination {dst!r} (from {src!r}) is not a container of {what}")
     skip = annotations.get(ANN_SKIP_COMPAT)
     if skip is not None and str(skip).lower() not in ("true", "false"):
-        problems.append(f"annotation {ANN_SKIP_COMPAT} of {what} is {skip!r}, not 'true' or 'false'")
+        problems.append(f"annotation {_label(raw, ANN_SKIP_COMPAT)} of {what} is {skip!r}, not 'true' or 'false'")
     recorded, found = _entrypoint_annotation(annotations, what)
     problems.extend(found)
     for name in sorted(set(recorded) - set(names)) if names else []:
@@ -641,7 +793,8 @@ def validate(pod: Dict[str, Any], seccomp_profile: str = SECCOMP_PROFILE) -> Lis
 
 
 def _container_shortfalls(container: Dict[str, Any], what: str, profile: str) -> List[str]:
-    """Every way one container of a restore pod falls short: conflicts, missing mount or env, not inert."""
+    """Every way one container of a restore pod falls short: conflicts, missing mount or env, neither inert nor
+    in standby (its own entrypoint with ``SNAPSHOT_RESTORE_STANDBY`` true)."""
     name = container.get("name")
     problems, have_mount, have_env = _container_conflicts(container, what, profile)
     cwhat = f"container {name!r} of {what}"
@@ -649,9 +802,13 @@ def _container_shortfalls(container: Dict[str, Any], what: str, profile: str) ->
         problems.append(f"{cwhat} does not mount volume {CONTROL_VOLUME!r} at {CONTROL_MOUNT} (subPath {name!r})")
     if not have_env and not any(v.get("name") == CONTROL_ENV for v in _dicts(container.get("env"))):
         problems.append(f"{cwhat} has no env {CONTROL_ENV}={CONTROL_MOUNT}")
-    if container.get("command") != INERT_COMMAND:
-        problems.append(f"{cwhat} does not run the inert command {INERT_COMMAND!r}")
-    if container.get("args"):
+    standby = [] if _is_inert(container) else _standby_problems(container, cwhat)
+    problems.extend(standby)
+    form = entrypoint_form(container)
+    if form is None and container.get("command") != INERT_COMMAND:
+        problems.append(f"{cwhat} does not run the inert command {INERT_COMMAND!r}"
+                        + ("" if standby else f" nor sets env {STANDBY_ENV}={STANDBY_VALUE} for a standby-aware entrypoint"))
+    if form is None and container.get("args"):
         problems.append(f"{cwhat} has args; the inert placeholder takes none")
     return problems
 
@@ -662,54 +819,85 @@ def restore_destinations(pod: Dict[str, Any]) -> List[str]:
         meta, spec, what = _pod_parts(pod)
     except ContractError:
         return []
-    pairs, _problems = _map_annotation(_annotations(meta), what)
+    pairs, _problems = _map_annotation(contract_annotations(_annotations(meta), what)[0], what)
     return sorted({dst for _src, dst in pairs}) if pairs else [str(n) for n in _container_names(spec) if n]
 
 
+def restore_condition(pod: Any) -> Optional[Dict[str, Any]]:
+    """The pod's restore condition: ours (``Restored``), else the reference's (``nvidia.com/Restored``); None."""
+    return get_condition(pod, RESTORE_CONDITION) or get_condition(pod, REF_RESTORE_CONDITION)
+
+
 def classify(pod: Dict[str, Any]) -> str:
-    """Where a restore pod stands: "pending", "succeeded", "failed" or "partial".
+    """The outcome of a restore pod, by the reference's table (``ClassifyRestoreOutcome``), from its restore condition.
 
-    Rules, first match wins (the Restored condition is read from ``status.conditions``):
+    No condition -> Pending; status True -> Succeeded; status neither True nor False -> Unknown, except
+    ``Unknown`` with reason RestoreInProgress, which our earlier versions wrote while restoring -> Pending;
+    status False with reason RestoreFailed or RestoreIncompatible -> Failed, RestorePartiallySucceeded ->
+    PartiallySucceeded, RestoreInProgress -> Pending, any other -> Unknown. The condition is ``Restored`` or
+    the reference's ``nvidia.com/Restored`` (``restore_condition``). Whether the restored processes are still
+    there is ``restore_losses``.
+    """
+    condition = restore_condition(pod)
+    if condition is None:
+        return OUTCOME_PENDING
+    status, reason = condition.get("status"), condition.get("reason")
+    if status == "True":
+        return OUTCOME_SUCCEEDED
+    if status != "False":
+        return OUTCOME_PENDING if (status, reason) == ("Unknown", REASON_IN_PROGRESS) else OUTCOME_UNKNOWN
+    if reason in (REASON_FAILED, REASON_INCOMPATIBLE):
+        return OUTCOME_FAILED
+    if reason == REASON_PARTIAL:
+        return OUTCOME_PARTIAL
+    if reason == REASON_IN_PROGRESS:
+        return OUTCOME_PENDING
+    return OUTCOME_UNKNOWN
 
-    1. Restored reason RestoreFailed or RestoreIncompatible -> "failed";
-    2. reason RestorePartiallySucceeded -> "partial";
-    3. pod phase Failed -> "failed"; phase Succeeded -> "succeeded" with reason
-       RestoreSucceeded, else "failed" (the placeholder exited without a restore);
-    4. once a Restored condition exists (any reason), a destination container
-       (map destinations, else all) that is terminated now, or has restarted
-       (restartCount > 0) unless its last termination finished before the
-       condition's lastTransitionTime -> "failed" (the restored process is gone;
-       a new pod is needed, a restore is never replayed);
-    5. reason RestoreSucceeded -> "succeeded";
-    6. otherwise (RestoreInProgress, no condition, an unknown reason) -> "pending".
+
+def restore_losses(pod: Dict[str, Any]) -> List[str]:
+    """Why the restore of ``pod`` is lost although its condition may not say so; [] when nothing is.
+
+    The pod phase Failed; phase Succeeded without a succeeded restore (the placeholder exited); and, once a
+    restore condition exists, each destination container (map destinations, else all) that is terminated
+    now, or has restarted (restartCount > 0) unless its last termination finished before the condition's
+    lastTransitionTime. A new pod is needed then: a restore is never replayed.
     """
     status = _mapping(pod.get("status"))
-    condition = get_condition(pod, RESTORE_CONDITION)
-    reason = condition.get("reason") if condition else None
     phase = status.get("phase")
-    if reason in (REASON_FAILED, REASON_INCOMPATIBLE):
-        return "failed"
-    if reason == REASON_PARTIAL:
-        return "partial"
     if phase == "Failed":
-        return "failed"
+        return ["the pod's phase is Failed"]
     if phase == "Succeeded":
-        return "succeeded" if reason == REASON_SUCCEEDED else "failed"
-    if condition is not None:
-        started = _parse_time(condition.get("lastTransitionTime"))
-        destinations = set(restore_destinations(pod))
-        for state in _items(status.get("containerStatuses")):
-            if not isinstance(state, dict) or state.get("name") not in destinations:
-                continue
-            if "terminated" in _mapping(state.get("state")):
-                return "failed"
-            if (state.get("restartCount") or 0) > 0:
-                finished = _parse_time(_mapping(_mapping(state.get("lastState")).get("terminated")).get("finishedAt"))
-                if not (started and finished and finished < started):
-                    return "failed"
-    if reason == REASON_SUCCEEDED:
-        return "succeeded"
-    return "pending"
+        return [] if classify(pod) == OUTCOME_SUCCEEDED else ["the pod ended (phase Succeeded) without a restore"]
+    condition = restore_condition(pod)
+    if condition is None:
+        return []
+    started = _parse_time(condition.get("lastTransitionTime"))
+    destinations = set(restore_destinations(pod))
+    losses: List[str] = []
+    for state in _dicts(status.get("containerStatuses")):
+        name = state.get("name")
+        if name not in destinations:
+            continue
+        if "terminated" in _mapping(state.get("state")):
+            losses.append(f"container {name!r} is terminated")
+        elif (state.get("restartCount") or 0) > 0:
+            finished = _parse_time(_mapping(_mapping(state.get("lastState")).get("terminated")).get("finishedAt"))
+            if not (started and finished and finished < started):
+                losses.append(f"container {name!r} restarted ({state.get('restartCount')} times) after its restore began")
+    return losses
+
+
+def legacy_state(pod: Dict[str, Any]) -> str:
+    """The deprecated ``state`` (one of ``LEGACY_STATES``): "failed" also when ``restore_losses`` finds any."""
+    outcome = classify(pod)
+    if outcome == OUTCOME_FAILED:
+        return "failed"
+    if outcome == OUTCOME_PARTIAL:
+        return "partial"
+    if restore_losses(pod):
+        return "failed"
+    return "succeeded" if outcome == OUTCOME_SUCCEEDED else "pending"
 
 
 # --- conditions ---------------------------------------------------------------
@@ -990,10 +1178,14 @@ def select_snapshot(snapshots: List[Dict[str, Any]], pod: Dict[str, Any], groupi
     namespace = meta.get("namespace")
     pool = [s for s in snapshots if isinstance(s, dict)
             and (namespace is None or _mapping(s.get("metadata")).get("namespace") in (None, namespace))]
-    pinned = _annotations(meta).get(ANN_RESTORE_FROM)
+    raw = _annotations(meta)
+    annotations, conflicts = contract_annotations(raw, what)
+    if conflicts:
+        return None, conflicts
+    pinned = annotations.get(ANN_RESTORE_FROM)
     where = f"namespace {namespace}" if namespace else "the given list"
     if pinned is not None:
-        return _pinned(pool, pinned, what, where)
+        return _pinned(pool, pinned, what, where, _label(raw, ANN_RESTORE_FROM))
     if not pool:
         return None, [f"there is no PodSnapshot in {where}"]
     ready = [s for s in pool if is_ready(s)]
@@ -1018,16 +1210,16 @@ def select_snapshot(snapshots: List[Dict[str, Any]], pod: Dict[str, Any], groupi
     return None, reasons
 
 
-def _pinned(pool: List[Dict[str, Any]], pinned: Any, what: str, where: str
+def _pinned(pool: List[Dict[str, Any]], pinned: Any, what: str, where: str, label: str
             ) -> Tuple[Optional[Dict[str, Any]], List[str]]:
     """The snapshot a restore-from annotation pins, if it exists and is Ready; else every reason."""
     found = [s for s in pool if _mapping(s.get("metadata")).get("name") == pinned]
     if not found:
-        return None, [f"{what} is pinned to PodSnapshot {pinned!r} (annotation {ANN_RESTORE_FROM}), "
+        return None, [f"{what} is pinned to PodSnapshot {pinned!r} (annotation {label}), "
                       f"which does not exist in {where}"]
     problems = readiness_problems(found[0])
     if problems:
-        return None, [f"{what} is pinned to PodSnapshot {pinned!r} (annotation {ANN_RESTORE_FROM}), which cannot be used"] + problems
+        return None, [f"{what} is pinned to PodSnapshot {pinned!r} (annotation {label}), which cannot be used"] + problems
     return found[0], []
 
 
@@ -1075,21 +1267,25 @@ def _nearest(candidates: List[Dict[str, Any]], pod_fields: Dict[str, str], conte
 def check_pod_spec(snapshot: Dict[str, Any], pod: Dict[str, Any], content: Optional[Dict[str, Any]] = None) -> List[str]:
     """Why ``pod`` (a restore pod, typically pinned) does not match the source pod of ``snapshot``; [] when it does.
 
-    Not checked (returns []) when the pod carries ``snapshot-skip-compat-check: "true"``
-    or the snapshot's scope is rootfs-only. Without a container map (or an
+    Not checked (returns []) when the pod carries ``snapshot-skip-compat-check: "true"`` (ours or the
+    reference's name) or the snapshot's scope is rootfs-only; annotations that disagree with their alias are
+    the reasons then. Without a container map (or an
     identity map) the pod's hash must equal ``status.podSpecHash``; with one,
     each destination ``containers[dst].*`` is compared with ``containers[src].*``
     of the content's ``status.podSpecFields`` (needed then), pod-level fields and
     init containers as they are. ``content`` also lets the reason name the fields.
     """
     meta, _spec, what = _pod_parts(pod)
-    annotations = _annotations(meta)
-    if str(annotations.get(ANN_SKIP_COMPAT, "")).lower() == "true":
+    raw = _annotations(meta)
+    annotations, conflicts = contract_annotations(raw, what)
+    if conflicts:
+        return conflicts
+    if skips_compat_check(annotations):
         return []
     if _mapping(snapshot.get("spec")).get("scope") == SCOPE_ROOTFS_ONLY:
         return []
     ref = object_ref(snapshot, KIND_SNAPSHOT)
-    pairs, problems = _map_annotation(annotations, what)
+    pairs, problems = _map_annotation(annotations, what, _label(raw, ANN_CONTAINER_MAP))
     if problems:
         return problems
     recorded = _mapping(_mapping(content).get("status")).get("podSpecFields") if content else None

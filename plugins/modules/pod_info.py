@@ -98,7 +98,12 @@ pods:
   type: list
   elements: dict
 targets:
-  description: One summary per pod.
+  description:
+    - One summary per pod. For a restore pod (one with a restore-from annotation, ours or C(nvidia.com/restore-from))
+      C(restore_outcome) is its outcome by the reference contract's table (V(Pending), V(Succeeded), V(Failed),
+      V(PartiallySucceeded), V(Unknown); see M(warmstart.snapshot.restore_pod)); C(restore_state) is the deprecated
+      earlier name (V(pending), V(succeeded), V(failed), V(partial)), kept for one release. Both are null for
+      other pods.
   returned: always
   type: list
   elements: dict
@@ -111,6 +116,7 @@ targets:
       labels: {app: embed}
       annotations: {}
       spec_hash: 5f0c3e...
+      restore_outcome: null
       restore_state: null
       containers:
         - {name: main, container_id: "podman://0f3a...", running: true, ready: true, restart_count: 0}

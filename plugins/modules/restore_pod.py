@@ -16,24 +16,38 @@ description:
     C(/bin/sh -c 'exec sleep infinity') and the Localhost seccomp profile C(profiles/block-iouring.json);
     optionally a container map, the skip-compat annotation and a startup probe on C(restore-complete).
     A node agent then restores the snapshot into the running placeholder.
+  - The reference contract's names are read as aliases of ours - the annotations C(nvidia.com/restore-from),
+    C(nvidia.com/restore-container-map), C(nvidia.com/snapshot-skip-compat-check) and the condition
+    C(nvidia.com/Restored); a pod that sets one of ours and its alias to different values is refused, naming both.
+    What the module writes keeps our names.
   - O(action=build) returns that pod for O(pod) or O(template) (a deep copy; idempotent; anything that conflicts
     with the contract - another restore-from, a different C(snapshot-control) volume, another
     C(SNAPSHOT_CONTROL_DIR), another seccomp profile - fails with every reason instead of being overwritten).
     No API server is needed.
-  - O(action=validate) fails with every way O(pod) falls short of a restore pod. No API server is needed.
-  - O(action=classify) tells where a restore pod stands - V(pending), V(succeeded), V(failed) or V(partial) -
-    from its C(Restored) condition and container states; O(pod), or the pod O(namespace)/O(name) read from the API.
+  - O(action=build) with O(entrypoint=standby) keeps each container's own command and sets
+    C(SNAPSHOT_RESTORE_STANDBY=1) instead of the inert command, for an image whose entrypoint then blocks without
+    initialising.
+  - O(action=validate) fails with every way O(pod) falls short of a restore pod; each container must run the inert
+    command, or its own entrypoint with C(SNAPSHOT_RESTORE_STANDBY) set to a true value. RV(entrypoints) says which
+    form each container has. No API server is needed.
+  - O(action=classify) tells where a restore pod stands - RV(outcome) by the reference contract's table from its
+    C(Restored) condition, RV(losses) from the pod's phase and container states; O(pod), or the pod
+    O(namespace)/O(name) read from the API.
   - O(action=select) finds the PodSnapshot to restore O(pod) or O(template) from - the newest Ready one in
     O(namespace) whose condensed pod-spec hash and O(grouping_labels) match, or the one its C(restore-from)
-    annotation pins - and checks its PodSnapshotContent (bound, backlink uid). When none fits it fails with the
-    reasons, naming the fields in which the nearest snapshot differs.
+    annotation pins - and checks its PodSnapshotContent (bound, backlink uid); a pinned one must have been taken
+    from the same pod spec (condensed pod-spec hash) unless the pod skips the compatibility check or O(scope) is
+    V(rootfs-only). When none fits it fails with the reasons, naming the fields in which the (nearest) snapshot
+    differs.
   - O(action=create) builds the restore pod (from O(snapshot), else from the one O(action=select) finds) and
     creates O(count) of them in O(namespace) - named C(<name_prefix>-<i>), idempotent by name, or with
-    C(generateName) when O(name_prefix) is not given.
+    C(generateName) when O(name_prefix) is not given. A given O(snapshot) is checked against the pod-spec hash as a
+    pinned one is.
   - O(action=begin), once the pod O(namespace)/O(name) is scheduled and its placeholder runs - checks that its
-    PodSnapshot is bound to its content (backlink uid, Ready) and works out the (source, destination container)
-    pairs to restore; then adds the finalizer C(snapshot.warmstart.io/restore) and sets the C(Restored) condition
-    to C(Unknown), reason C(RestoreInProgress). Returns what the node needs (RV(store), RV(pairs), RV(node)). A
+    PodSnapshot is bound to its content (backlink uid, Ready) and was taken from the pod's spec (unless the pod's
+    skip-compat annotation is C(true)), and works out the (source, destination container) pairs to restore; then
+    adds the finalizer C(snapshot.warmstart.io/restore) and sets the C(Restored) condition to C(False), reason
+    C(RestoreInProgress), as the reference contract does. Returns what the node needs (RV(store), RV(pairs), RV(node)). A
     pod whose restore already ran is refused - a restore is never replayed; a new pod is needed.
   - O(action=finish) records the node's O(outcome) in the C(Restored) condition (C(RestoreSucceeded),
     C(RestoreFailed), C(RestorePartiallySucceeded), C(RestoreIncompatible)) with O(condition_message), and removes the
@@ -81,6 +95,16 @@ options:
     description: Add a startup probe C(cat /snapshot-control/restore-complete) to each destination container.
     type: bool
     default: true
+  entrypoint:
+    description:
+      - How O(action=build) and O(action=create) keep the containers from starting their workload.
+      - V(inert) replaces each container's command with C(/bin/sh -c 'exec sleep infinity') (its own command is
+        recorded in an annotation, so the pod hashes like its template).
+      - V(standby) keeps each container's command and sets the env C(SNAPSHOT_RESTORE_STANDBY=1); only for images
+        whose entrypoint honours it by blocking without initialising.
+    type: str
+    choices: [inert, standby]
+    default: inert
   seccomp_profile:
     description: The Localhost seccomp profile (relative to the kubelet's seccomp root) that blocks io_uring.
     type: str
@@ -94,7 +118,10 @@ options:
     description: Name of the pod to classify (O(action=classify) without O(pod)), or to begin or finish.
     type: str
   outcome:
-    description: The result of the node's restore, for O(action=finish).
+    description:
+      - The result of the node's restore, for O(action=finish), as the M(warmstart.snapshot.restore) module returns
+        it; recorded as the C(Restored) reason C(RestoreSucceeded), C(RestoreFailed), C(RestorePartiallySucceeded)
+        or C(RestoreIncompatible).
     type: str
     choices: [succeeded, failed, partially_succeeded, incompatible]
   condition_message:
@@ -177,14 +204,40 @@ problems:
   type: list
   elements: str
   sample: []
+entrypoints:
+  description: Container name -> the form that keeps it from starting its workload, V(inert) or V(standby).
+  returned: when O(action=validate) succeeds
+  type: dict
+  sample: {main: inert}
+outcome:
+  description:
+    - Where the restore pod stands, by the reference contract's table over its C(Restored) (or
+      C(nvidia.com/Restored)) condition - no condition V(Pending); status C(True) V(Succeeded); status C(False) with
+      reason C(RestoreFailed) or C(RestoreIncompatible) V(Failed), C(RestorePartiallySucceeded)
+      V(PartiallySucceeded), C(RestoreInProgress) V(Pending); any other status or reason V(Unknown).
+  returned: when O(action) is classify, begin or finish
+  type: str
+  sample: Succeeded
+  choices: [Pending, Succeeded, Failed, PartiallySucceeded, Unknown]
+losses:
+  description:
+    - Why the restore is lost although the condition may not say so - the pod's phase is C(Failed), or it ended
+      without a restore, or a destination container terminated or restarted after its restore began. A new pod is
+      needed then.
+  returned: when O(action) is classify, begin or finish
+  type: list
+  elements: str
+  sample: ["container 'main' restarted (1 times) after its restore began"]
 state:
-  description: Where the restore pod stands.
+  description:
+    - Deprecated, use RV(outcome) and RV(losses); kept for one release. The earlier names - V(pending),
+      V(succeeded), V(failed) (also when RV(losses) is not empty) or V(partial).
   returned: when O(action) is classify, begin or finish
   type: str
   sample: succeeded
   choices: [pending, succeeded, failed, partial]
 condition:
-  description: The pod's C(Restored) condition, null when it has none.
+  description: The pod's C(Restored) condition (else its C(nvidia.com/Restored) one), null when it has none.
   returned: when O(action=classify)
   type: dict
   sample: {type: Restored, status: "True", reason: RestoreSucceeded}
@@ -262,6 +315,7 @@ def main() -> None:
             container_map=dict(type="raw"),
             skip_compat_check=dict(type="bool", default=False),
             startup_probe=dict(type="bool", default=True),
+            entrypoint=dict(type="str", choices=["inert", "standby"], default="inert"),
             seccomp_profile=dict(type="str", default="profiles/block-iouring.json"),
             namespace=dict(type="str"),
             name=dict(type="str"),

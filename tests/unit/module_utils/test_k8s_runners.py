@@ -24,7 +24,7 @@ def restore_params(**kw: Any) -> Dict[str, Any]:
                                 container_map=None, skip_compat_check=False, startup_probe=True,
                                 seccomp_profile=pc.SECCOMP_PROFILE, namespace=None, name=None, grouping_labels=[],
                                 scope="whole-pod", count=1, name_prefix=None, skip_binding_check=False,
-                                outcome=None, condition_message="")
+                                outcome=None, condition_message="", entrypoint="inert")
     base.update(kw)
     return base
 
@@ -48,7 +48,12 @@ def test_build_needs_no_api_server_and_its_refusals_carry_every_reason() -> None
 
 def test_validate_reports_its_problems_as_a_result_field() -> None:
     assert runners.run_restore_pod(restore_params(action="validate", pod=pc.build(TEMPLATE, "embed-1"),
-                                                  template=None), False) == {"changed": False, "problems": []}
+                                                  template=None), False) == \
+        {"changed": False, "problems": [], "entrypoints": {"main": "inert"}}
+    standby = runners.run_restore_pod(restore_params(entrypoint="standby"), False)["pod"]
+    assert standby["spec"]["containers"][0]["env"][-1] == {"name": "SNAPSHOT_RESTORE_STANDBY", "value": "1"}
+    assert runners.run_restore_pod(restore_params(action="validate", pod=standby, template=None), False) == \
+        {"changed": False, "problems": [], "entrypoints": {"main": "standby"}}
     with pytest.raises(K8sError) as bad:
         runners.run_restore_pod(restore_params(action="validate", pod=TEMPLATE, template=None), False)
     out = failure(bad.value)
@@ -58,7 +63,14 @@ def test_validate_reports_its_problems_as_a_result_field() -> None:
 
 def test_classify_a_given_pod_needs_no_api_server() -> None:
     out = runners.run_restore_pod(restore_params(action="classify", pod=pc.build(TEMPLATE, "embed-1")), False)
-    assert (out["changed"], out["state"], out["condition"]) == (False, "pending", None)
+    assert out == {"changed": False, "outcome": "Pending", "losses": [], "state": "pending", "condition": None,
+                   "pod_name": None}
+    pod = pc.build(TEMPLATE, "embed-1")
+    pod["status"] = {"phase": "Running", "conditions": [
+        {"type": "nvidia.com/Restored", "status": "False", "reason": "RestorePartiallySucceeded"}]}
+    out = runners.run_restore_pod(restore_params(action="classify", pod=pod), False)
+    assert (out["outcome"], out["state"], out["condition"]["type"]) == ("PartiallySucceeded", "partial",
+                                                                        "nvidia.com/Restored")
 
 
 def test_failed_reason_needs_ready_false() -> None:

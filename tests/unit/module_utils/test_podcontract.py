@@ -380,64 +380,134 @@ def test_validate_lists_everything_missing_on_a_plain_pod() -> None:
 
 # --- classify ----------------------------------------------------------------------
 
-def _classified(reason: Optional[str] = None, phase: str = "Running", statuses: Optional[List[Dict[str, Any]]] = None,
-                annotations: Optional[Dict[str, str]] = None) -> str:
+def _restore_pod_with(condition: Optional[Dict[str, Any]] = None, phase: str = "Running",
+                      statuses: Optional[List[Dict[str, Any]]] = None,
+                      annotations: Optional[Dict[str, str]] = None) -> Dict[str, Any]:
     doc = restore_pod()
     if annotations:
         doc["metadata"]["annotations"].update(annotations)
-    conditions = [{"type": "Ready", "status": "True"}]
-    if reason:
-        status = {"RestoreSucceeded": "True", "RestoreInProgress": "Unknown"}.get(reason, "False")
-        conditions.append({"type": "Restored", "status": status, "reason": reason, "message": "",
-                           "lastTransitionTime": "2026-01-10T10:05:00Z"})
+    conditions = [{"type": "Ready", "status": "True"}] + ([condition] if condition else [])
     doc["status"] = {"phase": phase, "conditions": conditions, "containerStatuses": statuses or [
         {"name": "main", "restartCount": 0, "state": {"running": {}}},
         {"name": "sidecar", "restartCount": 0, "state": {"running": {}}}]}
-    return pc.classify(doc)
+    return doc
 
 
-def test_classify_from_the_restored_condition() -> None:
-    assert _classified() == "pending"
-    assert _classified("RestoreInProgress") == "pending"
-    assert _classified("SomethingNew") == "pending"
-    assert _classified("RestoreSucceeded") == "succeeded"
-    assert _classified("RestoreFailed") == "failed"
-    assert _classified("RestoreIncompatible") == "failed"
-    assert _classified("RestorePartiallySucceeded") == "partial"
-    assert _classified("RestorePartiallySucceeded", phase="Failed") == "partial"
+def _restored(status: Any, reason: Optional[str], type_: str = "Restored") -> Dict[str, Any]:
+    condition = {"type": type_, "reason": reason, "message": "", "lastTransitionTime": "2026-01-10T10:05:00Z"}
+    if status is not None:
+        condition["status"] = status
+    return condition
 
 
-def test_classify_from_the_phase() -> None:
-    assert _classified(None, phase="Failed") == "failed"
-    assert _classified("RestoreSucceeded", phase="Failed") == "failed"
-    assert _classified(None, phase="Succeeded") == "failed"
-    assert _classified("RestoreInProgress", phase="Succeeded") == "failed"
-    assert _classified("RestoreSucceeded", phase="Succeeded") == "succeeded"
-    assert _classified(None, phase="Pending", statuses=[]) == "pending"
-    assert pc.classify({"status": {"phase": "Failed"}}) == "failed"
-    assert pc.classify({"status": {"conditions": [{"type": "Restored", "reason": "RestoreSucceeded"}]}}) == "succeeded"
+# The reference's ClassifyRestoreOutcome table (ANCHORS.md section 1), one row each: (status, reason) -> outcome.
+REFERENCE_TABLE = [
+    ("no condition", None, None, "Pending"),
+    ("True", "True", "RestoreSucceeded", "Succeeded"),
+    ("True with any reason", "True", "Whatever", "Succeeded"),
+    ("True without reason", "True", None, "Succeeded"),
+    ("Unknown status", "Unknown", "RestoreSucceeded", "Unknown"),
+    ("no status", None, "RestoreSucceeded", "Unknown"),
+    ("odd status", "Maybe", "RestoreFailed", "Unknown"),
+    ("False RestoreFailed", "False", "RestoreFailed", "Failed"),
+    ("False RestoreIncompatible", "False", "RestoreIncompatible", "Failed"),
+    ("False RestorePartiallySucceeded", "False", "RestorePartiallySucceeded", "PartiallySucceeded"),
+    ("False RestoreInProgress", "False", "RestoreInProgress", "Pending"),
+    ("False RestoreSucceeded", "False", "RestoreSucceeded", "Unknown"),
+    ("False other reason", "False", "SomethingNew", "Unknown"),
+    ("False without reason", "False", None, "Unknown"),
+]
 
 
-def test_classify_a_destination_that_died_after_the_restore_started() -> None:
+@pytest.mark.parametrize("label, status, reason, outcome", REFERENCE_TABLE, ids=[row[0] for row in REFERENCE_TABLE])
+@pytest.mark.parametrize("type_", ["Restored", "nvidia.com/Restored"])
+def test_classify_follows_the_reference_table(label: str, status: Any, reason: Optional[str], outcome: str,
+                                              type_: str) -> None:
+    condition = None if label == "no condition" else _restored(status, reason, type_)
+    assert pc.classify(_restore_pod_with(condition)) == outcome
+    assert outcome in pc.OUTCOMES
+
+
+def test_classify_reads_pods_our_earlier_versions_wrote() -> None:
+    """They said Unknown + RestoreInProgress while restoring: still Pending during a rolling upgrade."""
+    assert pc.classify(_restore_pod_with(_restored("Unknown", "RestoreInProgress"))) == "Pending"
+    assert pc.classify(_restore_pod_with(_restored("Unknown", "SomethingElse"))) == "Unknown"
+
+
+def test_classify_prefers_our_condition_to_the_reference_one() -> None:
+    doc = _restore_pod_with(_restored("True", "RestoreSucceeded"))
+    doc["status"]["conditions"].insert(0, _restored("False", "RestoreFailed", "nvidia.com/Restored"))
+    assert pc.classify(doc) == "Succeeded"
+    assert pc.restore_condition(doc)["type"] == "Restored"
+    assert pc.classify({"status": {"conditions": [{"type": "nvidia.com/Restored", "status": "False",
+                                                   "reason": "RestoreInProgress"}]}}) == "Pending"
+    assert pc.classify({}) == "Pending"
+
+
+def test_classify_does_not_look_at_phase_or_containers() -> None:
+    died = [{"name": "main", "restartCount": 0, "state": {"terminated": {"exitCode": 1}}}]
+    assert pc.classify(_restore_pod_with(_restored("True", "RestoreSucceeded"), phase="Failed", statuses=died)) == \
+        "Succeeded"
+    assert pc.classify(_restore_pod_with(None, phase="Failed")) == "Pending"
+
+
+def test_restore_losses_from_the_phase() -> None:
+    assert pc.restore_losses(_restore_pod_with(None, phase="Failed")) == ["the pod's phase is Failed"]
+    assert pc.restore_losses(_restore_pod_with(None, phase="Succeeded")) == \
+        ["the pod ended (phase Succeeded) without a restore"]
+    assert pc.restore_losses(_restore_pod_with(_restored("True", "RestoreSucceeded"), phase="Succeeded")) == []
+    assert pc.restore_losses(_restore_pod_with(None, phase="Pending", statuses=[])) == []
+
+
+def test_restore_losses_of_a_destination_that_died_after_the_restore_began() -> None:
     restarted = [{"name": "main", "restartCount": 1, "state": {"running": {}},
                   "lastState": {"terminated": {"exitCode": 137, "finishedAt": "2026-01-10T10:06:00Z"}}},
                  {"name": "sidecar", "restartCount": 0, "state": {"running": {}}}]
-    assert _classified("RestoreSucceeded", statuses=restarted) == "failed"
-    assert _classified("RestoreInProgress", statuses=restarted) == "failed"
-    assert _classified(None, statuses=restarted) == "pending"  # no restore started yet
+    lost = ["container 'main' restarted (1 times) after its restore began"]
+    assert pc.restore_losses(_restore_pod_with(_restored("True", "RestoreSucceeded"), statuses=restarted)) == lost
+    assert pc.restore_losses(_restore_pod_with(_restored("False", "RestoreInProgress"), statuses=restarted)) == lost
+    assert pc.restore_losses(_restore_pod_with(None, statuses=restarted)) == []  # no restore began yet
     before = copy.deepcopy(restarted)
     before[0]["lastState"]["terminated"]["finishedAt"] = "2026-01-10T09:00:00Z"
-    assert _classified("RestoreSucceeded", statuses=before) == "succeeded"
+    assert pc.restore_losses(_restore_pod_with(_restored("True", "RestoreSucceeded"), statuses=before)) == []
     no_time = copy.deepcopy(restarted)
     del no_time[0]["lastState"]
-    assert _classified("RestoreSucceeded", statuses=no_time) == "failed"
+    assert pc.restore_losses(_restore_pod_with(_restored("True", "RestoreSucceeded"), statuses=no_time)) == lost
     terminated = [{"name": "main", "restartCount": 0, "state": {"terminated": {"exitCode": 1}}}]
-    assert _classified("RestoreSucceeded", statuses=terminated) == "failed"
+    assert pc.restore_losses(_restore_pod_with(_restored("True", "RestoreSucceeded"), statuses=terminated)) == \
+        ["container 'main' is terminated"]
     # only destinations count: the sidecar is not one when the map names main alone
     side = [{"name": "main", "restartCount": 0, "state": {"running": {}}},
             {"name": "sidecar", "restartCount": 3, "state": {"running": {}}}]
-    assert _classified("RestoreSucceeded", statuses=side, annotations={pc.ANN_CONTAINER_MAP: "main=main"}) == "succeeded"
-    assert _classified("RestoreSucceeded", statuses=side) == "failed"
+    only_main = {pc.ANN_CONTAINER_MAP: "main=main"}
+    assert pc.restore_losses(_restore_pod_with(_restored("True", "RestoreSucceeded"), statuses=side,
+                                               annotations=only_main)) == []
+    assert pc.restore_losses(_restore_pod_with(_restored("True", "RestoreSucceeded"), statuses=side)) == \
+        ["container 'sidecar' restarted (3 times) after its restore began"]
+
+
+def test_legacy_state_keeps_the_earlier_names_and_rules() -> None:
+    terminated = [{"name": "main", "restartCount": 0, "state": {"terminated": {"exitCode": 1}}}]
+    cases = [
+        (None, "Running", None, "pending"),
+        (_restored("False", "RestoreInProgress"), "Running", None, "pending"),
+        (_restored("Unknown", "RestoreInProgress"), "Running", None, "pending"),
+        (_restored("False", "SomethingNew"), "Running", None, "pending"),
+        (_restored("True", "RestoreSucceeded"), "Running", None, "succeeded"),
+        (_restored("False", "RestoreFailed"), "Running", None, "failed"),
+        (_restored("False", "RestoreIncompatible"), "Running", None, "failed"),
+        (_restored("False", "RestorePartiallySucceeded"), "Running", None, "partial"),
+        (_restored("False", "RestorePartiallySucceeded"), "Failed", None, "partial"),
+        (None, "Failed", None, "failed"),
+        (_restored("True", "RestoreSucceeded"), "Failed", None, "failed"),
+        (None, "Succeeded", None, "failed"),
+        (_restored("True", "RestoreSucceeded"), "Succeeded", None, "succeeded"),
+        (_restored("True", "RestoreSucceeded"), "Running", terminated, "failed"),
+    ]
+    for condition, phase, statuses, state in cases:
+        doc = _restore_pod_with(condition, phase=phase, statuses=statuses)
+        assert (condition, phase, pc.legacy_state(doc)) == (condition, phase, state)
+        assert state in pc.LEGACY_STATES
 
 
 # --- conditions ----------------------------------------------------------------------
