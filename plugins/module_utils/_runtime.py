@@ -14,22 +14,26 @@ labels the kubelet's CRI runtimes put on them (``io.kubernetes.pod.namespace``,
 the node. What is derived from those two (``running``, ``pod_container``) lives
 here, once, for every runtime.
 
-One file per runtime (``_podman``), which returns ``_containerinfo`` types and
-satisfies ``Runtime`` without importing this file. A further runtime
-(containerd, CRI-O: ``crictl inspect`` / ``ctr task ls`` give the same facts)
-is one new file plus one entry in RUNTIMES; nothing else names a runtime.
+One file per runtime (``_podman``, ``_containerd``), which returns
+``_containerinfo`` types and satisfies ``Runtime`` without importing this file.
+A further runtime (CRI-O: ``crictl inspect`` gives the same facts) is one new
+file plus one entry in RUNTIMES; nothing else names a runtime.
+
+``auto`` (``Auto``) is the runtime that owns the container: every registered
+runtime whose tool is installed is asked, and exactly one must know it.
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, List, Protocol
+from typing import Any, Callable, Dict, List, Protocol, Tuple
 
 from ansible_collections.warmstart.snapshot.plugins.module_utils._containerinfo import (
     POD_CONTAINER, POD_NAME, POD_NAMESPACE, ContainerInfo)
+from ansible_collections.warmstart.snapshot.plugins.module_utils._containerd import Containerd
 from ansible_collections.warmstart.snapshot.plugins.module_utils._podman import Podman
 from ansible_collections.warmstart.snapshot.plugins.module_utils._proc import TargetError
 
-__all__ = ["POD_CONTAINER", "POD_NAME", "POD_NAMESPACE", "RUNTIMES", "ContainerInfo", "Runtime", "get_runtime",
-           "pod_container", "running"]
+__all__ = ["AUTO", "POD_CONTAINER", "POD_NAME", "POD_NAMESPACE", "RUNTIMES", "Auto", "ContainerInfo", "Runtime",
+           "get_runtime", "pod_container", "running"]
 
 
 class Runtime(Protocol):
@@ -60,8 +64,59 @@ def running(runtime: Runtime, container: str) -> ContainerInfo:
     return info
 
 
+AUTO = "auto"
+
+
+def _installed(runtime: Runtime) -> bool:
+    """A runtime is asked by ``auto`` when its CLI is installed (its ``binary``; one without is always asked)."""
+    return bool(getattr(runtime, "binary", True))
+
+
+class Auto:
+    """The runtime that owns the container: each registered runtime whose tool is installed is asked."""
+
+    name = AUTO
+
+    def __init__(self) -> None:
+        self.runtimes: List[Runtime] = [new() for key, new in sorted(RUNTIMES.items()) if key != AUTO]
+
+    def _asked(self) -> List[Runtime]:
+        asked = [rt for rt in self.runtimes if _installed(rt)]
+        if not asked:
+            raise TargetError("runtime auto: no container runtime is installed on this node "
+                              f"(none of {', '.join(rt.name for rt in self.runtimes)})")
+        return asked
+
+    def _each(self, ask: Callable[[Runtime], Any]) -> Tuple[List[Tuple[Runtime, Any]], List[str]]:
+        found, errors = [], []
+        for rt in self._asked():
+            try:
+                found.append((rt, ask(rt)))
+            except TargetError as exc:
+                errors.append(f"{rt.name}: {exc}")
+        return found, errors
+
+    def inspect(self, container: str) -> ContainerInfo:
+        found, errors = self._each(lambda rt: rt.inspect(container))
+        if len(found) > 1:
+            owners = " and ".join(f"{rt.name} ({info.id[:12]})" for rt, info in found)
+            raise TargetError(f"container {container} is known to {owners}: set runtime to the one meant")
+        if not found:
+            raise TargetError(f"container {container}: no container runtime on this node knows it (runtime auto asked "
+                              f"{', '.join(rt.name for rt in self._asked())}: {'; '.join(errors)})")
+        info: ContainerInfo = found[0][1]
+        return info
+
+    def pod_containers(self, namespace: str, pod: str, container: str) -> List[str]:
+        found, errors = self._each(lambda rt: rt.pod_containers(namespace, pod, container))
+        if not found:
+            raise TargetError(f"pod {namespace}/{pod}: no container runtime on this node could be asked "
+                              f"({'; '.join(errors)})")
+        return [cid for _rt, ids in found for cid in ids]
+
+
 # name -> a new runtime of that name: the only place that knows which runtimes exist
-RUNTIMES: Dict[str, Callable[[], Runtime]] = {"podman": Podman}
+RUNTIMES: Dict[str, Callable[[], Runtime]] = {"podman": Podman, "containerd": Containerd, AUTO: Auto}
 
 
 def pod_container(runtime: Runtime, pod: Dict[str, Any]) -> str:
@@ -77,6 +132,8 @@ def pod_container(runtime: Runtime, pod: Dict[str, Any]) -> str:
         raise TargetError(f"pod target needs a name and a container (got {what})")
     wanted = pod.get("container_id") or ""
     scheme, sep, bare = wanted.partition("://")
+    if sep and runtime.name == AUTO and scheme in RUNTIMES and scheme != AUTO:
+        runtime = get_runtime(scheme)  # the pod's status names the runtime that owns the container
     if sep and scheme != runtime.name:
         raise TargetError(f"{what}: its status names container {wanted}, a {scheme} container; "
                           f"this node was asked to use {runtime.name}")

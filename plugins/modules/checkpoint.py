@@ -78,7 +78,7 @@ options:
         required: true
       container_id:
         description:
-          - The container's id from the pod's status (C(status.containerStatuses[].containerID), V(podman://<id>)).
+          - The container's id from the pod's status (C(status.containerStatuses[].containerID), V(podman://<id>) or V(containerd://<id>)).
             When given, the container found on this node must be that one (a pod re-created under the same name
             has new containers).
         type: str
@@ -89,9 +89,17 @@ options:
         description: The pod's condensed spec hash, recorded in the manifest.
         type: str
   runtime:
-    description: Container runtime of O(container) or O(pod).
+    description:
+      - Container runtime of O(container) or O(pod).
+      - V(containerd) asks containerd through its C(ctr) CLI. Where containerd lives comes from the environment
+        (set it with the task's C(environment)), as C(ctr) reads it - E(CONTAINERD_ADDRESS) (its socket, default
+        C(/run/containerd/containerd.sock)), E(CONTAINERD_NAMESPACE) (default V(k8s.io), the kubelet's) - and
+        E(WARMSTART_CONTAINERD_STATE), its state dir (default the socket's dir; on k3s the socket is
+        C(/run/k3s/containerd/containerd.sock) and the state dir C(/run/k3s/containerd)).
+      - V(auto) asks every runtime whose tool is installed on the node; exactly one must know the container. For a
+        O(pod) target whose O(pod.container_id) is V(<runtime>://<id>), that runtime is used.
     type: str
-    choices: [podman]
+    choices: [podman, containerd, auto]
     default: podman
   workloads_root:
     description: State directory root of workloads (as in M(warmstart.snapshot.workload)).
@@ -314,7 +322,7 @@ def main() -> None:
             workload=dict(type="str"),
             container=dict(type="str"),
             pod=pod_argument_spec(uid=dict(type="str"), spec_hash=dict(type="str")),
-            runtime=dict(type="str", choices=["podman"], default="podman"),
+            runtime=dict(type="str", choices=["podman", "containerd", "auto"], default="podman"),
             workloads_root=dict(type="path", default="/var/lib/warmstart/workloads"),
             **store_argument_spec(),
             **progress_argument_spec(),

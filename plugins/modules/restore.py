@@ -142,6 +142,24 @@ options:
       - The page server verified the pages images before serving; this node verifies every other file.
       - One page server serves one restore.
     type: str
+  tcp:
+    description:
+      - What happens to the snapshot's established TCP connections (recorded when it was taken with
+        O(warmstart.snapshot.checkpoint#module:tcp=established), the default). Listening sockets are restored
+        either way.
+      - V(keep) - CRIU re-creates them; they work where their addresses still lead to the same peers, that is on
+        the node that took the snapshot, in the host's network namespace.
+      - V(close) - each connected socket comes back closed (a read returns end of file, a write fails; the
+        workload reconnects), and a peer that writes to the old connection gets a reset. This also closes
+        connections between processes of the restored tree.
+      - Default - V(close) when the tree comes back in another network namespace or on another node than the
+        dump's (every restore O(into) a placeholder container or pod, whose address is new; a process restore on
+        a node other than the one that took the snapshot, as its manifest records it); V(keep) for a process
+        restored on the node that took the snapshot. RV(restore.tcp) says which was applied and why.
+      - V(keep) of a snapshot taken with O(warmstart.snapshot.checkpoint#module:tcp=close) is refused (its
+        connections were not dumped).
+    type: str
+    choices: [keep, close]
   into:
     description: Restore a container snapshot into placeholder containers.
     type: dict
@@ -182,9 +200,13 @@ options:
             description: The snapshot's container to restore into it (default the snapshot's only container).
             type: str
       runtime:
-        description: Container runtime of the placeholders.
+        description:
+          - Container runtime of the placeholders, as in the checkpoint module's
+            O(warmstart.snapshot.checkpoint#module:runtime) option (V(containerd) reads E(CONTAINERD_ADDRESS),
+            E(CONTAINERD_NAMESPACE) and E(WARMSTART_CONTAINERD_STATE) from the task's environment).
+          - V(auto) asks every runtime whose tool is installed on the node; exactly one must know each placeholder.
         type: str
-        choices: [podman]
+        choices: [podman, containerd, auto]
         default: podman
       skip_image_check:
         description: Restore even if a placeholder runs another image than the snapshot's container did.
@@ -223,6 +245,11 @@ EXAMPLES = r"""
   warmstart.snapshot.restore:
     name: embed
     lazy: true
+
+- name: Restore on the node that took the snapshot, but close its TCP connections (clients reconnect)
+  warmstart.snapshot.restore:
+    name: embed
+    tcp: close
 
 - name: Lazy restore with the pages served by the node that holds the snapshot
   warmstart.snapshot.restore:
@@ -336,6 +363,14 @@ restore:
       type: dict
       returned: not in check mode, without into
       sample: {used: true, pids: [22862], gpu_pairs: [[GPU-5f1c, GPU-77aa]], backend: CUDA driver API}
+    tcp:
+      description:
+        - What the restore did (in check mode - would do) with the snapshot's established TCP connections - C(mode)
+          V(keep) or V(close) (see O(tcp)), and C(reason), why.
+        - With O(into), each of RV(restore.destinations) that was restored (or would be) carries its own.
+      type: dict
+      returned: without into
+      sample: {mode: keep, reason: "restored on node node1, which took the snapshot, into the host's network namespace"}
     gpu_state:
       description: In check mode - whether the snapshot holds GPU state.
       type: bool
@@ -363,6 +398,7 @@ restore:
           pid: 30211
           ns_pid: 6
           timings: {rootfs: 0.01, restore: 0.41, total: 0.47}
+          tcp: {mode: close, reason: "restored into placeholder embed-2's network namespace, not the one the connections were dumped in"}
 outcome:
   description:
     - How the restore ended, on success and on failure (the Kubernetes restore playbook reads it).
@@ -412,11 +448,12 @@ def main() -> None:
             lazy_wait=dict(type="bool", default=False),
             lazy_timeout=dict(type="int", default=600),
             page_server=dict(type="str"),
+            tcp=dict(type="str", choices=["keep", "close"]),
             into=dict(type="dict", options=dict(
                 container=dict(type="str"),
                 container_map=dict(type="list", elements="str"),
                 pod=pod_argument_spec(source=dict(type="str")),
-                runtime=dict(type="str", choices=["podman"], default="podman"),
+                runtime=dict(type="str", choices=["podman", "containerd", "auto"], default="podman"),
                 skip_image_check=dict(type="bool", default=False),
                 kill_placeholder_on_failure=dict(type="bool", default=True),
             ), mutually_exclusive=[("container", "container_map", "pod")],
