@@ -39,6 +39,7 @@ from ansible_collections.warmstart.snapshot.plugins.module_utils import _rootfs 
 from ansible_collections.warmstart.snapshot.plugins.module_utils import _safefs as safefs
 from ansible_collections.warmstart.snapshot.plugins.module_utils import _snapshot as snap
 from ansible_collections.warmstart.snapshot.plugins.module_utils import _store as st
+from ansible_collections.warmstart.snapshot.plugins.module_utils import _tcp as tcpm
 from ansible_collections.warmstart.snapshot.plugins.module_utils._compat import describe_node, incompatibilities
 from ansible_collections.warmstart.snapshot.plugins.module_utils._containerinfo import ContainerInfo
 from ansible_collections.warmstart.snapshot.plugins.module_utils._criu import CriuError, find_criu
@@ -586,8 +587,12 @@ def restore_into(store: Store, into: Any, snapshot_id: Optional[str] = None, nam
                  labels: Optional[Dict[str, str]] = None, verify: bool = True, skip_compat: bool = False,
                  skip_image_check: bool = False, kill_on_failure: bool = True, runtime_name: str = "podman",
                  options: Optional[CriuOptions] = None, criu_path: Optional[str] = None,
-                 restore_root: str = snap.DEFAULT_RESTORE_ROOT, check_mode: bool = False) -> Dict[str, Any]:
+                 restore_root: str = snap.DEFAULT_RESTORE_ROOT, check_mode: bool = False,
+                 tcp: Optional[str] = None) -> Dict[str, Any]:
     """Restore a container snapshot into placeholder containers; per-destination results.
+
+    ``tcp``: ``keep`` or ``close`` the snapshot's established TCP connections (None: ``close``, a placeholder's
+    network namespace is not the dump's; see ``_tcp``); each destination's result says which and why.
 
     Checksums and compatibility are checked once, before anything; each
     destination is then checked (running, inert, PIDs free, image, mounts) and
@@ -602,6 +607,8 @@ def restore_into(store: Store, into: Any, snapshot_id: Optional[str] = None, nam
     """
     t_start = time.monotonic()
     try:
+        if tcpm.invalid(tcp):
+            raise snap.SnapshotError(str(tcpm.invalid(tcp)))
         criu = find_criu(criu_path)
         if not criu:
             raise CriuError("no CRIU found on this node; prepare it with warmstart.snapshot.node_prep")
@@ -612,7 +619,7 @@ def restore_into(store: Store, into: Any, snapshot_id: Optional[str] = None, nam
         runtime = get_runtime(runtime_name)
         checked = [check_destination(runtime, sources[src], dst, skip_image_check) for src, dst in pairs]
         results = [_destination(runtime, criu, store, doc, d, problems, options, restore_root, kill_on_failure,
-                                skip_image_check, check_mode) for d, problems in checked]
+                                skip_image_check, check_mode, tcp) for d, problems in checked]
     except WarmstartError as exc:
         raise exc.with_details(outcome=exc.details.get("outcome", "failed"))
     return {"id": doc["id"], "name": doc["name"], "outcome": _outcome(results), "destinations": results,
@@ -621,15 +628,21 @@ def restore_into(store: Store, into: Any, snapshot_id: Optional[str] = None, nam
 
 def _destination(runtime: Runtime, criu: str, store: Any, doc: Dict[str, Any], d: Destination, problems: List[str],
                  options: Optional[CriuOptions], restore_root: str, kill_on_failure: bool, skip_image_check: bool,
-                 check_mode: bool) -> Dict[str, Any]:
-    """One destination's result: refused (its check failed), would restore (check mode), or its restore."""
+                 check_mode: bool, tcp: Optional[str] = None) -> Dict[str, Any]:
+    """One destination's result: refused (its check failed), would restore (check mode), or its restore; the
+    last two say what the restore does with the snapshot's TCP connections (``_tcp``)."""
+    recorded = (d.source.get("criu") or {}).get("options", {}).get("tcp")
+    plan, tcp_problems = tcpm.plan(tcp, recorded, d.info.name if d.info else d.name, None, "")
+    problems = problems + tcp_problems
     if problems:
         return {"container": d.name, "source": d.source["name"], "result": "refused",
                 "error": f"refusing to restore into {d.name}: " + "; ".join(problems), "reasons": problems}
     if check_mode:
-        return {"container": d.name, "source": d.source["name"], "result": "would restore", "notes": d.notes}
-    opts = options or CriuOptions.from_manifest(d.source["criu"]["options"])
-    return _restore_exclusive(runtime, criu, store, doc, d, opts, restore_root, kill_on_failure, skip_image_check)
+        return {"container": d.name, "source": d.source["name"], "result": "would restore", "notes": d.notes,
+                "tcp": plan.result()}
+    opts = dataclasses.replace(options or CriuOptions.from_manifest(d.source["criu"]["options"]), tcp=plan.criu_tcp)
+    done = _restore_exclusive(runtime, criu, store, doc, d, opts, restore_root, kill_on_failure, skip_image_check)
+    return done if done["result"] == "refused" else dict(done, tcp=plan.result())
 
 
 def _outcome(results: List[Dict[str, Any]]) -> str:

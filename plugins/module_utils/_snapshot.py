@@ -41,6 +41,7 @@ from ansible_collections.warmstart.snapshot.plugins.module_utils import _proc as
 from ansible_collections.warmstart.snapshot.plugins.module_utils import _restorer as rst
 from ansible_collections.warmstart.snapshot.plugins.module_utils import _safefs as safefs
 from ansible_collections.warmstart.snapshot.plugins.module_utils import _store as st
+from ansible_collections.warmstart.snapshot.plugins.module_utils import _tcp as tcpm
 from ansible_collections.warmstart.snapshot.plugins.module_utils import _workload as wl
 from ansible_collections.warmstart.snapshot.plugins.module_utils._compat import (
     CUDA_MODES,
@@ -918,6 +919,7 @@ class _RestoreArgs:
     page_server: Optional[str]
     workloads_root: str
     control_roots: List[str]
+    tcp: Optional[str] = None   # keep | close; None: decided by where the tree comes back (_tcp)
     remote: Any = None      # the page server's parsed address
     t_start: float = field(default_factory=time.monotonic)
     t_wall: float = field(default_factory=time.time)
@@ -930,7 +932,7 @@ def restore(store: Store, snapshot_id: Optional[str] = None, name: Optional[str]
             gpu_node: Optional[GpuNode] = None, lazy: bool = False, lazy_wait: bool = False,
             lazy_timeout: float = lz.DEFAULT_TIMEOUT, page_server: Optional[str] = None,
             workloads_root: str = wl.DEFAULT_ROOT, control_roots: Optional[List[str]] = None,
-            check_mode: bool = False) -> Dict[str, Any]:
+            check_mode: bool = False, tcp: Optional[str] = None) -> Dict[str, Any]:
     """Restore a process snapshot; with GPU state (``cuda`` auto or required) the CUDA processes are restored too.
 
     ``lazy``: the tree resumes at once and CRIU's lazy-pages daemon streams its memory in (from the local
@@ -938,15 +940,19 @@ def restore(store: Store, snapshot_id: Optional[str] = None, name: Optional[str]
     with GPU state, it is restored eagerly and ``result['lazy']['reason']`` says why. Node-side places
     (``workloads_root``, ``control_roots``) are this node's: a manifest never chooses where we write.
 
+    ``tcp``: ``keep`` or ``close`` the snapshot's established TCP connections (it overrides ``options.tcp``);
+    None: ``keep`` when this node took the snapshot, else ``close`` (``_tcp``). ``result['tcp']`` says which
+    and why; ``keep`` of a snapshot taken with ``tcp: close`` is refused with the preflight's reasons.
+
     ``check_mode``: select and preflight (GPU checks included) and return {id, name, verified,
-    compat_checked, gpu_state}; no process, lock file, directory or store object is touched.
+    compat_checked, gpu_state, tcp}; no process, lock file, directory or store object is touched.
 
     Outcome, decided here once: the result says ``outcome: succeeded``; a failure's ``details`` say
     ``outcome: incompatible`` when it was refused before any process was touched because the snapshot
     does not fit this node (compatibility, checksums, schema), else ``outcome: failed``.
     """
     a = _RestoreArgs(verify, skip_compat, options, restore_root, cuda, gpu_node or GpuNode(), lazy, lazy_wait,
-                     lazy_timeout, page_server, workloads_root, list(control_roots or DEFAULT_CONTROL_ROOTS))
+                     lazy_timeout, page_server, workloads_root, list(control_roots or DEFAULT_CONTROL_ROOTS), tcp)
     try:
         criu, node, doc = _choose(store, snapshot_id, name, labels, criu_path, a)
         if check_mode:
@@ -973,6 +979,8 @@ def _choose(store: Store, snapshot_id: Optional[str], name: Optional[str], label
         raise SnapshotError(f"cuda: {a.cuda!r} is not one of {', '.join(CUDA_MODES)}")
     if a.lazy_timeout <= 0:
         raise SnapshotError(f"lazy_timeout: {a.lazy_timeout:g} s is not positive")
+    if tcpm.invalid(a.tcp):
+        raise SnapshotError(str(tcpm.invalid(a.tcp)))
     a.remote = lz.parse_address(a.page_server) if a.page_server else None
     criu = _need_criu(criu_path)
     node = describe_node(criu)
@@ -996,12 +1004,21 @@ def _refusal(doc: Dict[str, Any], problems: List[str]) -> SnapshotError:
 
 def _would_restore(store: Store, doc: Dict[str, Any], node: Dict[str, Any], a: _RestoreArgs) -> Dict[str, Any]:
     """Check mode: the preflight without fetching anything; what a restore would do, or every reason it would not."""
+    tcp, tcp_problems = _tcp_plan(doc, node, a)
     problems = preflight(store, doc, node, a.verify, a.skip_compat, fetch=False, gpu_node=a.gpu_node, cuda=a.cuda,
-                         workloads_root=a.workloads_root)
+                         workloads_root=a.workloads_root) + tcp_problems
     if problems:
         raise _refusal(doc, problems)
     return {"id": doc["id"], "name": doc["name"], "verified": a.verify, "compat_checked": not a.skip_compat,
-            "gpu_state": bool(doc.get("gpu"))}
+            "gpu_state": bool(doc.get("gpu")), "tcp": tcp.result()}
+
+
+def _tcp_plan(doc: Dict[str, Any], node: Dict[str, Any], a: _RestoreArgs) -> Tuple[tcpm.TcpPlan, List[str]]:
+    """Keep or close the snapshot's TCP connections: a process comes back in this node's host network namespace,
+    so the default keeps them when this node took the snapshot (its recorded hostname), else closes them."""
+    target = doc["targets"][0] if doc.get("targets") else {}
+    recorded = (target.get("criu") or {}).get("options", {}).get("tcp")
+    return tcpm.plan(a.tcp, recorded, None, (doc.get("source") or {}).get("hostname"), str(node.get("hostname")))
 
 
 def _prepare(store: Store, doc: Dict[str, Any], node: Dict[str, Any], a: _RestoreArgs,
@@ -1010,7 +1027,7 @@ def _prepare(store: Store, doc: Dict[str, Any], node: Dict[str, Any], a: _Restor
     remote = a.remote if lazy_plan["used"] else None
     t0 = time.monotonic()
     problems = preflight(store, doc, node, a.verify and not remote, a.skip_compat, fetch=not remote,
-                         gpu_node=a.gpu_node, cuda=a.cuda, workloads_root=a.workloads_root)
+                         gpu_node=a.gpu_node, cuda=a.cuda, workloads_root=a.workloads_root) + _tcp_plan(doc, node, a)[1]
     target = doc["targets"][0] if doc.get("targets") else {}
     work = os.path.join(a.restore_root, f"{doc['id']}-{uuid.uuid4().hex[:8]}")
     snap_dir = os.path.join(work, "snapshot")
@@ -1048,7 +1065,8 @@ def _restore_locked(store: Store, doc: Dict[str, Any], node: Dict[str, Any], cri
         _put_back_files(target, snap_dir, a.workloads_root, within)
     if control and os.path.isdir(control):
         ctl.clear(control, ctl.RESTORE_COMPLETE, ctl.RESTORE_FAILED)
-    opts = a.options or CriuOptions.from_manifest(target["criu"]["options"])
+    tcp = _tcp_plan(doc, node, a)[0]
+    opts = dataclasses.replace(a.options or CriuOptions.from_manifest(target["criu"]["options"]), tcp=tcp.criu_tcp)
     t0 = time.monotonic()
     pid, session = _criu_phase(criu, work, opts, lazy_plan, a, control, doc, pidfile, remote)
     timings["restore"] = time.monotonic() - t0
@@ -1068,6 +1086,7 @@ def _restore_locked(store: Store, doc: Dict[str, Any], node: Dict[str, Any], cri
         "ns_pid": ns_pid, "workload": target.get("workload"), "work_dir": work, "started_at": round(a.t_wall, 3),
         "timings": {k: round(v, 3) for k, v in timings.items()}, "criu_stats": stats,
         "transfer": dict(store.transfer), "cuda": cuda_result, "lazy": lazy_plan, "warnings": warnings,
+        "tcp": tcp.result(),
     }
 
 

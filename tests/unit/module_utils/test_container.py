@@ -79,7 +79,10 @@ def test_check_mode_fetches_and_touches_nothing(engine: Dict[str, Any], monkeypa
     result = ctr.restore_into(object(), "app=ph", snapshot_id=DOC["id"], check_mode=True)
     assert engine["fetch"] == [False]
     assert result["outcome"] == "succeeded"
-    assert result["destinations"] == [{"container": "ph", "source": "app", "result": "would restore", "notes": []}]
+    closed = {"mode": "close", "reason": "restored into placeholder ph's network namespace, not the one the "
+                                         "connections were dumped in"}
+    assert result["destinations"] == [{"container": "ph", "source": "app", "result": "would restore", "notes": [],
+                                       "tcp": closed}]
 
 
 def test_a_failed_restore_kills_what_it_restored_and_the_placeholder(tmp_path: Any,

@@ -69,6 +69,8 @@ def test_restore_check_mode_touches_nothing(engine: Path) -> None:
     shutil.rmtree(engine / "verified")  # the record publish wrote: a node that did not take the snapshot
     before = tree(engine / "store")
     result = snap.restore(store, doc["id"], skip_compat=True, restore_root=str(engine / "restore"), check_mode=True)
+    tcp = result.pop("tcp")  # this node (the engine fixture's) did not take the snapshot (node-a did)
+    assert tcp["mode"] == "close" and tcp["reason"].endswith("the snapshot was taken on node node-a")
     assert result == {"id": doc["id"], "name": "embed", "verified": True, "compat_checked": False,
                       "gpu_state": False}
     assert tree(engine / "store") == before
