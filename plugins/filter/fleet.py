@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
+from ansible_collections.warmstart.snapshot.plugins.module_utils import _podcontract as pc
+
 
 def fleet_rows(hosts: Sequence[str], hostvars: Any) -> List[Dict[str, Any]]:
     rows = []
@@ -122,7 +124,7 @@ def k8s_restore_work(begun: Sequence[Dict[str, Any]]) -> List[Dict[str, Any]]:
     return out
 
 
-OUTCOMES = ("succeeded", "partially_succeeded", "failed", "incompatible")
+OUTCOMES = tuple(pc.RESULT_CONDITIONS)  # succeeded, failed, partially_succeeded, incompatible
 
 
 def _restore_result(node_map: Dict[str, str], hostvars: Any, register: str, work: Dict[str, Any]
@@ -173,7 +175,10 @@ def k8s_restore_outcomes(work: Sequence[Dict[str, Any]], node_map: Dict[str, str
     failure); a destination without a result (its node not in the inventory, its host unreachable, the item
     skipped) failed, and the message says why. Only the aggregation per pod is done here: every destination
     succeeded -> succeeded; some did (or one partially) -> partially_succeeded; none did -> incompatible when a
-    node refused the snapshot before touching anything, else failed.
+    node refused the snapshot before touching anything, else failed. ``outcome`` stays in the restore module's
+    words (it is restore_pod action=finish's ``outcome`` option); ``reason`` is the Restored reason finish records
+    and ``pod_outcome`` the reference contract's name the pod is then classified as (Succeeded,
+    PartiallySucceeded, Failed).
     """
     pods: Dict[str, Dict[str, Any]] = {}
     for item in work or ():
@@ -188,6 +193,7 @@ def k8s_restore_outcomes(work: Sequence[Dict[str, Any]], node_map: Dict[str, str
     for entry in pods.values():
         outcome, message = _pod_outcome(entry["ok"], entry["bad"])
         out.append({"namespace": entry["namespace"], "name": entry["name"], "outcome": outcome,
+                    "reason": pc.RESULT_CONDITIONS[outcome][1], "pod_outcome": pc.result_outcome(outcome),
                     "message": message[:1000]})
     return out
 
@@ -209,7 +215,9 @@ def k8s_restore_rows(pods: Sequence[Dict[str, Any]], node_map: Dict[str, str], s
         meta = pod.get("metadata") or {}
         name = meta.get("name")
         row: Dict[str, Any] = {"pod": f"{meta.get('namespace')}/{name}", "host": None, "result": "", "detail": "",
-                               "snapshot": (meta.get("annotations") or {}).get("snapshot.warmstart.io/restore-from")}
+                               "snapshot": pc.contract_annotations(meta.get("annotations") or {},
+                                                                   f"pod {meta.get('namespace')}/{name}")[0]
+                               .get(pc.ANN_RESTORE_FROM)}
         rows.append(row)
         wait = waited.get(name) or {}
         target = (wait.get("targets") or [{}])[0]

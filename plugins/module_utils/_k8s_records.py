@@ -443,13 +443,7 @@ def create_restore_pods(cluster: Cluster, built: JSON, namespace: str, count: in
     return bool(actions), pods, actions
 
 
-OUTCOMES = {
-    # the node's restore result (restore_pod action=finish's outcome option) -> (condition status, reason)
-    "succeeded": ("True", pc.REASON_SUCCEEDED),
-    "failed": ("False", pc.REASON_FAILED),
-    "partially_succeeded": ("False", pc.REASON_PARTIAL),
-    "incompatible": ("False", pc.REASON_INCOMPATIBLE),
-}
+OUTCOMES = pc.RESULT_CONDITIONS  # the node's restore result -> (condition status, reason)
 
 
 def outcome_fields(pod: JSON) -> JSON:

@@ -135,6 +135,14 @@ OUTCOME_FAILED = "Failed"
 OUTCOME_PARTIAL = "PartiallySucceeded"
 OUTCOME_UNKNOWN = "Unknown"
 OUTCOMES = (OUTCOME_PENDING, OUTCOME_SUCCEEDED, OUTCOME_FAILED, OUTCOME_PARTIAL, OUTCOME_UNKNOWN)
+# A node's restore result (the restore module's ``outcome``, restore_pod action=finish's option) -> the Restored
+# condition finish records (status, reason).
+RESULT_CONDITIONS = {
+    "succeeded": ("True", REASON_SUCCEEDED),
+    "failed": ("False", REASON_FAILED),
+    "partially_succeeded": ("False", REASON_PARTIAL),
+    "incompatible": ("False", REASON_INCOMPATIBLE),
+}
 LEGACY_STATES = ("pending", "succeeded", "failed", "partial")  # classify's earlier names: the deprecated ``state``
 READY_CONDITION = "Ready"
 FAILED_CONDITION = "Failed"
@@ -853,6 +861,12 @@ def classify(pod: Dict[str, Any]) -> str:
     if reason == REASON_IN_PROGRESS:
         return OUTCOME_PENDING
     return OUTCOME_UNKNOWN
+
+
+def result_outcome(result: str) -> str:
+    """The outcome (``classify``) of a pod once the node's restore ``result`` (a key of ``RESULT_CONDITIONS``) is recorded."""
+    status, reason = RESULT_CONDITIONS[result]
+    return classify({"status": {"conditions": [{"type": RESTORE_CONDITION, "status": status, "reason": reason}]}})
 
 
 def restore_losses(pod: Dict[str, Any]) -> List[str]:

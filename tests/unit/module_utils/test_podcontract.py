@@ -1097,3 +1097,151 @@ def test_crd_schemas_with_jsonschema() -> None:
     bad["status"]["size"] = "big"
     with pytest.raises(jsonschema.ValidationError):
         jsonschema.Draft7Validator(schema_of("PodSnapshot")).validate(bad)
+
+
+# --- the reference contract's names -----------------------------------------------------------
+
+def test_reference_annotations_are_read_as_aliases() -> None:
+    raw = {pc.REF_ANN_RESTORE_FROM: "embed-a", pc.REF_ANN_CONTAINER_MAP: "main=main",
+           pc.REF_ANN_SKIP_COMPAT: "True", "other": "x"}
+    merged, conflicts = pc.contract_annotations(raw, "pod default/p")
+    assert conflicts == [] and merged == dict(raw, **{pc.ANN_RESTORE_FROM: "embed-a", pc.ANN_CONTAINER_MAP: "main=main",
+                                                      pc.ANN_SKIP_COMPAT: "True"})
+    assert pc.skips_compat_check(merged) and "other" in merged and raw[pc.REF_ANN_SKIP_COMPAT] == "True"
+    # ours wins where both are set to the same value (a map in another order, a bool in another case)
+    same = {pc.ANN_CONTAINER_MAP: "a=b,a=c", pc.REF_ANN_CONTAINER_MAP: "a=c, a=b", pc.ANN_SKIP_COMPAT: "true",
+            pc.REF_ANN_SKIP_COMPAT: "TRUE", pc.ANN_RESTORE_FROM: "s", pc.REF_ANN_RESTORE_FROM: "s"}
+    merged, conflicts = pc.contract_annotations(same, "pod default/p")
+    assert conflicts == [] and merged[pc.ANN_CONTAINER_MAP] == "a=b,a=c"
+
+
+def test_ours_and_an_alias_that_disagree_are_refused_naming_both() -> None:
+    both = {pc.ANN_RESTORE_FROM: "snap-a", pc.REF_ANN_RESTORE_FROM: "snap-b",
+            pc.ANN_CONTAINER_MAP: "main=main", pc.REF_ANN_CONTAINER_MAP: "main=sidecar",
+            pc.ANN_SKIP_COMPAT: "false", pc.REF_ANN_SKIP_COMPAT: "true"}
+    _merged, conflicts = pc.contract_annotations(both, "pod default/p")
+    assert conflicts == [
+        "pod default/p has annotation snapshot.warmstart.io/restore-from: 'snap-a' and annotation "
+        "nvidia.com/restore-from: 'snap-b', which disagree: remove one or make them equal",
+        "pod default/p has annotation snapshot.warmstart.io/restore-container-map: 'main=main' and annotation "
+        "nvidia.com/restore-container-map: 'main=sidecar', which disagree: remove one or make them equal",
+        "pod default/p has annotation snapshot.warmstart.io/snapshot-skip-compat-check: 'false' and annotation "
+        "nvidia.com/snapshot-skip-compat-check: 'true', which disagree: remove one or make them equal"]
+    doc = restore_pod()
+    doc["metadata"]["annotations"][pc.REF_ANN_RESTORE_FROM] = "embed-other"
+    assert pc.validate(doc) == [
+        "pod default/embed-0 has annotation snapshot.warmstart.io/restore-from: 'embed-abc' and annotation "
+        "nvidia.com/restore-from: 'embed-other', which disagree: remove one or make them equal"]
+    with pytest.raises(pc.ContractError) as refused:
+        pc.build(doc, "embed-abc")
+    assert refused.value.reasons[0] == pc.validate(doc)[0]
+    assert pc.select_snapshot([snapshot("embed-abc", "2026-01-10T10:00:00Z")], doc) == (None, pc.validate(doc))
+    assert pc.check_pod_spec(snapshot("embed-abc", "2026-01-10T10:00:00Z"), doc) == pc.validate(doc)
+    assert pc.restore_annotations(doc)[1] == pc.validate(doc)
+
+
+def test_a_pod_written_with_the_reference_names_is_a_restore_pod() -> None:
+    doc = restore_pod(container_map="main=main")
+    annotations = doc["metadata"]["annotations"]
+    for ours, theirs in pc.ANNOTATION_ALIASES:
+        if ours in annotations:
+            annotations[theirs] = annotations.pop(ours)
+    assert pc.validate(doc) == [] and pc.restore_destinations(doc) == ["main"]
+    assert pc.select_snapshot([snapshot("embed-abc", "2026-01-10T10:00:00Z")], doc)[0] is not None
+    annotations[pc.REF_ANN_CONTAINER_MAP] = "main=web"
+    assert pc.validate(doc) == ["container map destination 'web' (from 'main') is not a container of pod default/embed-0"]
+    annotations[pc.REF_ANN_CONTAINER_MAP] = "main"
+    assert pc.validate(doc)[0].startswith("annotation nvidia.com/restore-container-map of pod default/embed-0 is invalid")
+    missing = pc.select_snapshot([], dict(doc, metadata=dict(doc["metadata"], annotations={pc.REF_ANN_RESTORE_FROM: "x"})))
+    assert missing == (None, ["pod default/embed-0 is pinned to PodSnapshot 'x' (annotation nvidia.com/restore-from), "
+                              "which does not exist in namespace default"])
+    # build keeps the reference's annotations and writes ours beside them
+    rebuilt = pc.build(dict(doc, metadata=dict(doc["metadata"], annotations={pc.REF_ANN_RESTORE_FROM: "embed-abc",
+                                                                              pc.REF_ANN_SKIP_COMPAT: "true"})),
+                       "embed-abc")
+    assert {k: v for k, v in rebuilt["metadata"]["annotations"].items() if k != pc.ANN_ORIGINAL_ENTRYPOINT} == {
+        pc.REF_ANN_RESTORE_FROM: "embed-abc", pc.REF_ANN_SKIP_COMPAT: "true", pc.ANN_RESTORE_FROM: "embed-abc",
+        pc.ANN_SKIP_COMPAT: "true"}
+    with pytest.raises(pc.ContractError, match="annotation nvidia.com/restore-from of pod default/embed-0 is already"):
+        pc.build(dict(doc, metadata=dict(doc["metadata"], annotations={pc.REF_ANN_RESTORE_FROM: "embed-abc"})),
+                 "embed-new")
+
+
+def test_the_reference_skip_compat_annotation_skips_the_pod_spec_check() -> None:
+    snap = snapshot("embed-a", "2026-01-10T10:00:00Z")
+    changed = pc.build(changed_template(image="embed:9"), "embed-a")
+    assert len(pc.check_pod_spec(snap, changed)) == 1
+    changed["metadata"]["annotations"][pc.REF_ANN_SKIP_COMPAT] = "true"
+    assert pc.check_pod_spec(snap, changed) == []
+
+
+def test_result_outcome_is_the_classification_of_the_recorded_condition() -> None:
+    assert {result: pc.result_outcome(result) for result in pc.RESULT_CONDITIONS} == {
+        "succeeded": "Succeeded", "failed": "Failed", "partially_succeeded": "PartiallySucceeded",
+        "incompatible": "Failed"}
+
+
+# --- standby-aware entrypoint ----------------------------------------------------------------
+
+def test_build_standby_keeps_the_commands_and_sets_the_standby_env() -> None:
+    doc = restore_pod(entrypoint="standby")
+    main, sidecar = doc["spec"]["containers"]
+    assert (main["command"], main["args"]) == (["python3", "/app/server.py"], ["--port", "8080"])
+    assert "command" not in sidecar
+    for container in (main, sidecar):
+        assert container["env"][-1] == {"name": "SNAPSHOT_RESTORE_STANDBY", "value": "1"}
+    assert pc.ANN_ORIGINAL_ENTRYPOINT not in doc["metadata"]["annotations"]
+    assert pc.validate(doc) == [] and pc.entrypoint_forms(doc) == {"main": "standby", "sidecar": "standby"}
+    assert pc.build(doc, "embed-abc", entrypoint="standby") == doc
+    assert pc.pod_spec_hash(doc) == pc.pod_spec_hash(pod())
+    assert pc.entrypoint_forms(restore_pod()) == {"main": "inert", "sidecar": "inert"}
+
+
+def test_build_standby_refusals() -> None:
+    with pytest.raises(pc.ContractError) as inert_first:
+        pc.build(restore_pod(), "embed-abc", entrypoint="standby")
+    assert len(inert_first.value.reasons) == 2 and "was made inert by an earlier build" in inert_first.value.reasons[0]
+    off = pod()
+    off["spec"]["containers"][0]["env"].append({"name": "SNAPSHOT_RESTORE_STANDBY", "value": "0"})
+    with pytest.raises(pc.ContractError) as disabled:
+        pc.build(off, "embed-abc", entrypoint="standby")
+    assert disabled.value.reasons == ["container 'main' of pod default/embed-0 sets env SNAPSHOT_RESTORE_STANDBY='0', "
+                                      "which does not ask its entrypoint to stay inert (true values: 1, true, yes, on)"]
+    with pytest.raises(pc.ContractError, match="entrypoint 'sleepy' is not one of inert, standby"):
+        pc.build(pod(), "embed-abc", entrypoint="sleepy")
+
+
+@pytest.mark.parametrize("value, form", [("1", "standby"), ("true", "standby"), ("Yes", "standby"), ("0", None),
+                                         ("", None), (None, None)])
+def test_validate_accepts_a_standby_aware_entrypoint(value: Optional[str], form: Optional[str]) -> None:
+    doc = restore_pod(entrypoint="standby")
+    main = doc["spec"]["containers"][0]
+    if value is None:
+        main["env"] = [v for v in main["env"] if v["name"] != "SNAPSHOT_RESTORE_STANDBY"]
+    else:
+        main["env"][-1]["value"] = value
+    assert pc.entrypoint_form(main) == form
+    problems = pc.validate(doc)
+    if form:
+        assert problems == []
+    elif value is None:
+        assert problems == ["container 'main' of pod default/embed-0 does not run the inert command "
+                            "['/bin/sh', '-c', 'exec sleep infinity'] nor sets env SNAPSHOT_RESTORE_STANDBY=1 for a "
+                            "standby-aware entrypoint", "container 'main' of pod default/embed-0 has args; the inert "
+                            "placeholder takes none"]
+    else:
+        assert len(problems) == 3 and "which does not ask its entrypoint to stay inert" in problems[0]
+
+
+def test_validate_refuses_a_standby_env_from_value_from() -> None:
+    doc = restore_pod(entrypoint="standby")
+    doc["spec"]["containers"][1]["env"][-1] = {"name": "SNAPSHOT_RESTORE_STANDBY",
+                                               "valueFrom": {"configMapKeyRef": {"name": "c", "key": "k"}}}
+    problems = pc.validate(doc)
+    assert problems[0] == ("container 'sidecar' of pod default/embed-0 sets env SNAPSHOT_RESTORE_STANDBY from "
+                           "valueFrom; a standby entrypoint needs the literal value '1'")
+    assert len(problems) == 2 and pc.entrypoint_forms(doc)["sidecar"] is None
+    # an inert container's standby env does not matter
+    inert = restore_pod()
+    inert["spec"]["containers"][0]["env"].append({"name": "SNAPSHOT_RESTORE_STANDBY", "value": "0"})
+    assert pc.validate(inert) == []

@@ -81,11 +81,16 @@ def test_outcomes_over_destinations() -> None:
     assert out["none"]["outcome"] == "failed"
     assert out["unfit"]["outcome"] == "incompatible"
     assert out["away"]["outcome"] == "failed" and "node far is not in the inventory" in out["away"]["message"]
+    # the Restored reason finish records, and the reference's outcome name the pod then has
+    assert [(out[n]["reason"], out[n]["pod_outcome"]) for n in ("all", "some", "none", "unfit")] == [
+        ("RestoreSucceeded", "Succeeded"), ("RestorePartiallySucceeded", "PartiallySucceeded"),
+        ("RestoreFailed", "Failed"), ("RestoreIncompatible", "Failed")]
 
 
 def test_restore_rows() -> None:
     pods = [{"metadata": {"namespace": "ml", "name": n, "annotations": {"snapshot.warmstart.io/restore-from": "snap-1"}}}
             for n in ("ok", "late", "refused", "bad")]
+    pods[3]["metadata"]["annotations"] = {"nvidia.com/restore-from": "snap-2"}  # the reference's name is read too
     scheduled = [{"item": p, "targets": [{"node": "gpu-01"}]} for p in pods]
     scheduled[1] = {"item": pods[1], "failed": True, "msg": "timed out after 300 s"}
     begun_ = [{"item": {"item": pods[0]}}, {"item": {"item": pods[2]}, "failed": True, "msg": "already ran"},
@@ -97,6 +102,7 @@ def test_restore_rows() -> None:
     assert rows["ml/late"]["result"] == "not started" and "timed out" in rows["ml/late"]["detail"]
     assert rows["ml/refused"]["result"] == "refused" and "already ran" in rows["ml/refused"]["detail"]
     assert rows["ml/bad"]["result"] == "failed" and "CRIU restore failed" in rows["ml/bad"]["detail"]
+    assert rows["ml/bad"]["snapshot"] == "snap-2"
 
 
 def test_outcomes_come_from_the_module_and_a_missing_one_fails() -> None:
