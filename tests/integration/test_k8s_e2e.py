@@ -196,7 +196,7 @@ def test_restore_playbook_starts_restored_pods_through_the_contract(
         cond = pc.get_condition(pod, pc.RESTORE_CONDITION)
         assert (cond["status"], cond["reason"]) == ("True", pc.REASON_SUCCEEDED), cond
         assert pc.FINALIZER not in (pod["metadata"].get("finalizers") or []), "the finalizer is released"
-        assert pc.classify(pod) == "succeeded"
+        assert pc.classify(pod) == "Succeeded"
         full = cluster["kubelet"].started[name]
         answer = ask(lab.ip(full))
         assert answer["token"] == token and answer["sha256"] == answer["digest"], answer

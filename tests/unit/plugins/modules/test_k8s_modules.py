@@ -282,13 +282,20 @@ def test_restore_pod_build_and_validate(fake_apiserver: FakeApiServer, tmp_path:
             "action": "build", "template": conflicting, "snapshot": "embed-1"}, "ignore_errors": True},
         {"name": "build without snapshot", "warmstart.snapshot.restore_pod": {"action": "build", "pod": TEMPLATE},
          "ignore_errors": True},
+        {"name": "build standby", "register": "standby", "warmstart.snapshot.restore_pod": {
+            "action": "build", "template": TEMPLATE, "snapshot": "embed-1", "entrypoint": "standby"}},
+        {"name": "validate standby", "warmstart.snapshot.restore_pod": {"action": "validate", "pod": "{{ standby.pod }}"}},
     ])
     res = results(run)
     built = res["build"]["pod"]
     assert built == pc.build(TEMPLATE, "embed-1") and res["build"]["changed"] is False
     assert built["metadata"]["annotations"][pc.ANN_RESTORE_FROM] == "embed-1"
     assert built["spec"]["containers"][0]["command"] == pc.INERT_COMMAND
-    assert not res["validate built"].get("failed")
+    assert not res["validate built"].get("failed") and res["validate built"]["entrypoints"] == {"main": "inert"}
+    standby = res["build standby"]["pod"]["spec"]["containers"][0]
+    assert standby["command"] == TEMPLATE["spec"]["containers"][0]["command"]
+    assert {"name": "SNAPSHOT_RESTORE_STANDBY", "value": "1"} in standby["env"]
+    assert res["validate standby"]["entrypoints"] == {"main": "standby"}
     plain = res["validate plain"]
     assert plain["failed"] and plain["problems"] == pc.validate(TEMPLATE) and plain["problems"]
     assert any(pc.ANN_RESTORE_FROM in p for p in plain["problems"])
@@ -355,6 +362,8 @@ def test_restore_pod_create_n_pods_idempotent_check_mode_and_classify(
                                "state": {"running": {"startedAt": "2026-12-02T11:59:00Z"}}}]}), group="")
     create = {"action": "create", "namespace": "default", "template": TEMPLATE, "grouping_labels": ["model"],
               "count": 3, "name_prefix": "embed-restore"}
+    other_image = copy.deepcopy(TEMPLATE)
+    other_image["spec"]["containers"][0]["image"] = "registry.local/embed:2.0"
     writes_before = len(fake_apiserver.writes())
     dry = run_tasks(fake_apiserver, tmp_path, [
         {"name": "would create", "warmstart.snapshot.restore_pod": create}], "--check")
@@ -372,6 +381,10 @@ def test_restore_pod_create_n_pods_idempotent_check_mode_and_classify(
                                                                     "name": "embed-restore-0"}},
         {"name": "create generated", "warmstart.snapshot.restore_pod": dict(create, count=2, name_prefix=None,
                                                                             snapshot="snap-a")},
+        {"name": "pinned to another spec", "ignore_errors": True,
+         "warmstart.snapshot.restore_pod": dict(create, template=other_image, snapshot="snap-a", name_prefix="o")},
+        {"name": "pinned, compat skipped", "warmstart.snapshot.restore_pod": dict(
+            create, template=other_image, snapshot="snap-a", name_prefix="s", count=1, skip_compat_check=True)},
     ])
     res = results(run)
     assert res["create"]["changed"] is True and res["create"]["snapshot"]["metadata"]["name"] == "snap-a"
@@ -391,6 +404,12 @@ def test_restore_pod_create_n_pods_idempotent_check_mode_and_classify(
     generated = [n for n in (p["metadata"]["name"] for p in fake_apiserver.store.list("pods", "default"))
                  if n.startswith("snap-a-restore-")]
     assert res["create generated"]["changed"] is True and len(generated) == 2
+    other = res["pinned to another spec"]
+    assert other["failed"] and other["msg"].startswith("PodSnapshot default/snap-a cannot be restored into Pod ")
+    assert len(other["reasons"]) == 1 and "differs in containers[main].image" in other["reasons"][0]
+    assert fake_apiserver.store.get("pods", "o-0", "default") is None, "refused before any pod was created"
+    assert res["pinned, compat skipped"]["changed"] is True
+    assert fake_apiserver.store.get("pods", "s-0", "default") is not None
 
 
 # --- the client wrapper in-process ------------------------------------------------------------
