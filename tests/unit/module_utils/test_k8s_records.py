@@ -141,7 +141,7 @@ def test_a_pinned_snapshot_of_another_pod_spec_is_refused_unless_skipped(fake_ap
     assert "differs in containers[main].image" in reason and pc.ANN_SKIP_COMPAT in reason
     assert pc.restore_condition(fake_apiserver.store.get("pods", "r-other", "default")) is None
     for key in (pc.ANN_SKIP_COMPAT, pc.REF_ANN_SKIP_COMPAT):
-        name = "r-skip-" + key.split("/")[0].replace(".", "-")
+        name = "r-skip-" + key.split("/", maxsplit=1)[0].replace(".", "-")
         _restore_pod(fake_apiserver, name, image="registry.local/embed:2.0",
                      annotations={pc.ANN_RESTORE_FROM: "snap-a", key: "true"})
         out = kp.begin_restore(_cluster(fake_apiserver), "default", name)

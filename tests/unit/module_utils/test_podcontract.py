@@ -1156,9 +1156,8 @@ def test_a_pod_written_with_the_reference_names_is_a_restore_pod() -> None:
     assert missing == (None, ["pod default/embed-0 is pinned to PodSnapshot 'x' (annotation nvidia.com/restore-from), "
                               "which does not exist in namespace default"])
     # build keeps the reference's annotations and writes ours beside them
-    rebuilt = pc.build(dict(doc, metadata=dict(doc["metadata"], annotations={pc.REF_ANN_RESTORE_FROM: "embed-abc",
-                                                                              pc.REF_ANN_SKIP_COMPAT: "true"})),
-                       "embed-abc")
+    theirs = {pc.REF_ANN_RESTORE_FROM: "embed-abc", pc.REF_ANN_SKIP_COMPAT: "true"}
+    rebuilt = pc.build(dict(doc, metadata=dict(doc["metadata"], annotations=theirs)), "embed-abc")
     assert {k: v for k, v in rebuilt["metadata"]["annotations"].items() if k != pc.ANN_ORIGINAL_ENTRYPOINT} == {
         pc.REF_ANN_RESTORE_FROM: "embed-abc", pc.REF_ANN_SKIP_COMPAT: "true", pc.ANN_RESTORE_FROM: "embed-abc",
         pc.ANN_SKIP_COMPAT: "true"}
