@@ -95,7 +95,7 @@ def unified_cgroup(pid: int) -> str:
         return ""
     paths = {parts[0]: parts[2] for parts in lines}
     unified = paths.get("0", "")
-    return unified if unified not in ("", "/") else next(iter(paths.values()), "")
+    return unified if unified not in ("", "/") else next((path for key, path in paths.items() if key != "0"), "")
 
 
 class Containerd:
