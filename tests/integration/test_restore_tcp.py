@@ -1,0 +1,233 @@
+"""restore ``tcp: keep | close`` on real CRIU: a workload that holds an ESTABLISHED TCP connection to a peer the
+test controls (the test process itself, on 127.0.0.1) is checkpointed (``tcp: established``, the checkpoint's
+default: CRIU dumps the connection's state) and restored on this node, into the host's network namespace.
+
+- ``keep`` (and the default here: this node took the snapshot): the connection works on - the peer's next
+  message is echoed, and the workload's own message reaches the peer;
+- ``close``: the workload finds its connection closed (end of file, a write fails), the peer that writes to the
+  old connection gets a reset, and the workload's listener still answers;
+- into a podman placeholder the default is ``close`` (the placeholder's network namespace is not the dump's).
+
+TCP_APP is written over the lab's script (so the lab's cleanup kills its copies): it connects to ``--peer`` at
+start, echoes what the peer sends (``echo:<line>``), and answers its listener (``--port``) with a JSON line of
+its state; a request ``send`` first writes ``hello`` to the peer and reports how that went.
+"""
+from __future__ import annotations
+
+import json
+import socket
+import time
+from pathlib import Path
+from typing import Any, Dict, Iterator, Optional, Tuple
+
+import pytest
+
+from .container_lab import Pod, wait_file
+from .process_lab import Lab, free_port, json_line, query
+
+pytestmark = pytest.mark.integration
+
+TCP_APP = r'''
+"""warmstart tcp test workload: one established connection to --peer, a listener on --port."""
+import argparse, errno, json, os, select, socket
+
+ap = argparse.ArgumentParser()
+ap.add_argument("--port", type=int, required=True)
+ap.add_argument("--mb", type=int, default=0)
+ap.add_argument("--peer", required=True, help="host:port to connect to at start")
+ap.add_argument("--listen", default="127.0.0.1")
+args = ap.parse_args()
+
+ctl = os.environ["SNAPSHOT_CONTROL_DIR"]
+host, port = args.peer.rsplit(":", 1)
+peer = socket.create_connection((host, int(port)), timeout=10)
+peer.settimeout(None)
+state = {"peer": "open", "received": [], "sent": None, "counter": 0, "pid": os.getpid()}
+srv = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+srv.bind((args.listen, args.port))
+srv.listen(16)
+with open(os.path.join(ctl, "ready-for-snapshot.tmp"), "w") as handle:
+    handle.write("warm\n")
+os.rename(os.path.join(ctl, "ready-for-snapshot.tmp"), os.path.join(ctl, "ready-for-snapshot"))
+
+
+def closed(exc):
+    return "error " + errno.errorcode.get(exc.errno, str(exc.errno)) if exc.errno else "error " + str(exc)
+
+
+while True:
+    watch = [srv] + ([peer] if state["peer"] == "open" else [])
+    readable, _, _ = select.select(watch, [], [], 0.05)
+    state["counter"] += 1
+    if peer in readable:
+        try:
+            data = peer.recv(4096)
+        except OSError as exc:
+            state["peer"] = closed(exc)
+        else:
+            if not data:
+                state["peer"] = "eof"
+            else:
+                state["received"].append(data.decode(errors="replace"))
+                try:
+                    peer.sendall(b"echo:" + data)
+                except OSError as exc:
+                    state["peer"] = closed(exc)
+    if srv in readable:
+        conn, _ = srv.accept()
+        with conn:
+            conn.settimeout(5)
+            try:
+                request = conn.recv(64)
+            except OSError:
+                continue
+            if request.startswith(b"send"):
+                try:
+                    peer.sendall(b"hello\n")
+                    state["sent"] = "ok"
+                except OSError as exc:
+                    state["sent"] = closed(exc)
+            conn.sendall((json.dumps(state) + "\n").encode())
+'''
+
+
+@pytest.fixture
+def peer() -> Iterator[socket.socket]:
+    """The test's end of the workload's connection: a listener on 127.0.0.1 the workload connects to."""
+    srv = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(4)
+    srv.settimeout(30)
+    try:
+        yield srv
+    finally:
+        srv.close()
+
+
+def exchange(conn: socket.socket, line: bytes, timeout: float = 15.0) -> bytes:
+    """Send ``line`` to the workload over the connection; what it answers (up to a newline)."""
+    conn.settimeout(timeout)
+    conn.sendall(line)
+    data = b""
+    while not data.endswith(b"\n"):
+        chunk = conn.recv(4096)
+        if not chunk:
+            break
+        data += chunk
+    return data
+
+
+def warm_connection(lab: Lab, peer: socket.socket, name: str) -> Tuple[int, socket.socket]:
+    """Start the workload on a fresh port, accept its connection, check it echoes; (its port, our end)."""
+    lab.script.write_text(TCP_APP)
+    port = free_port()
+    lab.play([lab.start(name, port, 0, "--peer", f"127.0.0.1:{peer.getsockname()[1]}")])
+    conn, _ = peer.accept()
+    assert exchange(conn, b"ping1\n") == b"echo:ping1\n"
+    state = query(port)
+    assert state["peer"] == "open" and state["received"] == ["ping1\n"]
+    return port, conn
+
+
+def checkpoint_and_restore(lab: Lab, name: str, tcp: Optional[str]) -> Dict[str, Any]:
+    """Checkpoint the workload (tcp: established, its source ended), restore it here; the restore's result."""
+    args: Dict[str, Any] = {"name": name}
+    if tcp is not None:
+        args["tcp"] = tcp
+    results = lab.play([lab.checkpoint("checkpoint", workload=name, leave_running=False),
+                        lab.restore("restore", **args)])
+    options = results["checkpoint"]["snapshot"]
+    assert options["source_running"] is False
+    return results["restore"]["restore"]
+
+
+SAME_NODE = "restored on node {host}, which took the snapshot, into the host's network namespace"
+
+
+@pytest.mark.parametrize("tcp", [None, "keep"], ids=["default", "keep"])
+def test_keep_on_the_node_that_took_the_snapshot_the_connection_works_on(lab: Lab, peer: socket.socket,
+                                                                          tcp: Optional[str]) -> None:
+    port, conn = warm_connection(lab, peer, "tcpkeep")
+    with conn:
+        restored = checkpoint_and_restore(lab, "tcpkeep", tcp)
+        reason = SAME_NODE.format(host=socket.gethostname())
+        if tcp == "keep":
+            reason = f"tcp: keep was asked for (also the default: {reason})"
+        assert restored["tcp"] == {"mode": "keep", "reason": reason}
+        # The same connection, restored: the peer's next message is echoed, the workload's own reaches the peer.
+        assert exchange(conn, b"ping2\n") == b"echo:ping2\n"
+        state = json_line(("127.0.0.1", port), b"send\n")
+        assert state["peer"] == "open" and state["sent"] == "ok"
+        assert state["received"] == ["ping1\n", "ping2\n"] and state["pid"] == 1
+        conn.settimeout(15)
+        assert conn.recv(64) == b"hello\n"
+
+
+def test_close_the_workload_sees_its_connection_closed_and_the_peer_a_reset(lab: Lab, peer: socket.socket) -> None:
+    port, conn = warm_connection(lab, peer, "tcpclose")
+    with conn:
+        restored = checkpoint_and_restore(lab, "tcpclose", "close")
+        assert restored["tcp"] == {"mode": "close", "reason": "tcp: close was asked for (the default would be keep: "
+                                   f"{SAME_NODE.format(host=socket.gethostname())})"}
+        # The workload: its connection comes back closed - a read says end of file, a write fails.
+        end = time.monotonic() + 15
+        state = query(port)
+        while state["peer"] == "open" and time.monotonic() < end:
+            time.sleep(0.1)
+            state = query(port)
+        assert state["peer"] == "eof", state
+        sent = json_line(("127.0.0.1", port), b"send\n")["sent"]
+        assert sent is not None and sent.startswith("error E"), sent
+        # Its listener was restored and answers (query above went through it); the memory is the snapshot's.
+        assert state["received"] == ["ping1\n"] and state["pid"] == 1
+        # The peer: the old connection is gone on the workload's side, so what it sends is answered by a reset.
+        conn.settimeout(15)
+        with pytest.raises((ConnectionResetError, BrokenPipeError)):
+            conn.sendall(b"ping2\n")
+            conn.recv(64)
+            conn.sendall(b"ping3\n")  # a reset that raced the first send is seen by the next one
+            conn.recv(64)
+
+
+# --- into a podman placeholder ------------------------------------------------------------
+
+@pytest.fixture
+def pod(tmp_path: Path) -> Iterator[Pod]:
+    world = Pod(tmp_path)
+    try:
+        yield world
+    finally:
+        world.cleanup()
+
+
+def test_into_a_placeholder_the_default_closes_the_connection(pod: Pod) -> None:
+    """The source container's workload holds a connection to a peer on the host; restored into a placeholder
+    (another network namespace, another address) it finds that connection closed, its listener answers."""
+    (pod.app / "tcp_app.py").write_text(TCP_APP)
+    gateway = json.loads(pod.podman("network", "inspect", "podman").stdout)[0]["subnets"][0]["gateway"]
+    srv = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    srv.bind(("0.0.0.0", 0))
+    srv.listen(4)
+    srv.settimeout(60)
+    with srv:
+        src = pod.run("tcpsrc", "python3", "/app/tcp_app.py", "--port", "8080", "--listen", "0.0.0.0",
+                      "--peer", f"{gateway}:{srv.getsockname()[1]}")
+        wait_file(pod.control("tcpsrc") / "ready-for-snapshot", 60)
+        conn, _ = srv.accept()
+        with conn:
+            assert exchange(conn, b"ping1\n") == b"echo:ping1\n"
+            assert json_line((pod.ip(src), 8080), b"state\n")["peer"] == "open"
+            ph = pod.placeholder("tcpph")
+            results = pod.play([pod.checkpoint("checkpoint", container=src, leave_running=False),
+                                pod.restore("restore", name=src, into={"container": ph})], "tcp")
+    dest = results["restore"]["restore"]["destinations"][0]
+    assert dest["result"] == "succeeded"
+    assert dest["tcp"] == {"mode": "close", "reason": f"restored into placeholder {ph}'s network namespace, not the "
+                                                      "one the connections were dumped in"}
+    end = time.monotonic() + 15
+    state = json_line((pod.ip(ph), 8080), b"state\n")
+    while state["peer"] == "open" and time.monotonic() < end:
+        time.sleep(0.1)
+        state = json_line((pod.ip(ph), 8080), b"state\n")
+    assert state["peer"] == "eof" and state["received"] == ["ping1\n"], state
