@@ -48,8 +48,9 @@ def recorded(store: st.FsStore, tcp: str) -> Dict[str, Any]:
     ("node-a", "close", "close", f"tcp: close was asked for (the default would be keep: {SAME_NODE})"),
     ("node-b", "keep", "keep", f"tcp: keep was asked for (the default would be close: {OTHER_NODE})"),
 ])
-def test_check_mode_says_what_a_process_restore_would_do(store: st.FsStore, node: Dict[str, Any], tmp_path: Path,
-                                                        here: str, asked: Optional[str], mode: str, reason: str) -> None:
+def test_check_mode_says_what_a_process_restore_would_do(
+        store: st.FsStore, node: Dict[str, Any], tmp_path: Path, here: str, asked: Optional[str], mode: str,
+        reason: str) -> None:
     doc = recorded(store, "established")
     node["hostname"] = here
     result = snap.restore(store, doc["id"], skip_compat=True, restore_root=str(tmp_path / "restore"), tcp=asked,
@@ -97,7 +98,7 @@ def test_keep_of_a_snapshot_taken_with_tcp_close_is_refused_with_every_reason(
 
 
 def test_an_unknown_tcp_mode_is_refused_before_anything(store: st.FsStore, node: Dict[str, Any],
-                                                       tmp_path: Path) -> None:
+                                                        tmp_path: Path) -> None:
     doc = recorded(store, "established")
     with pytest.raises(WarmstartError, match="tcp: 'established' is not one of keep, close") as err:
         snap.restore(store, doc["id"], restore_root=str(tmp_path / "restore"), tcp="established")
@@ -168,8 +169,8 @@ def test_keep_into_a_placeholder_of_a_snapshot_taken_with_tcp_close_is_refused(p
     assert closed["destinations"][0]["tcp"]["mode"] == "close" and [o.tcp for o in placeholders["opts"]] == ["close"]
 
 
-def test_an_unknown_tcp_mode_into_a_placeholder_is_refused_before_anything(placeholders: Dict[str, Any],
-                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+def test_an_unknown_tcp_mode_into_a_placeholder_is_refused_before_anything(
+        placeholders: Dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(ctr, "find_criu", lambda path: pytest.fail("looked for CRIU"))
     with pytest.raises(WarmstartError, match="tcp: 'reset' is not one of keep, close") as err:
         ctr.restore_into(object(), "app=ph", snapshot_id="x", tcp="reset")
