@@ -146,6 +146,38 @@ def test_a_pod_container_found_by_its_cri_labels_is_snapshotted_and_restored(pod
     assert pod_run["answer"]["counter"] >= pod_run["before"]["counter"] + 1
 
 
+@pytest.fixture(scope="module")
+def shared_pid_pod(lab: Lab) -> Dict[str, Any]:
+    """A pod with shareProcessNamespace: its app is the container's own process (no init), PID 1 is the pause.
+
+    A sidecar starts first, so the app's PID is above any the restore pod's placeholder takes (the placeholder
+    of a pod like the source would otherwise hold the app's PID: both are their pod's second container)."""
+    src = lab.fake_pod("ml", f"shared-{lab.tag}", {"side": ["sleep", "infinity"], "main": ["python3", "/app/app.py"]})
+    wait_file(lab.control(f"shared-{lab.tag}-main") / "ready-for-snapshot", 60)
+    dst = lab.fake_pod("ml", f"shared-restore-{lab.tag}", {"main": ["sleep", "infinity"]})
+    before = ask(lab.pid1(src["main"]))
+    res = lab.play([
+        lab.checkpoint("checkpoint", pod={"namespace": "ml", "name": f"shared-{lab.tag}", "container": "main"},
+                       name=f"shared-{lab.tag}"),
+        lab.restore("restore", name=f"shared-{lab.tag}",
+                    into={"pod": {"namespace": "ml", "name": f"shared-restore-{lab.tag}", "container": "main"}}),
+    ], "shared")
+    return {"src": src, "dst": dst, "before": before, "res": res, "answer": ask(lab.pid1(dst["main"]))}
+
+
+def test_a_shared_pid_namespace_pod_app_is_restored_beside_the_placeholder(lab: Lab, shared_pid_pod: Dict[str, Any]) -> None:
+    src, dst = shared_pid_pod["src"], shared_pid_pod["dst"]
+    assert lab.daemon.pid1(src["main"]) != lab.daemon.pid1(src["POD"])
+    dest = shared_pid_pod["res"]["restore"]["restore"]["destinations"][0]
+    assert dest["result"] == "succeeded" and dest["container"] == dst["main"], dest
+    got, before = shared_pid_pod["answer"], shared_pid_pod["before"]
+    assert got["token"] == before["token"] and got["counter"] >= before["counter"] + 1
+    # the copy lives in the restore pod's PID namespace, whose PID 1 is still its pause process
+    pause = lab.daemon.pid1(dst["POD"])
+    assert os.readlink(f"/proc/{dest['pid']}/ns/pid") == os.readlink(f"/proc/{pause}/ns/pid")
+    assert open(f"/proc/{pause}/cmdline", "rb").read().split(b"\0")[:2] == [b"sleep", b"infinity"]
+
+
 # --- bad input --------------------------------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
