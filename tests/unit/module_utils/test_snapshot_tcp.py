@@ -10,6 +10,7 @@ from typing import Any, Dict, List, Optional
 import pytest
 
 from ansible_collections.warmstart.snapshot.plugins.module_utils import _container as ctr
+from ansible_collections.warmstart.snapshot.plugins.module_utils import _module
 from ansible_collections.warmstart.snapshot.plugins.module_utils import _snapshot as snap
 from ansible_collections.warmstart.snapshot.plugins.module_utils import _store as st
 from ansible_collections.warmstart.snapshot.plugins.module_utils._criu import CriuError
@@ -175,3 +176,28 @@ def test_an_unknown_tcp_mode_into_a_placeholder_is_refused_before_anything(
     with pytest.raises(WarmstartError, match="tcp: 'reset' is not one of keep, close") as err:
         ctr.restore_into(object(), "app=ph", snapshot_id="x", tcp="reset")
     assert err.value.details["outcome"] == "failed" and placeholders["opts"] == []
+
+
+# --- the module's option -----------------------------------------------------------
+
+@pytest.mark.parametrize("into", [None, {"container": "ph", "container_map": None, "pod": None, "runtime": "podman",
+                                         "skip_image_check": False, "kill_placeholder_on_failure": True}],
+                         ids=["process", "into"])
+@pytest.mark.parametrize("tcp", [None, "keep", "close"])
+def test_the_restore_module_hands_its_tcp_option_to_the_engine(store: st.FsStore, tmp_path: Path,
+                                                               monkeypatch: pytest.MonkeyPatch,
+                                                               into: Optional[Dict[str, Any]], tcp: Optional[str]) -> None:
+    seen: Dict[str, Any] = {}
+
+    def engine(*args: Any, **kwargs: Any) -> Dict[str, Any]:
+        seen.update(kwargs)
+        return {"id": "i", "name": "embed", "outcome": "succeeded",
+                "destinations": [{"container": "ph", "source": "app", "result": "succeeded"}]}
+
+    monkeypatch.setattr(_module.snap, "restore", engine)
+    monkeypatch.setattr(_module.ctr, "restore_into", engine)
+    params = {"store": store.root, "store_options": None, "snapshot": None, "name": "embed", "labels": None,
+              "verify": True, "skip_compat_check": False, "criu_path": None, "restore_root": str(tmp_path / "r"),
+              "into": into, "tcp": tcp}
+    assert _module.restore(params, False)["outcome"] == "succeeded"
+    assert "tcp" in seen and seen["tcp"] == tcp
