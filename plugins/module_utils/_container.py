@@ -111,6 +111,7 @@ class ContainerCapture:
     control_path: Optional[str]
     lock_tables: Optional[List[str]] = None
     control_host: Optional[str] = None
+    own_pid_ns: bool = False    # the workload is PID 1 of its own PID namespace (dumped with it, not beside it)
 
     def criu_options(self, base: CriuOptions) -> CriuOptions:
         """``base`` with what dumping a container's workload adds: its rootfs as root, its session's job, its
@@ -123,7 +124,7 @@ class ContainerCapture:
         return dataclasses.replace(
             base, root=self.info.rootfs, shell_job=True,  # the session belongs to the container's init
             manage_cgroups=True, manage_cgroups_mode="soft",
-            external=[f"net[{self.net_ns}]:{EXT_NET}", f"pid[{self.pid_ns}]:{EXT_PID}"],
+            external=[f"net[{self.net_ns}]:{EXT_NET}"] + ([] if self.own_pid_ns else [f"pid[{self.pid_ns}]:{EXT_PID}"]),
             ext_mnt=[ExtMount(m["mountpoint"], m["mountpoint"]) for m in self.external])
 
     def _remember_lock_tables(self) -> None:
@@ -165,7 +166,7 @@ class ContainerCapture:
             "kind": "container",
             "ns_pid": self.ns_pids[0],
             "ns_pids": self.ns_pids,
-            "pid_namespace": False,
+            "pid_namespace": self.own_pid_ns,  # restored as PID 1 of a new PID namespace in the placeholder's
             "container": {"runtime": i.runtime, "id": i.id, "name": i.name, "image": i.image,
                           "image_id": i.image_id, "hostname": i.hostname, "cgroup_path": i.cgroup_path},
             "external_mounts": self.external,
@@ -176,25 +177,54 @@ class ContainerCapture:
         }
 
 
+CONTAINER_INITS = ("catatonit", "tini", "tini-static", "docker-init", "dumb-init", "podman-init")
+
+
+def _workload(info: ContainerInfo) -> Tuple[int, bool]:
+    """(root PID, whether it is PID 1 of its own PID namespace) of the container's workload.
+
+    - The container's process is not PID 1 of its PID namespace (a pod with ``shareProcessNamespace``, whose
+      PID 1 is the pause process): it is the workload, restored beside the placeholder's process.
+    - Its PID 1 is a container init (``podman run --init``, tini) or a placeholder with a restored copy beside
+      it: that one tree, restored beside the placeholder's PID 1.
+    - A placeholder holding a copy restored as PID 1 of a nested PID namespace: that copy, the same way again.
+    - Otherwise the app is PID 1 (an ordinary Kubernetes pod): the whole tree, with its PID namespace; it is
+      restored as PID 1 of a new PID namespace nested in the placeholder's, so no PID of it can collide.
+    """
+    if proc.ns_pids(info.pid)[-1] != 1:
+        return info.pid, False
+    kids = sorted(set(proc.children(info.pid)))
+    beside = kids if kids and _is_container_init(info.pid) else _restored_roots(info.pid)
+    if len(beside) > 1:
+        names = ", ".join(f"{k} ({' '.join(proc.cmdline(k))[:60]})" for k in beside)
+        raise proc.TargetError(f"container {info.name}: its PID 1 has {len(beside)} workload trees ({names}); "
+                               "warmstart snapshots one workload tree per container")
+    if beside:
+        return beside[0], False
+    nested = nsu.nested_inits(nsu.ns_inode(info.pid, "pid"))
+    if len(nested) > 1:
+        raise proc.TargetError(f"container {info.name}: {len(nested)} PID namespaces nested in its own have a "
+                               f"process ({', '.join(map(str, nested))}); expected at most one restored copy")
+    return (nested[0] if nested else info.pid), True
+
+
+def _is_container_init(pid: int) -> bool:
+    try:
+        exe = os.path.basename(os.readlink(f"/proc/{pid}/exe"))
+    except OSError:
+        return False
+    return exe in CONTAINER_INITS
+
+
 def resolve(runtime_name: str, container: str, name: Optional[str] = None) -> snap.Target:
-    """A running container -> the checkpoint target: the workload tree under its PID 1.
+    """A running container -> the checkpoint target: its workload tree (``_workload``).
 
     ``name`` names the container in the snapshot (default: the runtime's name for it; a pod's container
     name for pod targets, so that container maps speak Kubernetes names).
     """
     runtime = get_runtime(runtime_name)
     info = running(runtime, container)
-    kids = sorted(set(proc.children(info.pid))) or _restored_roots(info.pid)
-    if not kids:
-        raise proc.TargetError(
-            f"container {info.name} runs its workload as PID 1 of its PID namespace ({' '.join(proc.cmdline(info.pid))!r}); "
-            "a placeholder's PID 1 would collide with it on restore - start the container with an init "
-            "(podman run --init) or under a shell that does not exec it")
-    if len(kids) > 1:
-        names = ", ".join(f"{k} ({' '.join(proc.cmdline(k))[:60]})" for k in kids)
-        raise proc.TargetError(f"container {info.name}: its PID 1 has {len(kids)} children ({names}); "
-                               "warmstart snapshots one workload tree per container")
-    root = kids[0]
+    root, own_pid_ns = _workload(info)
     proc.check_target(root)
     if _session_outside(root):
         raise proc.TargetError(
@@ -216,7 +246,7 @@ def resolve(runtime_name: str, container: str, name: Optional[str] = None) -> sn
     target.capture = ContainerCapture(info=info, root_pid=root, ns_pids=ns_pids, external=external,
                                       stdio=_stdio(root), net_ns=nsu.ns_inode(root, "net"),
                                       pid_ns=nsu.ns_inode(root, "pid"), control_path=control,
-                                      control_host=control_host)
+                                      control_host=control_host, own_pid_ns=own_pid_ns)
     return target
 
 
@@ -301,16 +331,35 @@ def _image_problems(info: ContainerInfo, target: Dict[str, Any]) -> List[str]:
 
 
 def _pid_problems(info: ContainerInfo, target: Dict[str, Any], members: Dict[int, Tuple[int, str]]) -> List[str]:
-    """The placeholder is inert (only its PID 1) and the PIDs the workload needs are free in it."""
+    """The placeholder is inert and the PIDs the workload needs are free in it.
+
+    Inert: nothing of the placeholder runs besides its own process - in its own PID namespace only its PID 1; in a
+    shared one (a pod with ``shareProcessNamespace``) nothing else in its cgroup - and no PID namespace of an earlier
+    restore is nested in it. A workload that was PID 1 of its own PID namespace needs no PID of the placeholder's.
+    """
     problems: List[str] = []
-    others = {p: v for p, v in members.items() if p != 1}
-    if others:
-        listed = ", ".join(f"{p} ({name})" for p, (_host, name) in sorted(others.items()))
-        problems.append(f"placeholder {info.name} is not inert: besides PID 1 it runs {listed}")
+    own = members.get(1, (0, ""))[0] == info.pid
+    others = {p: v for p, v in members.items() if p != 1 and (own or _same_cgroup(v[0], info.pid))}
+    others = {p: v for p, v in others.items() if v[0] != info.pid}
+    nested = nsu.nested_inits(nsu.ns_inode(info.pid, "pid"))
+    if others or nested:
+        listed = [f"{p} ({name})" for p, (_host, name) in sorted(others.items())]
+        listed += [f"host pid {h} (PID 1 of a nested PID namespace: {' '.join(proc.cmdline(h))[:40]})" for h in nested]
+        problems.append(f"placeholder {info.name} is not inert: besides its own process it runs {', '.join(listed)}")
+    if target.get("pid_namespace"):
+        return problems
     for p in [p for p in target.get("ns_pids") or [] if p in members]:
         problems.append(f"placeholder {info.name}: PID {p}, which the snapshot's workload needs, is taken by "
                         f"{members[p][1]}")
     return problems
+
+
+def _same_cgroup(pid: int, other: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/cgroup", "rb") as one, open(f"/proc/{other}/cgroup", "rb") as two:
+            return one.read() == two.read()
+    except OSError:
+        return False
 
 
 def _map_mounts(d: Destination, info: ContainerInfo, mounts: List[nsu.Mount]) -> List[str]:
@@ -448,14 +497,16 @@ def _restore_options(r: _Restore, base: CriuOptions) -> CriuOptions:
     """``base`` with what restoring into the pinned placeholder adds: its rootfs and cgroup, its network and PID
     namespaces (the dump's external ones) and stdio pipes inherited, its UTS and IPC namespaces joined, its
     own bind sources for the external mounts."""
-    inherit = [InheritFd(key, r.pinned[ns]) for ns, key in (("net", EXT_NET), ("pid", EXT_PID))]
+    beside = () if r.d.source.get("pid_namespace") else (("pid", EXT_PID),)  # else: CRIU makes a nested one
+    inherit = [InheritFd(key, r.pinned[ns]) for ns, key in (("net", EXT_NET),) + beside]
     inherit += [InheritFd(r.d.source["stdio"][n], fd) for fd, n in r.stdio]
+    me = "self" if beside == () else str(os.getpid())  # CRIU in the placeholder's PID namespace sees not our PID
     return dataclasses.replace(
         base, root=r.info.rootfs, shell_job=True, manage_cgroups=True, manage_cgroups_mode="soft",
         cgroup_root=r.info.cgroup_path,
         network_lock="skip",  # the placeholder's network namespace has no dump-time rules
         mntns_compat_mode=True, inherit_fd=inherit,
-        join_ns=[JoinNs(ns, f"/proc/{os.getpid()}/fd/{r.pinned[ns]}") for ns in ("uts", "ipc")],
+        join_ns=[JoinNs(ns, f"/proc/{me}/fd/{r.pinned[ns]}") for ns in ("uts", "ipc")],
         ext_mnt=[ExtMount(key, val) for key, val in (r.d.ext_mnt or {}).items()])
 
 
@@ -464,8 +515,21 @@ def _run_criu(r: _Restore, criu: str, options: CriuOptions) -> None:
     # symlinks would not do, the restored tasks open images after they moved into the new mount tree.
     t0 = time.monotonic()
     prog.phase(f"restore into {r.info.name}")
-    r.pid = criu_restore(criu, os.path.join(r.tdir, "criu"), r.work, options)
+    if r.d.source.get("pid_namespace"):  # CRIU in the placeholder's PID namespace makes the nested one there
+        seen = criu_restore(criu, os.path.join(r.tdir, "criu"), r.work, options, in_pid_ns=r.pinned["pid"])
+        r.pid = _host_pid(r.info.pid, seen)
+    else:
+        r.pid = criu_restore(criu, os.path.join(r.tdir, "criu"), r.work, options)
     r.timings["restore"] = time.monotonic() - t0
+
+
+def _host_pid(placeholder: int, seen: int) -> int:
+    """The host PID of the restored PID 1 that the placeholder's PID namespace sees as ``seen``."""
+    level = len(proc.ns_pids(placeholder)) - 1
+    for pid in nsu.nested_inits(nsu.ns_inode(placeholder, "pid")):
+        if proc.ns_pids(pid)[level] == seen:
+            return pid
+    raise snap.SnapshotError(f"the restored tree (pid {seen} in the placeholder's PID namespace) is not running")
 
 
 def _finish(r: _Restore, t_start: float) -> None:
@@ -474,7 +538,7 @@ def _finish(r: _Restore, t_start: float) -> None:
     nsu.set_hostname(r.info.pid, r.hostname)
     if not proc.alive(r.info.pid):
         raise snap.SnapshotError(f"placeholder {r.info.name} exited during the restore")
-    ns_pid = proc.ns_pids(r.pid)[-1]
+    ns_pid = proc.ns_pids(r.pid)[len(proc.ns_pids(r.info.pid)) - 1]  # as the placeholder's PID namespace sees it
     if r.control:
         _offer_env(r.control, r.info.pid, r.pid)
         if r.d.source.get("ready_for_snapshot"):

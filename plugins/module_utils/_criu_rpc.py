@@ -9,10 +9,14 @@ Every failure raises CriuError carrying the tail of CRIU's own log.
 from __future__ import annotations
 
 import os
+import socket
 import struct
+import subprocess
+from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, Iterator, List, Optional
 
+from ansible_collections.warmstart.snapshot.plugins.module_utils import _namespaces as nsu
 from ansible_collections.warmstart.snapshot.plugins.module_utils._criu import CriuError
 
 LOG_TAIL_LINES = 25
@@ -222,10 +226,87 @@ def dump(criu_path: str, pid: int, images_dir: str, options: CriuOptions, leave_
         os.close(fd)
 
 
-def restore(criu_path: str, images_dir: str, work_dir: str, options: CriuOptions) -> int:
+@contextmanager
+def _children_in(pid_ns: Optional[int]) -> Iterator[None]:
+    """Within: the processes this thread starts are born in PID namespace ``pid_ns`` (an fd; None: ours)."""
+    if pid_ns is None:
+        yield
+        return
+    ours = os.open("/proc/self/ns/pid", os.O_RDONLY)
+    try:
+        nsu.enter_pid_ns_for_children(pid_ns)
+        try:
+            yield
+        finally:
+            nsu.enter_pid_ns_for_children(ours)
+    finally:
+        os.close(ours)
+
+
+def _restore_in(criu_path: str, opts: Any, pid_ns: int) -> Any:
+    """One CRIU restore request answered by a ``criu swrk`` born in PID namespace ``pid_ns`` (an fd); CRIU's
+    restore response.
+
+    CRIU there gets a mount namespace of its own whose /proc shows that namespace (``nsu.own_proc``), and the
+    images and work dirs opened again in it (mounts of another mount namespace cannot be mounted on). It opens
+    them as ``/proc/<requester>/fd/N``, and a requester outside its PID namespace has no PID there: so the request
+    socket is made by CRIU's own process before it runs CRIU, and handed to us.
+    """
+    rpc = load_pycriu().rpc
+    joined = {int(j.ns_file[len("/proc/self/fd/"):]) for j in opts.join_ns if j.ns_file.startswith("/proc/self/fd/")}
+    keep = sorted({inh.fd for inh in opts.inherit_fd} | joined | {opts.images_dir_fd, opts.work_dir_fd})
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    slot = os.open(os.devnull, os.O_RDONLY)  # an fd number kept for CRIU's end of the request socket
+
+    def in_child() -> None:  # pragma: no cover - runs in the forked child
+        nsu.own_proc()
+        for fd in (opts.images_dir_fd, opts.work_dir_fd):  # the same dirs, as mounted in CRIU's mount namespace
+            again = os.open(os.readlink(f"/proc/self/fd/{fd}"), os.O_DIRECTORY)
+            os.dup2(again, fd)
+            os.close(again)
+        mine, criu_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        socket.send_fds(theirs, [b"s"], [mine.fileno()])
+        os.dup2(criu_end.fileno(), slot)
+
+    try:
+        with _children_in(pid_ns):
+            child = subprocess.Popen(  # pylint: disable=consider-using-with  # waited for below
+                [criu_path, "swrk", str(slot)], pass_fds=[theirs.fileno(), slot, *keep], stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                preexec_fn=in_child)  # pylint: disable=subprocess-popen-preexec-fn
+        try:
+            resp = _ask(ours, rpc.criu_req(type=rpc.RESTORE, opts=opts), rpc)
+        finally:
+            child.wait()
+    finally:
+        for closing in (ours, theirs):
+            closing.close()
+        os.close(slot)
+    if not resp.success:
+        raise OSError(resp.cr_errno, f"CRIU answered {resp}")
+    return resp.restore
+
+
+def _ask(channel: socket.socket, req: Any, rpc: Any) -> Any:
+    """Receive the request socket on ``channel``, send ``req`` over it, return the answer."""
+    _msg, fds, _flags, _addr = socket.recv_fds(channel, 16, 1)
+    if not fds:
+        raise OSError("CRIU's process did not start (no request socket)")
+    with socket.socket(fileno=fds[0]) as sk:
+        sk.send(req.SerializeToString())
+        resp = rpc.criu_resp()
+        resp.ParseFromString(sk.recv(len(sk.recv(1, socket.MSG_TRUNC | socket.MSG_PEEK))))
+    return resp
+
+
+def restore(criu_path: str, images_dir: str, work_dir: str, options: CriuOptions,
+            in_pid_ns: Optional[int] = None) -> int:
     """Restore the tree in ``images_dir`` detached (as our sibling); return its host PID.
 
-    The file descriptors of ``options.inherit_fd`` must be inheritable.
+    The file descriptors of ``options.inherit_fd`` must be inheritable. With ``in_pid_ns`` (an fd of a PID
+    namespace) CRIU runs in that namespace (with a /proc of its own that shows it), so that a tree dumped as
+    PID 1 of its own PID namespace comes back as PID 1 of a new one nested in it; the PID returned is then the
+    one that namespace sees.
     """
     client = _client(criu_path)
     img = os.open(images_dir, os.O_DIRECTORY)
@@ -237,7 +318,7 @@ def restore(criu_path: str, images_dir: str, work_dir: str, options: CriuOptions
         client.opts.rst_sibling = True
         to_rpc(options, client.opts)
         try:
-            resp = client.restore()
+            resp = client.restore() if in_pid_ns is None else _restore_in(criu_path, client.opts, in_pid_ns)
         except Exception as exc:
             raise _fail("restore", exc, os.path.join(work_dir, "restore.log")) from None
     finally:

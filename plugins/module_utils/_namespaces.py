@@ -16,16 +16,18 @@
 from __future__ import annotations
 
 import ctypes
+import fcntl
 import os
 import socket
 from dataclasses import dataclass
-from typing import Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 CLONE_NEWNS = 0x00020000
 CLONE_NEWUTS = 0x04000000
 CLONE_NEWIPC = 0x08000000
 CLONE_NEWNET = 0x40000000
 CLONE_NEWPID = 0x20000000
+NS_GET_PARENT = 0xB702  # ioctl on an nsfs fd: an fd of the parent (PID and user namespaces)
 NS_FLAGS = {"mnt": CLONE_NEWNS, "uts": CLONE_NEWUTS, "ipc": CLONE_NEWIPC, "net": CLONE_NEWNET, "pid": CLONE_NEWPID}
 
 # File systems CRIU recreates from scratch when it restores a mount namespace.
@@ -170,6 +172,65 @@ def _setns(fd: int, nstype: int) -> None:
     if _libc.setns(fd, nstype) != 0:
         err = ctypes.get_errno()
         raise OSError(err, os.strerror(err))
+
+
+def enter_pid_ns_for_children(fd: int) -> None:
+    """Make the PID namespace ``fd`` refers to the one this thread's future children are born into (setns)."""
+    _setns(fd, CLONE_NEWPID)
+
+
+MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REC, MS_PRIVATE = 0x2, 0x4, 0x8, 0x4000, 0x40000
+
+
+def _libc_call(name: str, *args: Any) -> None:
+    global _libc  # pylint: disable=global-statement
+    if _libc is None:
+        _libc = ctypes.CDLL(None, use_errno=True)
+    if getattr(_libc, name)(*args) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"{name}: {os.strerror(err)}")
+
+
+def own_proc() -> None:
+    """Give this process a mount namespace of its own whose /proc shows the PID namespace it runs in: for a
+    process born in another PID namespace than its parent's (the host's /proc would show other PIDs)."""
+    _libc_call("unshare", CLONE_NEWNS)
+    _libc_call("mount", None, b"/", None, MS_REC | MS_PRIVATE, None)
+    _libc_call("mount", b"proc", b"/proc", b"proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, None)
+
+
+def pid_ns_parent(pid: int) -> int:
+    """Inode of the parent of ``pid``'s PID namespace (0 for the initial one, or when it cannot be read)."""
+    try:
+        fd = os.open(f"/proc/{pid}/ns/pid", os.O_RDONLY)
+    except OSError:
+        return 0
+    try:
+        parent = fcntl.ioctl(fd, NS_GET_PARENT)
+    except OSError:
+        return 0
+    finally:
+        os.close(fd)
+    try:
+        return os.fstat(parent).st_ino
+    finally:
+        os.close(parent)
+
+
+def nested_inits(ns_ino: int) -> List[int]:
+    """Host PIDs of the PID-1 processes of the PID namespaces whose parent is the one with inode ``ns_ino``."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/status", "r", encoding="utf-8", errors="replace") as handle:
+                nspid = next((line.split()[1:] for line in handle if line.startswith("NSpid:")), [])
+        except OSError:
+            continue
+        if len(nspid) > 1 and nspid[-1] == "1" and pid_ns_parent(int(entry)) == ns_ino:
+            found.append(int(entry))
+    return sorted(found)
 
 
 def fork_call(func: Callable[[], str], setup: Optional[Callable[[], None]] = None, what: str = "helper") -> str:

@@ -9,9 +9,10 @@ free. Real podman (runc), real CRIU.
 """
 from __future__ import annotations
 
+import json
 import os
 import time
-from typing import Any, Dict, List
+from typing import Any, Dict, Iterator, List
 
 import pytest
 
@@ -116,3 +117,69 @@ def test_a_placeholder_holding_a_restored_copy_is_not_inert(pod: Pod, pid1: Dict
                    "pid1-busy", ok=False)["restore again"]
     assert res["failed"] and "is not inert" in res["msg"] and "nested PID namespace" in res["msg"], res["msg"]
     assert ask(pod.ip(pid1["ph"][1]))["token"] == pid1["before"]["token"], "the running copy was touched"
+
+
+# --- pods that share one PID namespace (shareProcessNamespace) -----------------------------------
+
+def pod_create(pod: Pod, name: str) -> str:
+    full = f"{name}-{pod.tag}"
+    pod.podman("pod", "create", "--name", full, "--share", "net,ipc,uts,pid")
+    return full
+
+
+def in_pod(pod: Pod, where: str, name: str, *cmd: str) -> str:
+    full = f"{name}-{pod.tag}"
+    pod.podman("run", "-d", "--name", full, "--pod", where, "-v", f"{pod.app}:/app:ro",
+               "-v", f"{pod.control(name)}:/snapshot-control", "-e", "SNAPSHOT_CONTROL_DIR=/snapshot-control",
+               "-e", f"ROLE={name}", pod.image, *cmd)
+    pod.names.append(full)
+    return full
+
+
+def pod_ip(pod: Pod, where: str) -> str:
+    infra = json.loads(pod.podman("pod", "inspect", where).stdout)
+    infra = infra[0] if isinstance(infra, list) else infra
+    return pod.ip(infra["InfraContainerID"])
+
+
+@pytest.fixture(scope="module")
+def shared(pod: Pod) -> Iterator[Dict[str, Any]]:
+    """An app in a pod sharing its PID namespace (pause is PID 1), checkpointed; one restore pod whose
+    placeholder took the app's PID, one where short-lived containers ran first (as init containers do)."""
+    pods = [pod_create(pod, n) for n in ("pod-src", "pod-taken", "pod-free")]
+    try:
+        src = in_pod(pod, pods[0], "shapp", "python3", "/app/app.py")
+        wait_file(pod.control("shapp") / "ready-for-snapshot", 60)
+        before = ask(pod_ip(pod, pods[0]))
+        taken = in_pod(pod, pods[1], "shph-taken", "sleep", "infinity")
+        for n in range(3):
+            pod.podman("run", "--rm", "--pod", pods[2], pod.image, "true")
+        free = in_pod(pod, pods[2], "shph-free", "sleep", "infinity")
+        res = pod.play([
+            pod.checkpoint("checkpoint", container=src, leave_running=False),
+            pod.restore("into the taken pid", True, name=src, into={"container": taken}),
+            pod.restore("into the free pid", name=src, into={"container": free}),
+        ], "shared", ok=False)
+        yield {"src": src, "pods": pods, "before": before, "res": res, "taken": taken, "free": free}
+    finally:
+        for full in pods:
+            pod.podman("pod", "rm", "-f", "-t", "0", full, check=False)
+
+
+def test_an_app_in_a_shared_pid_namespace_restores_beside_the_placeholder(pod: Pod, shared: Dict[str, Any]) -> None:
+    assert shared["before"]["pid"] != 1, "the app of a shared-PID pod is PID 1"
+    res = shared["res"]["into the free pid"]
+    assert not res.get("failed") and res["restore"]["outcome"] == "succeeded", res
+    got = ask(pod_ip(pod, shared["pods"][2]))
+    assert got["token"] == shared["before"]["token"] and got["pid"] == shared["before"]["pid"], got
+    assert got["counter"] > shared["before"]["counter"]
+    dest = res["restore"]["destinations"][0]
+    assert nspid(dest["pid"])[-1] == shared["before"]["pid"] and pid_ns(dest["pid"]) == pid_ns(pod.pid1(shared["free"]))
+
+
+def test_a_shared_pid_namespace_whose_pid_is_taken_is_refused_naming_it(pod: Pod, shared: Dict[str, Any]) -> None:
+    res = shared["res"]["into the taken pid"]
+    assert res["failed"], res
+    err = res["restore"]["destinations"][0]["error"]
+    assert f"PID {shared['before']['pid']}" in err and "is taken by sleep" in err, err
+    assert pod.running(shared["taken"])

@@ -119,3 +119,70 @@ def test_a_container_dump_adds_its_root_namespaces_mounts_and_cgroups(monkeypatc
                                   ext_mnt=[ctr.ExtMount("/data", "/data")])
     assert base == ctr.CriuOptions(tcp="close", timeout=7), "the caller's options are not changed"
     assert cap.lock_tables == ["filter"], "the network lock's tables are remembered for before_resume"
+
+
+# --- which tree is a container's workload (_workload), and is a placeholder inert (_pid_problems) ---------------
+
+def _info(pid: int = 100) -> ContainerInfo:
+    return ContainerInfo(id="c" * 64, name="web", runtime="podman", image="i", image_id="x", running=True,
+                         status="running", pid=pid, cgroup_path="/cg", rootfs="/r", upper_dir=None, hostname="h")
+
+
+@pytest.fixture
+def world(monkeypatch: pytest.MonkeyPatch) -> Dict[str, Any]:
+    """A fake /proc: NSpid per host pid, children, exe basenames, restored roots, nested PID-1s."""
+    w: Dict[str, Any] = {"nspid": {100: [100, 1]}, "children": {}, "exe": {}, "beside": [], "nested": []}
+    monkeypatch.setattr(ctr.proc, "ns_pids", lambda pid: w["nspid"][pid])
+    monkeypatch.setattr(ctr.proc, "children", lambda pid: w["children"].get(pid, []))
+    monkeypatch.setattr(ctr.proc, "cmdline", lambda pid: ["prog"])
+    monkeypatch.setattr(ctr, "_is_container_init", lambda pid: w["exe"].get(pid) in ctr.CONTAINER_INITS)
+    monkeypatch.setattr(ctr, "_restored_roots", lambda pid1: w["beside"])
+    monkeypatch.setattr(ctr.nsu, "ns_inode", lambda pid, ns: 4026531999)
+    monkeypatch.setattr(ctr.nsu, "nested_inits", lambda ino: w["nested"])
+    return w
+
+
+def test_an_app_that_is_pid1_is_the_whole_tree_with_its_pid_namespace(world: Dict[str, Any]) -> None:
+    world["children"][100] = [101, 102]  # its own workers do not make it an init
+    assert ctr._workload(_info()) == (100, True)
+
+
+def test_the_child_of_a_container_init_is_restored_beside(world: Dict[str, Any]) -> None:
+    world["children"][100], world["exe"][100] = [101], "catatonit"
+    assert ctr._workload(_info()) == (101, False)
+    world["children"][100] = [101, 102]
+    with pytest.raises(ctr.proc.TargetError, match="2 workload trees"):
+        ctr._workload(_info())
+
+
+def test_a_process_of_a_shared_pid_namespace_is_the_workload_itself(world: Dict[str, Any]) -> None:
+    world["nspid"][100] = [100, 7]  # pause is PID 1 of the pod's namespace
+    world["children"][100] = [101]
+    assert ctr._workload(_info()) == (100, False)
+
+
+def test_restored_copies_are_found_beside_or_nested(world: Dict[str, Any]) -> None:
+    world["beside"] = [300]
+    assert ctr._workload(_info()) == (300, False)
+    world["beside"], world["nested"] = [], [400]
+    assert ctr._workload(_info()) == (400, True)
+    world["nested"] = [400, 401]
+    with pytest.raises(ctr.proc.TargetError, match="2 PID namespaces nested"):
+        ctr._workload(_info())
+
+
+def test_an_inert_placeholder_and_its_pids(world: Dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    own = {1: (100, "sleep")}
+    assert ctr._pid_problems(_info(), {"ns_pids": [2, 3]}, own) == []
+    busy = ctr._pid_problems(_info(), {"ns_pids": [2]}, {1: (100, "sleep"), 2: (150, "sh")})
+    assert "is not inert" in busy[0] and "2 (sh)" in busy[0] and "PID 2" in busy[1] and "taken by sh" in busy[1]
+    world["nested"] = [400]
+    nested = ctr._pid_problems(_info(), {"pid_namespace": True, "ns_pids": [1, 2]}, own)
+    assert len(nested) == 1 and "nested PID namespace" in nested[0], "a nested restore needs no PID of the placeholder"
+    world["nested"] = []
+    # a pod sharing its PID namespace: pause is PID 1; a sidecar (other cgroup) is fine, the pod's PIDs count
+    monkeypatch.setattr(ctr, "_same_cgroup", lambda pid, other: pid == 160)
+    pod = {1: (90, "pause"), 2: (100, "sleep"), 3: (120, "sidecar"), 4: (160, "leftover")}
+    shared = ctr._pid_problems(_info(), {"ns_pids": [2]}, pod)
+    assert "not inert" in shared[0] and "4 (leftover)" in shared[0] and "sidecar" not in shared[0]
+    assert "PID 2" in shared[1] and "taken by sleep" in shared[1]
