@@ -185,4 +185,4 @@ def test_an_inert_placeholder_and_its_pids(world: Dict[str, Any], monkeypatch: p
     pod = {1: (90, "pause"), 2: (100, "sleep"), 3: (120, "sidecar"), 4: (160, "leftover")}
     shared = ctr._pid_problems(_info(), {"ns_pids": [2]}, pod)
     assert "not inert" in shared[0] and "4 (leftover)" in shared[0] and "sidecar" not in shared[0]
-    assert "PID 2" in shared[1] and "taken by sleep" in shared[1]
+    assert "PID 2" in shared[1] and "taken by sleep" in shared[1] and "init container" in shared[1]
