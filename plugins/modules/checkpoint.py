@@ -201,6 +201,18 @@ EXAMPLES = r"""
     wait_ready: true
     store: /mnt/snapshots
 
+- name: Snapshot a pod's container on a k3s node (containerd), found by the kubelet's labels
+  warmstart.snapshot.checkpoint:
+    pod:
+      namespace: ml
+      name: embed-0
+      container: main
+      container_id: containerd://0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef
+    runtime: containerd
+    store: /mnt/snapshots
+  environment:
+    CONTAINERD_ADDRESS: /run/k3s/containerd/containerd.sock
+
 - name: Snapshot a process by pid, keep it running
   warmstart.snapshot.checkpoint:
     pid: 4242
