@@ -1,10 +1,13 @@
-"""Kubernetes end to end: the k8s playbooks against a fake API server, with real podman containers as pods.
+"""Kubernetes end to end: the k8s playbooks against a fake API server, with real containers as pods - once on
+podman and once on containerd (a private daemon, as the kubelet's runtime on GKE, EKS, AKS, kubeadm and k3s).
 
 The fake API server (tests/support/fake_apiserver.py) holds the pods and our custom objects; the real
 ``kubernetes`` client of the modules talks to it over HTTP. A fake kubelet thread plays the node: each restore
-pod the playbook creates gets a real podman placeholder container - the pod's inert command, its
-snapshot-control volume, the CRI labels - and the pod's status says where it runs. So the checkpoint of the
-source pod and the restores into the placeholders behind the playbooks are real CRIU work on real containers.
+pod the playbook creates gets a real placeholder container - the pod's inert command, its snapshot-control
+volume, the CRI labels - and the pod's status says where it runs (``podman://<id>`` or ``containerd://<id>``;
+the playbooks use ``runtime: auto``, which follows that scheme). So the checkpoint of the source pod and the
+restores into the placeholders behind the playbooks are real CRIU work on real containers. On podman the source
+runs its app under an init; on containerd the app is PID 1 of its container, as in an ordinary pod.
 """
 from __future__ import annotations
 
@@ -12,7 +15,7 @@ import json
 import subprocess
 import threading
 import time
-from typing import Any, Dict, Iterator, List
+from typing import Any, Dict, Iterator, List, Union
 
 import pytest
 
@@ -21,7 +24,8 @@ from ansible_collections.warmstart.snapshot.plugins.module_utils import _podcont
 from tests.support.fake_apiserver import FakeApiServer
 
 from .ansible_run import REPO, VENV_BIN
-from .container_lab import Pod, ask
+from . import containerd_lab
+from .container_lab import Pod, ask, wait_file
 
 pytestmark = pytest.mark.integration
 
@@ -35,13 +39,73 @@ def cri_labels(namespace: str, pod: str, container: str) -> Dict[str, str]:
             "io.kubernetes.container.name": container}
 
 
-class Kubelet(threading.Thread):
-    """Starts a podman placeholder for every restore pod that appears, and reports it in the pod's status."""
+class PodmanNode:
+    """The node's pods as podman containers (the source's app under an init)."""
 
-    def __init__(self, api: FakeApiServer, lab: Pod, node: str = "localhost") -> None:
+    scheme = "podman"
+
+    def __init__(self, tmp: Any) -> None:
+        self.lab = Pod(tmp)
+        self.store, self.image, self.env, self.control = self.lab.store, self.lab.image, self.lab.env, self.lab.control
+
+    def start(self, name: str, command: List[str], labels: Dict[str, str], env: Dict[str, str], source: bool) -> str:
+        return self.lab.run(name, *command, init=source, env=env, labels=labels)
+
+    def container_id(self, handle: str) -> str:
+        return str(self.lab.inspect(handle)["Id"])
+
+    def ip(self, handle: str) -> str:
+        return self.lab.ip(handle)
+
+    def ask(self, handle: str) -> Dict[str, Any]:
+        return ask(self.lab.ip(handle))
+
+    def cleanup(self) -> None:
+        self.lab.cleanup()
+
+
+class ContainerdNode:
+    """The node's pods as containers of a private containerd (the source's app is PID 1, as in any pod)."""
+
+    scheme = "containerd"
+
+    def __init__(self, tmp: Any) -> None:
+        self.daemon = containerd_lab.Daemon().start()
+        self.lab = containerd_lab.Lab(tmp, self.daemon)
+        self.store, self.image, self.env, self.control = self.lab.store, self.lab.image, self.lab.env, self.lab.control
+
+    def start(self, name: str, command: List[str], labels: Dict[str, str], env: Dict[str, str], source: bool) -> str:
+        cid = self.lab.run(name, *command, env=env, labels=labels)
+        if source:  # it listens before it says so; ask() does not wait
+            wait_file(self.control(name) / "ready-for-snapshot", 60)
+        return cid
+
+    def container_id(self, handle: str) -> str:
+        return handle
+
+    def ip(self, handle: str) -> str:
+        return "127.0.0.1"  # loopback only: ask() talks to the app from inside the pod's network namespace
+
+    def ask(self, handle: str) -> Dict[str, Any]:
+        return containerd_lab.ask(self.lab.pid1(handle))
+
+    def cleanup(self) -> None:
+        try:
+            self.lab.cleanup()
+        finally:
+            self.daemon.stop()
+
+
+Node = Union[PodmanNode, ContainerdNode]
+
+
+class Kubelet(threading.Thread):
+    """Starts a placeholder container for every restore pod that appears, and reports it in the pod's status."""
+
+    def __init__(self, api: FakeApiServer, lab: Node, node: str = "localhost") -> None:
         super().__init__(daemon=True, name="fake-kubelet")
         self.api, self.lab, self.node = api, lab, node
-        self.started: Dict[str, str] = {}  # pod name -> podman container
+        self.started: Dict[str, str] = {}  # pod name -> container
         self.stop = threading.Event()
         self.errors: List[str] = []
 
@@ -62,23 +126,23 @@ class Kubelet(threading.Thread):
         env = {e["name"]: e["value"] for e in container.get("env") or []}
         assert env.get("SNAPSHOT_CONTROL_DIR") == "/snapshot-control", env
         # the pod's own inert command as PID 1; its snapshot-control emptyDir as a host dir per pod
-        full = self.lab.run(f"k8s-{name}", *container["command"], init=False, env={"ROLE": name},
-                            labels=cri_labels(NS, name, container["name"]))
+        full = self.lab.start(f"k8s-{name}", container["command"], cri_labels(NS, name, container["name"]),
+                              {"ROLE": name}, source=False)
         self.started[name] = full
-        cid = self.lab.inspect(full)["Id"]
+        cid = self.lab.container_id(full)
         with self.api.store.lock:
             stored = self.api.store.get("pods", name, NS, group="")
             stored["spec"]["nodeName"] = self.node
             stored["status"] = {"phase": "Running", "podIP": self.lab.ip(full), "containerStatuses": [{
-                "name": container["name"], "image": container["image"], "containerID": f"podman://{cid}",
+                "name": container["name"], "image": container["image"], "containerID": f"{self.lab.scheme}://{cid}",
                 "ready": False, "restartCount": 0, "state": {"running": {"startedAt": "2026-12-02T00:00:00Z"}}}]}
             self.api.store.put("pods", stored, group="")
 
 
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Dict[str, Any]]:
-    tmp = tmp_path_factory.mktemp("k8s")
-    lab = Pod(tmp)
+@pytest.fixture(scope="module", params=["podman", "containerd"])
+def cluster(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Dict[str, Any]]:
+    tmp = tmp_path_factory.mktemp(f"k8s-{request.param}")
+    lab: Node = PodmanNode(tmp) if request.param == "podman" else ContainerdNode(tmp)
     api = FakeApiServer(token="k8s-e2e-token").start()
     api.store.put("namespaces", {"metadata": {"name": NS}, "status": {"phase": "Active"}}, group="")
     kubeconfig = api.write_kubeconfig(tmp / "kubeconfig")
@@ -112,15 +176,15 @@ def run_playbook(c: Dict[str, Any], name: str, extra: Dict[str, Any], ok: bool =
 
 def source_pod(c: Dict[str, Any], name: str, node: str = "localhost") -> str:
     """A running source pod: the API object, and its container as a real podman container."""
-    lab: Pod = c["lab"]
+    lab: Node = c["lab"]
     # two worker processes under the server: the pod's workload is a process tree, as inference servers are
-    full = lab.run(f"src-{name}", *COMMAND, labels=cri_labels(NS, name, "main"), env={"APP_WORKERS": "2"})
-    cid = lab.inspect(full)["Id"]
+    full = lab.start(f"src-{name}", list(COMMAND), cri_labels(NS, name, "main"), {"APP_WORKERS": "2"}, source=True)
+    cid = lab.container_id(full)
     c["api"].add_pod(name, NS, containers=[{"name": "main", "image": lab.image, "command": list(COMMAND)}],
                      labels=dict(POD_LABELS, role="source"), node=node)
     with c["api"].store.lock:
         pod = c["api"].store.get("pods", name, NS, group="")
-        pod["status"]["containerStatuses"][0]["containerID"] = f"podman://{cid}"
+        pod["status"]["containerStatuses"][0]["containerID"] = f"{lab.scheme}://{cid}"
         c["api"].store.put("pods", pod, group="")
     return full
 
@@ -140,7 +204,7 @@ def captured(cluster: Dict[str, Any]) -> Dict[str, Any]:
     src = source_pod(cluster, "embed-0")
     # a pod of the same app on a node outside the inventory: reported, left alone
     cluster["api"].add_pod("embed-9", NS, labels=POD_LABELS, node="gpu-far-away")
-    before = ask(cluster["lab"].ip(src))
+    before = cluster["lab"].ask(src)
     res = run_playbook(cluster, "k8s_snapshot", {"warmstart_k8s_namespace": NS, "warmstart_k8s_selector": "app=embed"})
     # What the run recorded, read now: later tests take newer snapshots and retention removes this one.
     recorded = snapshots(cluster)
@@ -180,13 +244,13 @@ def test_snapshot_playbook_records_a_bound_ready_podsnapshot(cluster: Dict[str, 
     assert manifest["pod"]["name"] == "embed-0" and manifest["pod"]["uid"] == pod["metadata"]["uid"]
     assert manifest["targets"][0]["name"] == "main", "the snapshot names the container by its pod name"
     # the source pod keeps serving
-    after = ask(cluster["lab"].ip(captured["src"]))
+    after = cluster["lab"].ask(captured["src"])
     assert after["token"] == captured["before"]["token"] and after["counter"] > captured["before"]["counter"]
 
 
 def test_restore_playbook_starts_restored_pods_through_the_contract(
         cluster: Dict[str, Any], captured: Dict[str, Any], restored: Dict[str, Any]) -> None:
-    lab: Pod = cluster["lab"]
+    lab: Node = cluster["lab"]
     res = restored
     token = captured["before"]["token"]
     for name in ("embed-r-0", "embed-r-1"):
@@ -198,11 +262,11 @@ def test_restore_playbook_starts_restored_pods_through_the_contract(
         assert pc.FINALIZER not in (pod["metadata"].get("finalizers") or []), "the finalizer is released"
         assert pc.classify(pod) == "Succeeded"
         full = cluster["kubelet"].started[name]
-        answer = ask(lab.ip(full))
+        answer = lab.ask(full)
         assert answer["token"] == token and answer["sha256"] == answer["digest"], answer
         assert answer["workers"]["alive"] == 2, answer["workers"]  # the whole tree came back
         time.sleep(0.3)
-        later = ask(lab.ip(full))["workers"]["ticks"]
+        later = lab.ask(full)["workers"]["ticks"]
         assert all(b > a >= captured["before"]["workers"]["ticks"][i] for i, (a, b) in
                    enumerate(zip(answer["workers"]["ticks"], later))), (captured["before"]["workers"], later)
         assert (lab.control(f"k8s-{name}") / "restore-complete").read_text().startswith("pid=")
@@ -248,7 +312,7 @@ def test_a_restored_pod_is_found_and_snapshotted_like_any_pod(cluster: Dict[str,
                                                  "warmstart_k8s_filter": "metadata.name == 'embed-r-1'"})
     row = res["rows"][f"{NS}/embed-r-1"]
     assert row["result"] == "snapshotted", row
-    answer = ask(cluster["lab"].ip(cluster["kubelet"].started["embed-r-1"]))
+    answer = cluster["lab"].ask(cluster["kubelet"].started["embed-r-1"])
     assert answer["token"] == captured["before"]["token"], "the restored replica keeps serving"
 
 
