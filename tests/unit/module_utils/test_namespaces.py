@@ -87,8 +87,8 @@ def test_unknown_runtime_is_refused_naming_the_supported_ones() -> None:
     from ansible_collections.warmstart.snapshot.plugins.module_utils._proc import TargetError
     from ansible_collections.warmstart.snapshot.plugins.module_utils._podman import Podman
     from ansible_collections.warmstart.snapshot.plugins.module_utils._runtime import get_runtime
-    with pytest.raises(TargetError, match=r"runtime 'containerd' is not supported \(supported: podman\)"):
-        get_runtime("containerd")
+    with pytest.raises(TargetError, match=r"runtime 'cri-o' is not supported \(supported: auto, containerd, podman\)"):
+        get_runtime("cri-o")
     missing = Podman()
     missing.binary = ""
     with pytest.raises(TargetError, match="podman is not installed"):
