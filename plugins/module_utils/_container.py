@@ -348,8 +348,9 @@ def _pid_problems(info: ContainerInfo, target: Dict[str, Any], members: Dict[int
         problems.append(f"placeholder {info.name} is not inert: besides its own process it runs {', '.join(listed)}")
     if target.get("pid_namespace"):
         return problems
-    hint = "" if own else (" (its pod shares one PID namespace: give the restore pod an init container that runs a "
-                           "few processes first, so that its placeholder starts at a higher PID)")
+    hint = "" if own else (" (its pod shares one PID namespace: run the source without shareProcessNamespace, or give "
+                           "the restore pod an init container that runs a few processes first, so that its placeholder "
+                           "starts at a higher PID)")
     for p in [p for p in target.get("ns_pids") or [] if p in members]:
         problems.append(f"placeholder {info.name}: PID {p}, which the snapshot's workload needs, is taken by "
                         f"{members[p][1]}{hint}")
