@@ -19,7 +19,7 @@ from typing import Any, Dict, List
 
 import pytest
 
-from .container_lab import Pod, ask, wait_file
+from .container_lab import Pod, ask
 from .process_lab import pids_running
 
 pytestmark = pytest.mark.integration
