@@ -2,7 +2,7 @@
 
 It speaks the REST protocol for what warmstart uses, with the semantics that matter for correctness:
 
-* core ``v1`` pods (namespaced, ``/status`` subresource) and namespaces (cluster-scoped);
+* core ``v1`` pods (namespaced, ``/status`` subresource), secrets (namespaced) and namespaces (cluster-scoped);
 * ``apiextensions.k8s.io/v1`` CustomResourceDefinitions; creating one serves its custom objects
   (namespaced or cluster-scoped per ``spec.scope``; ``/status`` when the version declares it), pruned and
   type-checked against the version's ``openAPIV3Schema`` (``type``, ``enum``, ``required``, unknown fields
@@ -414,6 +414,7 @@ class Store:
         self.rv = 0
         for res in (Resource(CORE_GROUP, "v1", "pods", "Pod", True, True, "pod", ["po"]),
                     Resource(CORE_GROUP, "v1", "namespaces", "Namespace", False, True, "namespace", ["ns"]),
+                    Resource(CORE_GROUP, "v1", "secrets", "Secret", True, False, "secret", []),
                     Resource(CRD_GROUP, "v1", "customresourcedefinitions", "CustomResourceDefinition", False, True,
                              "customresourcedefinition", ["crd", "crds"])):
             self.resources[(res.group, res.version, res.plural)] = res
