@@ -2,7 +2,9 @@
 
 It speaks the REST protocol for what warmstart uses, with the semantics that matter for correctness:
 
-* core ``v1`` pods (namespaced, ``/status`` subresource), secrets (namespaced) and namespaces (cluster-scoped);
+* core ``v1`` pods (namespaced, ``/status`` subresource), secrets, configmaps and serviceaccounts (namespaced) and
+  namespaces (cluster-scoped); ``apps/v1`` daemonsets and deployments (stored only: no controller acts on them);
+  ``rbac.authorization.k8s.io/v1`` roles, rolebindings, clusterroles and clusterrolebindings (stored, not enforced);
 * ``apiextensions.k8s.io/v1`` CustomResourceDefinitions; creating one serves its custom objects
   (namespaced or cluster-scoped per ``spec.scope``; ``/status`` when the version declares it), pruned and
   type-checked against the version's ``openAPIV3Schema`` (``type``, ``enum``, ``required``, unknown fields
@@ -51,6 +53,8 @@ JSON = Dict[str, Any]
 
 CORE_GROUP = ""
 CRD_GROUP = "apiextensions.k8s.io"
+RBAC_GROUP = "rbac.authorization.k8s.io"
+BUILTIN_GROUPS = (CORE_GROUP, CRD_GROUP, "apps", RBAC_GROUP)
 WRITE_VERBS = ("POST", "PUT", "PATCH", "DELETE")
 DNS1123_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 SMP_LIST_KEYS = {"conditions": "type", "containers": "name", "initContainers": "name", "volumes": "name",
@@ -96,7 +100,7 @@ class Resource:
 
     @property
     def custom(self) -> bool:
-        return self.group not in (CORE_GROUP, CRD_GROUP)
+        return self.group not in BUILTIN_GROUPS
 
 
 def _now() -> str:
@@ -415,6 +419,16 @@ class Store:
         for res in (Resource(CORE_GROUP, "v1", "pods", "Pod", True, True, "pod", ["po"]),
                     Resource(CORE_GROUP, "v1", "namespaces", "Namespace", False, True, "namespace", ["ns"]),
                     Resource(CORE_GROUP, "v1", "secrets", "Secret", True, False, "secret", []),
+                    Resource(CORE_GROUP, "v1", "configmaps", "ConfigMap", True, False, "configmap", ["cm"]),
+                    Resource(CORE_GROUP, "v1", "serviceaccounts", "ServiceAccount", True, False, "serviceaccount",
+                             ["sa"]),
+                    Resource("apps", "v1", "daemonsets", "DaemonSet", True, True, "daemonset", ["ds"]),
+                    Resource("apps", "v1", "deployments", "Deployment", True, True, "deployment", ["deploy"]),
+                    Resource(RBAC_GROUP, "v1", "clusterroles", "ClusterRole", False, False, "clusterrole", []),
+                    Resource(RBAC_GROUP, "v1", "clusterrolebindings", "ClusterRoleBinding", False, False,
+                             "clusterrolebinding", []),
+                    Resource(RBAC_GROUP, "v1", "roles", "Role", True, False, "role", []),
+                    Resource(RBAC_GROUP, "v1", "rolebindings", "RoleBinding", True, False, "rolebinding", []),
                     Resource(CRD_GROUP, "v1", "customresourcedefinitions", "CustomResourceDefinition", False, True,
                              "customresourcedefinition", ["crd", "crds"])):
             self.resources[(res.group, res.version, res.plural)] = res

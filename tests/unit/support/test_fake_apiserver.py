@@ -367,3 +367,25 @@ def test_dry_run_stores_nothing_and_writes_are_recorded(fake_apiserver: FakeApiS
     core.list_namespaced_pod("default")
     assert [w["method"] for w in fake_apiserver.writes()] == ["POST"]
     assert fake_apiserver.writes()[0]["query"] == {"dryRun": "All"}
+
+
+def test_builtin_workload_and_rbac_objects_are_stored_like_core_objects(fake_apiserver: FakeApiServer) -> None:
+    """Secrets, DaemonSets and ClusterRoles round-trip through the real client; strategic merge works on them."""
+    from kubernetes import dynamic  # the real client, as the modules use it
+
+    config.load_kube_config(str(fake_apiserver.kubeconfig))
+    dyn = dynamic.DynamicClient(client.ApiClient())
+    secrets = dyn.resources.get(api_version="v1", kind="Secret")
+    secrets.create(body={"metadata": {"name": "s3"}, "data": {"key": "dg=="}}, namespace="default")
+    daemonsets = dyn.resources.get(api_version="apps/v1", kind="DaemonSet")
+    daemonsets.create(body={"metadata": {"name": "agent"}, "spec": {"template": {"spec": {"containers": [
+        {"name": "agent", "image": "a"}]}}}}, namespace="default")
+    daemonsets.patch(body={"spec": {"template": {"spec": {"containers": [{"name": "agent", "image": "b"}]}}}},
+                     name="agent", namespace="default", content_type="application/strategic-merge-patch+json")
+    roles = dyn.resources.get(api_version="rbac.authorization.k8s.io/v1", kind="ClusterRole")
+    roles.create(body={"metadata": {"name": "warmstart-agent"}, "rules": [{"apiGroups": [""], "resources": ["pods"],
+                                                                           "verbs": ["get"]}]})
+    assert fake_apiserver.store.get("secrets", "s3", "default")["data"] == {"key": "dg=="}
+    assert fake_apiserver.store.get("daemonsets", "agent", "default")["spec"]["template"]["spec"]["containers"] == [
+        {"name": "agent", "image": "b"}]
+    assert fake_apiserver.store.get("clusterroles", "warmstart-agent")["rules"][0]["verbs"] == ["get"]
