@@ -12,6 +12,7 @@ packages=(
     python3 python3-venv                                     # the interpreter modules run with
     shellcheck                                               # ansible-test sanity runs it on our scripts
     gcc libc6-dev                                            # the fake libcuda the tests compile
+    default-jre-headless                                     # ansible-rulebook (the node agent) runs on Java 17+
     git make curl xz-utils ca-certificates
 )
 
