@@ -411,6 +411,12 @@ def _confined_host_path(info: ContainerInfo, path: str) -> Optional[str]:
     return host if base and safefs.inside(host, [base]) else None
 
 
+def control_host_path(info: ContainerInfo, path: str) -> Optional[str]:
+    """Where container ``info``'s path ``path`` (its snapshot-control dir) is on this host, confined as
+    ``_confined_host_path``; None when it is not mounted or leads outside."""
+    return _confined_host_path(info, path)
+
+
 def _offer_env(control: str, placeholder_pid: int, restored_pid: int) -> None:
     """Write the placeholder's environment as env.json (0600, owned by the workload) for the workload to re-read."""
     with open(f"/proc/{placeholder_pid}/environ", "rb") as handle:

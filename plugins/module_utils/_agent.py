@@ -1,0 +1,326 @@
+# -*- coding: utf-8 -*-
+# Copyright (c) warmstart developers
+# GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+"""The node agent's restore of one pod: decide, claim, restore on this node, record.
+
+An event (``k8s_events``) says a restore pod may need its restore; this module decides from the pod as the API
+server has it *now*, so a stale, repeated or replayed event does nothing. Invariants:
+
+- **One attempt per pod.** A restore starts only after the claim: one merge patch, guarded by the pod's
+  resourceVersion, that sets the annotation ``snapshot.warmstart.io/restore-attempt: <agent> <time>`` and the
+  finalizer. Two agents racing for a pod: one patch wins, the other gets 409 and skips. The Restored condition
+  then says RestoreInProgress.
+- **No replay.** A pod that carries an attempt but no final Restored reason was claimed by an agent that did not
+  record the outcome (it was killed or restarted). Its own agent *recovers* it from the node's sentinels - the
+  ``restore-complete`` / ``restore-failed`` control files the restore writes, and whether a restore of it still
+  holds the node's lock - and never runs CRIU over it again: complete is Succeeded; failed, or no sentinel at all
+  (a restore may have half-run), is Failed and the placeholder is killed (or started cold, see below).
+- **Waiting is not an attempt.** A pod whose PodSnapshot does not exist or is not Ready yet gets the condition
+  ``False`` / ``RestoreInProgress`` with a message that starts ``waiting:`` and says why; it is not claimed, and
+  the next event for it (a resync, or its snapshot becoming Ready) tries again.
+- **Refusals spend the attempt before anything is touched.** A snapshot that cannot be restored into this pod
+  (another pod spec, a broken binding, conflicting annotations) is claimed and recorded RestoreIncompatible with
+  every reason; the node is not asked.
+- **Cold-start fallback** (pod annotation ``snapshot.warmstart.io/restore-fallback: cold-start``, or the agent's
+  ``fallback`` setting): when the restore fails or is refused, the placeholder is not killed; the node writes
+  ``cold-start`` into each container's snapshot-control dir, and a standby-aware entrypoint starts the app cold.
+  The condition still says RestoreFailed / RestoreIncompatible, and its message says it started cold.
+
+The node side (restore, attempt state, cold start, kill) is the ``Node`` protocol; ``_agent_node.LocalNode`` is
+the real one, tests pass their own. No Ansible import here.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Mapping, Optional, Protocol, Tuple
+
+from ansible_collections.warmstart.snapshot.plugins.module_utils import _podcontract as pc
+from ansible_collections.warmstart.snapshot.plugins.module_utils._k8s_client import Cluster, K8sError, now
+from ansible_collections.warmstart.snapshot.plugins.module_utils import _k8s_records as rec
+
+JSON = Dict[str, Any]
+
+ANN_ATTEMPT = pc.GROUP + "/restore-attempt"
+ANN_FALLBACK = pc.GROUP + "/restore-fallback"
+FALLBACK_COLD_START = "cold-start"
+FALLBACKS = ("none", FALLBACK_COLD_START)
+WAITING = "waiting: "
+CLAIM_TRIES = 3
+
+# attempt states the node reports for a claimed pod
+COMPLETE, FAILED, RUNNING, UNFINISHED = "complete", "failed", "running", "unfinished"
+
+
+@dataclass
+class Work:
+    """What the node restores for one pod: the plan of ``_k8s_records.restore_plan`` plus where it is."""
+
+    namespace: str
+    name: str
+    uid: str
+    snapshot: str
+    snapshot_id: Optional[str]
+    store: JSON
+    pairs: List[JSON]
+    skip_compat_check: bool = False
+    cold_start: bool = False
+    created: Optional[str] = None  # the PodSnapshot's status.createdAt, for the snapshot's age at restore
+
+    @classmethod
+    def of(cls, pod: JSON, plan: Optional[JSON], fallback: bool) -> "Work":
+        meta = pod.get("metadata") or {}
+        plan = plan or {}
+        store = plan.get("store") or {}
+        return cls(namespace=str(meta.get("namespace") or ""), name=str(meta.get("name") or ""),
+                   uid=str(meta.get("uid") or ""), snapshot=str(plan.get("snapshot") or ""),
+                   snapshot_id=store.get("snapshotId"), store=dict(store), pairs=list(plan.get("pairs") or []),
+                   skip_compat_check=bool(plan.get("skip_compat_check")), cold_start=fallback)
+
+
+@dataclass
+class NodeResult:
+    """A node's restore of one pod: the outcome name of ``_k8s_records.OUTCOMES`` and what to say about it."""
+
+    outcome: str
+    message: str
+    details: JSON = field(default_factory=dict)
+
+
+class Node(Protocol):
+    """The node-side steps (``_agent_node.LocalNode`` on a real node)."""
+
+    def restore(self, work: Work) -> NodeResult:
+        """Restore ``work`` into its placeholders; never raises for a failed restore (the result says it). With
+        ``work.cold_start`` a failed restore leaves the placeholders running and writes ``cold-start``."""
+
+    def attempt_state(self, work: Work) -> str:
+        """``complete``, ``failed``, ``running`` (a restore of it holds the lock now) or ``unfinished``."""
+
+    def give_up(self, work: Work) -> str:
+        """The attempt is spent without a restore: start cold (``work.cold_start``) or kill the placeholders;
+        says which."""
+
+
+# --- deciding -------------------------------------------------------------------------------------
+
+def fallback_of(pod: JSON, default: str) -> bool:
+    """Whether a failed restore of ``pod`` starts it cold: its annotation, else the agent's ``default``."""
+    value = ((pod.get("metadata") or {}).get("annotations") or {}).get(ANN_FALLBACK, default)
+    return str(value).strip().lower() == FALLBACK_COLD_START
+
+
+def _containers_running(pod: JSON) -> bool:
+    statuses = (pod.get("status") or {}).get("containerStatuses") or []
+    wanted = [c.get("name") for c in (pod.get("spec") or {}).get("containers") or []]
+    running = {s.get("name") for s in statuses if "running" in ((s.get("state") or {}))}
+    return bool(wanted) and all(name in running for name in wanted)
+
+
+def decide(pod: JSON, agent: str, node_name: Optional[str]) -> Tuple[str, str]:
+    """``(action, why)`` for ``pod`` as it is now: ``skip``, ``recover`` (this agent's unrecorded attempt) or
+    ``restore`` (the snapshot is looked at next). Pure."""
+    meta = pod.get("metadata") or {}
+    node = (pod.get("spec") or {}).get("nodeName")
+    if meta.get("deletionTimestamp") and pc.FINALIZER not in (meta.get("finalizers") or []):
+        return "skip", "the pod is being deleted"
+    if node_name and node != node_name:
+        return "skip", f"the pod runs on node {node or '(none yet)'}, not on this agent's node {node_name}"
+    if not pc.restore_annotations(pod)[0].get(pc.ANN_RESTORE_FROM):
+        return "skip", "not a restore pod (no restore-from annotation)"
+    outcome = pc.classify(pod)
+    if outcome != "Pending":
+        return "skip", f"its restore already ran ({outcome})"
+    attempt = str((meta.get("annotations") or {}).get(ANN_ATTEMPT) or "")
+    if attempt:
+        holder = attempt.split(" ")[0]
+        if holder != agent:
+            return "skip", f"agent {holder} claimed it ({attempt})"
+        return "recover", f"this agent claimed it ({attempt}) and did not record the outcome"
+    if meta.get("deletionTimestamp"):
+        return "skip", "the pod is being deleted"
+    if not _containers_running(pod):
+        return "skip", "its containers are not all running yet"
+    return "restore", ""
+
+
+def wait_reasons(cluster: Cluster, pod: JSON) -> List[str]:
+    """Why ``pod``'s PodSnapshot cannot be restored from *yet* (it does not exist, or is not Ready and has not
+    failed); [] when it is Ready or has failed for good (``restore_plan`` then says the rest)."""
+    meta = pod.get("metadata") or {}
+    namespace = str(meta.get("namespace") or "")
+    source = pc.restore_annotations(pod)[0].get(pc.ANN_RESTORE_FROM)
+    snap = cluster.find(pc.KIND_SNAPSHOT, str(source), namespace)
+    if snap is None:
+        return [f"PodSnapshot {namespace}/{source} does not exist yet"]
+    failed = pc.get_condition(snap, "Failed")
+    if failed and failed.get("status") == "True":
+        return []
+    ready = pc.get_condition(snap, pc.READY_CONDITION)
+    if not ready or ready.get("status") != "True":
+        why = f"{ready.get('reason')}: {ready.get('message')}" if ready else "no Ready condition"
+        return [f"PodSnapshot {namespace}/{source} is not Ready yet ({why})"]
+    return []
+
+
+# --- writing ----------------------------------------------------------------------------------------
+
+def claim(cluster: Cluster, pod: JSON, agent: str) -> Optional[JSON]:
+    """Claim ``pod``'s one attempt (attempt annotation + finalizer, guarded by its resourceVersion); the pod, or
+    None when it changed since it was read (another agent, or the kubelet: read it again and decide again)."""
+    meta = pod.get("metadata") or {}
+    finalizers = list(meta.get("finalizers") or [])
+    if pc.FINALIZER not in finalizers:
+        finalizers.append(pc.FINALIZER)
+    patch = {"metadata": {"resourceVersion": meta.get("resourceVersion"), "finalizers": finalizers,
+                          "annotations": {ANN_ATTEMPT: f"{agent} {now()}"}}}
+    try:
+        return cluster.patch("Pod", str(meta.get("name")), patch, str(meta.get("namespace")))
+    except K8sError as exc:
+        if exc.conflict:
+            return None
+        raise
+
+
+def mark_waiting(cluster: Cluster, pod: JSON, reasons: List[str]) -> bool:
+    """Say in the Restored condition why ``pod`` waits (RestoreInProgress, as the reference's Pending); changed?"""
+    meta = pod.get("metadata") or {}
+    changed, _pod = cluster.set_pod_condition(str(meta.get("namespace")), str(meta.get("name")),
+                                              pc.RESTORE_CONDITION, "False", pc.REASON_IN_PROGRESS,
+                                              WAITING + "; ".join(reasons))
+    return changed
+
+
+def _in_progress(cluster: Cluster, work: Work, node: str) -> None:
+    cluster.set_pod_condition(work.namespace, work.name, pc.RESTORE_CONDITION, "False", pc.REASON_IN_PROGRESS,
+                              f"restoring from PodSnapshot {work.snapshot} on node {node or '?'}")
+
+
+def settle(cluster: Cluster, work: Work, outcome: str, message: str) -> JSON:
+    """Record ``outcome`` (Restored condition, finalizer released: ``finish_restore``); the result fields."""
+    try:
+        done = rec.finish_restore(cluster, work.namespace, work.name, outcome, message[:32000])
+    except K8sError as exc:
+        return {"recorded": False, "record_error": str(exc)}
+    return {"recorded": True, "pod_outcome": done.get("outcome")}
+
+
+# --- one pod ---------------------------------------------------------------------------------------
+
+@dataclass
+class Settings:
+    """The agent's settings for one pod's restore (module options)."""
+
+    namespace: str
+    name: str
+    uid: Optional[str] = None
+    agent: str = "agent"
+    node_name: Optional[str] = None
+    fallback: str = "none"
+    running_timeout: float = 900.0
+    running_poll: float = 1.0
+
+    @classmethod
+    def of(cls, p: Mapping[str, Any]) -> "Settings":
+        return cls(namespace=p.get("namespace") or "default", name=p["name"], uid=p.get("uid") or None,
+                   agent=p.get("agent_id") or p.get("node_name") or "agent", node_name=p.get("node_name") or None,
+                   fallback=p.get("fallback") or "none")
+
+
+def restore_pod(cluster: Cluster, s: Settings, node: Node, check_mode: bool = False) -> JSON:
+    """Handle one restore pod once (see the module docstring); the result says ``action`` and why."""
+    for _try in range(CLAIM_TRIES):
+        pod = cluster.find("Pod", s.name, s.namespace)
+        if pod is None:
+            return _skip(s, "the pod no longer exists")
+        if s.uid and (pod.get("metadata") or {}).get("uid") != s.uid:
+            return _skip(s, f"the pod was replaced (uid {s.uid} is gone)")
+        action, why = decide(pod, s.agent, s.node_name)
+        if action == "skip":
+            return _skip(s, why, pc.classify(pod))
+        if action == "recover":
+            return _recover(cluster, s, pod, node, check_mode)
+        done = _try_restore(cluster, s, pod, node, check_mode)
+        if done is not None:
+            return done
+    return _skip(s, f"the pod kept changing while it was claimed ({CLAIM_TRIES} tries); the next event retries")
+
+
+def _skip(s: Settings, why: str, outcome: Optional[str] = None) -> JSON:
+    return {"changed": False, "action": "skipped", "pod": f"{s.namespace}/{s.name}", "reason": why,
+            "outcome": outcome}
+
+
+def _try_restore(cluster: Cluster, s: Settings, pod: JSON, node: Node, check_mode: bool) -> Optional[JSON]:
+    """Wait, refuse or restore ``pod``; None when the claim lost to a concurrent change (decide again)."""
+    ref = f"{s.namespace}/{s.name}"
+    waiting = wait_reasons(cluster, pod)
+    if waiting:
+        changed = False if check_mode else mark_waiting(cluster, pod, waiting)
+        return {"changed": changed, "action": "waiting", "pod": ref, "reasons": waiting, "outcome": "Pending"}
+    fallback = fallback_of(pod, s.fallback)
+    try:
+        plan: Optional[JSON] = rec.restore_plan(cluster, pod)
+        refusal: List[str] = []
+    except K8sError as exc:
+        plan, refusal = None, exc.reasons or [exc.message]
+    if check_mode:
+        return {"changed": True, "action": "would refuse" if refusal else "would restore", "pod": ref,
+                "reasons": refusal, "outcome": "Pending"}
+    if claim(cluster, pod, s.agent) is None:
+        return None
+    work = Work.of(pod, plan, fallback)
+    if refusal:
+        return _refused(cluster, s, work, node, refusal)
+    return _restore(cluster, s, work, node)
+
+
+def _refused(cluster: Cluster, s: Settings, work: Work, node: Node, reasons: List[str]) -> JSON:
+    """The snapshot cannot go into this pod: the attempt is spent (claimed), nothing restored."""
+    fate = node.give_up(work) if work.cold_start else "left as it is"
+    message = "; ".join(reasons) + ("; started cold" if fate == "started cold" else "")
+    out = {"changed": True, "action": "refused", "pod": f"{s.namespace}/{s.name}", "outcome": "incompatible",
+           "reasons": reasons, "placeholder": fate}
+    out.update(settle(cluster, work, "incompatible", message))
+    return out
+
+
+def _restore(cluster: Cluster, s: Settings, work: Work, node: Node) -> JSON:
+    """Claimed: say so, restore on the node, record the outcome."""
+    _in_progress(cluster, work, s.node_name or "")
+    started = time.monotonic()
+    result = node.restore(work)
+    out = {"changed": True, "action": "restored", "pod": f"{s.namespace}/{s.name}", "outcome": result.outcome,
+           "message": result.message, "snapshot": work.snapshot, "seconds": round(time.monotonic() - started, 3)}
+    out.update(result.details)
+    out.update(settle(cluster, work, result.outcome, result.message))
+    return out
+
+
+def _recover(cluster: Cluster, s: Settings, pod: JSON, node: Node, check_mode: bool) -> JSON:
+    """This agent's claimed, unrecorded attempt: record what the node shows; never restore it again."""
+    try:
+        plan: Optional[JSON] = rec.restore_plan(cluster, pod)
+    except K8sError:
+        plan = None
+    work = Work.of(pod, plan, fallback_of(pod, s.fallback))
+    state = node.attempt_state(work) if work.pairs else UNFINISHED
+    deadline = time.monotonic() + s.running_timeout
+    while state == RUNNING and time.monotonic() < deadline:
+        time.sleep(s.running_poll)
+        state = node.attempt_state(work)
+    ref = f"{s.namespace}/{s.name}"
+    if check_mode:
+        return {"changed": True, "action": "would recover", "pod": ref, "attempt_state": state}
+    if state == COMPLETE:
+        outcome, message = "succeeded", "restored (recorded after the agent restarted)"
+    else:
+        fate = node.give_up(work)
+        outcome = "failed"
+        message = (f"the agent restarted during this pod's one restore attempt (node state: {state}); "
+                   f"not replayed; placeholder {fate}")
+    out = {"changed": True, "action": "recovered", "pod": ref, "outcome": outcome, "message": message,
+           "attempt_state": state}
+    out.update(settle(cluster, work, outcome, message))
+    return out

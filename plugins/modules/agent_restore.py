@@ -1,0 +1,172 @@
+#!/usr/bin/python
+# -*- coding: utf-8 -*-
+# Copyright (c) warmstart developers
+# GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+module: agent_restore
+short_description: Restore one restore pod on this node, once - the node agent's step
+version_added: 0.2.0
+description:
+  - What the node agent (the rulebook C(warmstart.snapshot.node_agent)) runs for each C(restore_pod) event of
+    C(warmstart.snapshot.k8s_events). It reads the pod O(namespace)/O(name) as the API server has it now and
+    decides from that, so a repeated, stale or replayed event changes nothing.
+  - A pod whose PodSnapshot does not exist or is not Ready yet waits - its C(Restored) condition is C(False),
+    reason C(RestoreInProgress), with a message starting C(waiting:) - and is tried again on the next event.
+  - Otherwise the pod's one restore attempt is claimed - the annotation C(snapshot.warmstart.io/restore-attempt)
+    and the finalizer C(snapshot.warmstart.io/restore), in one write guarded by the pod's resourceVersion, so of
+    two agents only one restores a pod - and the snapshot is restored into the pod's placeholder containers on
+    this node (as M(warmstart.snapshot.restore) with C(into.pod) does: checksums and compatibility first). The
+    outcome goes into the C(Restored) condition and the finalizer is released.
+  - A snapshot that cannot go into the pod (another pod spec, a broken binding) is recorded as
+    C(RestoreIncompatible) with every reason; nothing is touched.
+  - A failed restore kills the placeholder (the kubelet restarts it; a new pod is needed), unless the pod asks
+    for a cold start (annotation C(snapshot.warmstart.io/restore-fallback=cold-start), or O(fallback)): then the
+    placeholder keeps running and C(cold-start) is written into its snapshot-control dir, where a standby-aware
+    entrypoint (C(SNAPSHOT_RESTORE_STANDBY=1)) starts the app cold; the condition's message says so.
+  - A pod this agent claimed but did not record (the agent was killed or restarted) is never restored again: the
+    outcome is read from the node - C(restore-complete) in the control dir is success, anything else is a
+    failure and the placeholder is killed (or started cold); a restore still running is waited for.
+author:
+  - warmstart developers (!UNKNOWN)
+extends_documentation_fragment:
+  - warmstart.snapshot.k8s_auth
+  - warmstart.snapshot.store.criu
+  - warmstart.snapshot.attributes.node
+  - warmstart.snapshot.attributes.no_diff
+  - warmstart.snapshot.attributes
+attributes:
+  check_mode:
+    support: full
+    description: Says what it would do (wait, refuse, restore, recover); writes nothing to the API or the node.
+  platform:
+    description: A Kubernetes node with CRIU >= 4.2 (see P(warmstart.snapshot.node_prep#role)) and API access.
+options:
+  namespace:
+    description: The pod's namespace.
+    type: str
+    default: default
+  name:
+    description: The pod's name.
+    type: str
+    required: true
+  uid:
+    description: The pod's uid when the event was emitted; a pod of that name with another uid is skipped.
+    type: str
+  node_name:
+    description: This node's name; a pod on another node is skipped. Default E(NODE_NAME).
+    type: str
+  agent_id:
+    description:
+      - Who claims the pod (written into the attempt annotation). Stable across restarts of the agent, so that a
+        restarted agent recovers its own attempts; default O(node_name).
+    type: str
+  fallback:
+    description: What a failed or refused restore does when the pod's annotation does not say.
+    type: str
+    choices: [none, cold-start]
+    default: none
+  runtime:
+    description: The container runtime that runs the pod's containers; V(auto) asks each installed one.
+    type: str
+    choices: [podman, containerd, auto]
+    default: auto
+  store:
+    description: The snapshot store; default the one the PodSnapshotContent names.
+    type: str
+  store_options:
+    description: Settings of an V(s3://) store (as M(warmstart.snapshot.restore)'s O(warmstart.snapshot.restore#module:store_options)).
+    type: dict
+    default: {}
+  restore_root:
+    description: Where restore work dirs go on this node (default as M(warmstart.snapshot.restore)).
+    type: path
+  running_timeout:
+    description: Seconds to wait for a restore of a recovered pod that still runs on this node.
+    type: float
+    default: 900
+"""
+
+EXAMPLES = r"""
+- name: Restore the pod the event names (the node agent's playbook does this)
+  warmstart.snapshot.agent_restore:
+    namespace: "{{ ansible_eda.event.warmstart.namespace }}"
+    name: "{{ ansible_eda.event.warmstart.name }}"
+    uid: "{{ ansible_eda.event.warmstart.uid }}"
+    node_name: "{{ lookup('ansible.builtin.env', 'NODE_NAME') }}"
+    fallback: cold-start
+"""
+
+RETURN = r"""
+action:
+  description: What was done - V(skipped), V(waiting), V(refused), V(restored), V(recovered) (V(would ...) in check mode).
+  returned: always
+  type: str
+  sample: restored
+reason:
+  description: Why the pod was skipped.
+  returned: when skipped
+  type: str
+  sample: its restore already ran (Succeeded)
+reasons:
+  description: Why the pod waits, or why its snapshot was refused.
+  returned: when waiting or refused
+  type: list
+  elements: str
+outcome:
+  description: The restore's outcome (V(succeeded), V(failed), V(partially_succeeded), V(incompatible)), or the pod's
+    reference outcome when skipped or waiting.
+  returned: always
+  type: str
+  sample: succeeded
+message:
+  description: What the Restored condition says.
+  returned: when restored or recovered
+  type: str
+seconds:
+  description: How long the node's restore took.
+  returned: when restored
+  type: float
+restore:
+  description: The node's restore result (as M(warmstart.snapshot.restore) returns it).
+  returned: when restored
+  type: dict
+recorded:
+  description: Whether the outcome was written to the pod (a failure to write it is in RV(record_error)).
+  returned: when refused, restored or recovered
+  type: bool
+"""
+
+from ansible.module_utils.basic import AnsibleModule, env_fallback
+from ansible_collections.warmstart.snapshot.plugins.module_utils._adapter import run_module
+from ansible_collections.warmstart.snapshot.plugins.module_utils._agent_node import run_agent_restore
+from ansible_collections.warmstart.snapshot.plugins.module_utils._k8s_client import auth_argument_spec
+from ansible_collections.warmstart.snapshot.plugins.module_utils._module import store_argument_spec
+
+
+def main() -> None:
+    module = AnsibleModule(
+        argument_spec=dict(
+            **auth_argument_spec(),
+            namespace=dict(type="str", default="default"),
+            name=dict(type="str", required=True),
+            uid=dict(type="str"),
+            node_name=dict(type="str", fallback=(env_fallback, ["NODE_NAME"])),
+            agent_id=dict(type="str"),
+            fallback=dict(type="str", choices=["none", "cold-start"], default="none"),
+            runtime=dict(type="str", choices=["podman", "containerd", "auto"], default="auto"),
+            store=dict(type="str"),
+            store_options=store_argument_spec()["store_options"],
+            criu_path=dict(type="path"),
+            restore_root=dict(type="path"),
+            running_timeout=dict(type="float", default=900),
+        ),
+        supports_check_mode=True,
+    )
+    run_module(module, run_agent_restore)
+
+
+if __name__ == "__main__":
+    main()

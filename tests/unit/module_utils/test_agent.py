@@ -1,0 +1,247 @@
+"""The node agent's restore of one pod (plugins/module_utils/_agent.py) against the fake API server.
+
+The node side is a recording double (``FakeNode``): these tests are about what the agent decides and writes to the
+cluster - one attempt per pod, waiting, refusals, recovery, the cold-start fallback. The real node side runs in
+tests/integration/test_agent_e2e.py.
+"""
+from __future__ import annotations
+
+import copy
+import threading
+from pathlib import Path
+from typing import Any, Dict, List, Optional
+
+import pytest
+import yaml
+
+from ansible_collections.warmstart.snapshot.plugins.module_utils import _agent as agent
+from ansible_collections.warmstart.snapshot.plugins.module_utils import _k8s_client as k8s
+from ansible_collections.warmstart.snapshot.plugins.module_utils import _k8s_records as rec
+from ansible_collections.warmstart.snapshot.plugins.module_utils import _podcontract as pc
+from tests.support import fake_apiserver as fake_server_module
+from tests.support.fake_apiserver import FakeApiServer
+
+fake_apiserver = fake_server_module.fake_apiserver  # the pytest fixture
+
+CRDS = Path(__file__).resolve().parents[3] / "roles" / "k8s_crds" / "files" / "crds.yaml"
+SOURCE = [{"name": "main", "image": "registry.local/embed:1.0", "command": ["python", "/app/server.py"]}]
+
+
+class FakeNode:
+    """Records what the agent asks of the node; answers as told."""
+
+    def __init__(self, outcome: str = "succeeded", state: str = agent.UNFINISHED) -> None:
+        self.outcome, self.state = outcome, state
+        self.restored: List[agent.Work] = []
+        self.given_up: List[agent.Work] = []
+        self.lock = threading.Lock()
+
+    def restore(self, work: agent.Work) -> agent.NodeResult:
+        with self.lock:
+            self.restored.append(work)
+        if self.outcome != "succeeded" and work.cold_start:
+            self.give_up(work)
+            return agent.NodeResult(self.outcome, "CRIU failed; started cold")
+        return agent.NodeResult(self.outcome, f"node says {self.outcome}")
+
+    def attempt_state(self, work: agent.Work) -> str:
+        return self.state
+
+    def give_up(self, work: agent.Work) -> str:
+        self.given_up.append(work)
+        return "started cold" if work.cold_start else "main: killed"
+
+
+def _cluster(server: FakeApiServer) -> k8s.Cluster:
+    return k8s.cluster_from({"kubeconfig": str(server.kubeconfig)})
+
+
+def _snapshot(server: FakeApiServer, ready: bool = True) -> None:
+    """PodSnapshot snap-a of pod embed-0 (SOURCE), bound and Ready unless ``ready`` is false."""
+    for crd in yaml.safe_load(CRDS.read_text())["items"]:
+        server.store.put("customresourcedefinitions", crd, group="apiextensions.k8s.io")
+    if server.store.get("pods", "embed-0", "default") is None:
+        server.add_pod("embed-0", containers=copy.deepcopy(SOURCE), labels={"app": "embed"})
+    params = {"namespace": "default", "name": "snap-a", "source_pod": "embed-0", "containers": ["main"],
+              "scope": "whole-pod", "policy_name": None, "labels": None, "content_name": None,
+              "store": {"url": "/mnt/snapshots", "snapshot_id": "20261202T120000Z-1a2b3c4d"}, "node": None,
+              "source_node": {"hostname": "node-1"}, "size": 1, "created_at": "2026-12-02T12:00:00Z",
+              "ready": ready, "failed_reason": None, "failed_message": None}
+    rec.ensure_pod_snapshot(_cluster(server), params)
+
+
+def _restore_pod(server: FakeApiServer, name: str, image: str = SOURCE[0]["image"], node: str = "node-1",
+                 annotations: Optional[Dict[str, str]] = None, running: bool = True) -> Dict[str, Any]:
+    template = {"metadata": {"labels": {"app": "embed"}}, "spec": {"containers": [dict(SOURCE[0], image=image)]}}
+    built = pc.build(template, "snap-a")
+    built["metadata"]["annotations"].update(annotations or {})
+    return server.add_pod(name, containers=built["spec"]["containers"], spec=dict(built["spec"]), node=node,
+                          labels={"app": "embed"}, annotations=built["metadata"]["annotations"],
+                          phase="Running" if running else "Pending")
+
+
+def _settings(name: str, **kw: Any) -> agent.Settings:
+    return agent.Settings(namespace="default", name=name, agent=kw.pop("agent", "node-1"),
+                          node_name=kw.pop("node_name", "node-1"), **kw)
+
+
+def _condition(server: FakeApiServer, name: str) -> Dict[str, Any]:
+    return pc.get_condition(server.store.get("pods", name, "default"), pc.RESTORE_CONDITION) or {}
+
+
+def test_a_ready_snapshot_is_restored_once_and_recorded(fake_apiserver: FakeApiServer) -> None:
+    _snapshot(fake_apiserver)
+    _restore_pod(fake_apiserver, "r-0")
+    node = FakeNode()
+    out = agent.restore_pod(_cluster(fake_apiserver), _settings("r-0"), node)
+    assert (out["action"], out["outcome"], out["recorded"]) == ("restored", "succeeded", True)
+    assert [(w.snapshot, w.snapshot_id, [p["container"] for p in w.pairs]) for w in node.restored] == [
+        ("snap-a", "20261202T120000Z-1a2b3c4d", ["main"])]
+    cond = _condition(fake_apiserver, "r-0")
+    assert (cond["status"], cond["reason"]) == ("True", pc.REASON_SUCCEEDED)
+    pod = fake_apiserver.store.get("pods", "r-0", "default")
+    assert pc.FINALIZER not in (pod["metadata"].get("finalizers") or [])
+    assert pod["metadata"]["annotations"][agent.ANN_ATTEMPT].startswith("node-1 ")
+    again = agent.restore_pod(_cluster(fake_apiserver), _settings("r-0"), node)
+    assert (again["action"], again["reason"]) == ("skipped", "its restore already ran (Succeeded)")
+    assert len(node.restored) == 1
+
+
+def test_a_missing_or_unready_snapshot_makes_the_pod_wait_without_spending_its_attempt(
+        fake_apiserver: FakeApiServer) -> None:
+    for crd in yaml.safe_load(CRDS.read_text())["items"]:
+        fake_apiserver.store.put("customresourcedefinitions", crd, group="apiextensions.k8s.io")
+    _restore_pod(fake_apiserver, "r-w")
+    node = FakeNode()
+    out = agent.restore_pod(_cluster(fake_apiserver), _settings("r-w"), node)
+    assert (out["action"], out["outcome"]) == ("waiting", "Pending")
+    assert out["reasons"] == ["PodSnapshot default/snap-a does not exist yet"]
+    cond = _condition(fake_apiserver, "r-w")
+    assert (cond["status"], cond["reason"]) == ("False", pc.REASON_IN_PROGRESS)
+    assert cond["message"] == "waiting: PodSnapshot default/snap-a does not exist yet"
+    assert agent.ANN_ATTEMPT not in fake_apiserver.store.get("pods", "r-w", "default")["metadata"]["annotations"]
+    _snapshot(fake_apiserver, ready=False)
+    out = agent.restore_pod(_cluster(fake_apiserver), _settings("r-w"), node)
+    assert out["action"] == "waiting" and "is not Ready yet" in out["reasons"][0]
+    assert not node.restored
+    _snapshot(fake_apiserver, ready=True)
+    out = agent.restore_pod(_cluster(fake_apiserver), _settings("r-w"), node)
+    assert (out["action"], out["outcome"]) == ("restored", "succeeded")
+
+
+def test_a_snapshot_of_another_pod_spec_is_refused_with_the_reasons_and_nothing_touched(
+        fake_apiserver: FakeApiServer) -> None:
+    _snapshot(fake_apiserver)
+    _restore_pod(fake_apiserver, "r-x", image="registry.local/embed:2.0")
+    node = FakeNode()
+    out = agent.restore_pod(_cluster(fake_apiserver), _settings("r-x"), node)
+    assert (out["action"], out["outcome"], out["placeholder"]) == ("refused", "incompatible", "left as it is")
+    assert any("image" in r for r in out["reasons"]), out["reasons"]
+    assert not node.restored and not node.given_up
+    cond = _condition(fake_apiserver, "r-x")
+    assert (cond["status"], cond["reason"]) == ("False", pc.REASON_INCOMPATIBLE)
+
+
+def test_cold_start_fallback_on_refusal_and_on_failure(fake_apiserver: FakeApiServer) -> None:
+    _snapshot(fake_apiserver)
+    _restore_pod(fake_apiserver, "r-cold", image="registry.local/embed:2.0",
+                 annotations={agent.ANN_FALLBACK: "cold-start"})
+    node = FakeNode()
+    out = agent.restore_pod(_cluster(fake_apiserver), _settings("r-cold"), node)
+    assert (out["action"], out["placeholder"]) == ("refused", "started cold")
+    assert _condition(fake_apiserver, "r-cold")["message"].endswith("; started cold")
+    _restore_pod(fake_apiserver, "r-fail")
+    failing = FakeNode(outcome="failed")
+    out = agent.restore_pod(_cluster(fake_apiserver), _settings("r-fail", fallback="cold-start"), failing)
+    assert (out["action"], out["outcome"]) == ("restored", "failed")
+    assert [w.cold_start for w in failing.restored] == [True] and len(failing.given_up) == 1
+    cond = _condition(fake_apiserver, "r-fail")
+    assert (cond["reason"], cond["message"]) == (pc.REASON_FAILED, "CRIU failed; started cold")
+
+
+def test_pods_of_other_nodes_unscheduled_or_not_running_are_skipped(fake_apiserver: FakeApiServer) -> None:
+    _snapshot(fake_apiserver)
+    _restore_pod(fake_apiserver, "r-far", node="node-2")
+    _restore_pod(fake_apiserver, "r-slow", running=False)
+    node = FakeNode()
+    far = agent.restore_pod(_cluster(fake_apiserver), _settings("r-far"), node)
+    assert far["reason"] == "the pod runs on node node-2, not on this agent's node node-1"
+    slow = agent.restore_pod(_cluster(fake_apiserver), _settings("r-slow"), node)
+    assert slow["reason"] == "its containers are not all running yet"
+    gone = agent.restore_pod(_cluster(fake_apiserver), _settings("nope"), node)
+    assert gone["reason"] == "the pod no longer exists"
+    replaced = agent.restore_pod(_cluster(fake_apiserver), _settings("r-slow", uid="old-uid"), node)
+    assert replaced["reason"] == "the pod was replaced (uid old-uid is gone)"
+    assert not node.restored
+
+
+def test_two_agents_racing_for_one_pod_restore_it_once(fake_apiserver: FakeApiServer) -> None:
+    _snapshot(fake_apiserver)
+    _restore_pod(fake_apiserver, "r-race")
+    node = FakeNode()
+    results: List[Dict[str, Any]] = []
+    barrier = threading.Barrier(2)
+
+    def run(who: str) -> None:
+        barrier.wait()
+        results.append(agent.restore_pod(_cluster(fake_apiserver), _settings("r-race", agent=who), node))
+
+    threads = [threading.Thread(target=run, args=(who,)) for who in ("agent-a", "agent-b")]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    assert len(node.restored) == 1
+    assert sorted(r["action"] for r in results) == ["restored", "skipped"]
+    (skipped,) = [r for r in results if r["action"] == "skipped"]
+    assert skipped["reason"].startswith(("agent agent-", "its restore already ran"))
+
+
+def test_an_attempt_the_agent_did_not_record_is_recovered_never_replayed(fake_apiserver: FakeApiServer) -> None:
+    _snapshot(fake_apiserver)
+    for name in ("r-done", "r-half"):
+        _restore_pod(fake_apiserver, name)
+        pod = fake_apiserver.store.get("pods", name, "default")
+        assert agent.claim(_cluster(fake_apiserver), pod, "node-1") is not None  # then the agent died
+    done = FakeNode(state=agent.COMPLETE)
+    out = agent.restore_pod(_cluster(fake_apiserver), _settings("r-done"), done)
+    assert (out["action"], out["outcome"]) == ("recovered", "succeeded")
+    assert _condition(fake_apiserver, "r-done")["reason"] == pc.REASON_SUCCEEDED
+    half = FakeNode(state=agent.UNFINISHED)
+    out = agent.restore_pod(_cluster(fake_apiserver), _settings("r-half"), half)
+    assert (out["action"], out["outcome"]) == ("recovered", "failed")
+    assert "not replayed; placeholder main: killed" in out["message"]
+    assert not done.restored and not half.restored and len(half.given_up) == 1
+    other = agent.restore_pod(_cluster(fake_apiserver), _settings("r-done", agent="node-9"), half)
+    assert other["action"] == "skipped"
+
+
+def test_a_recovered_attempt_still_running_is_waited_for(fake_apiserver: FakeApiServer) -> None:
+    _snapshot(fake_apiserver)
+    _restore_pod(fake_apiserver, "r-run")
+    agent.claim(_cluster(fake_apiserver), fake_apiserver.store.get("pods", "r-run", "default"), "node-1")
+    node = FakeNode(state=agent.RUNNING)
+    timer = threading.Timer(0.3, lambda: setattr(node, "state", agent.COMPLETE))
+    timer.start()
+    out = agent.restore_pod(_cluster(fake_apiserver), _settings("r-run", running_poll=0.05), node)
+    timer.join()
+    assert (out["action"], out["outcome"], out["attempt_state"]) == ("recovered", "succeeded", agent.COMPLETE)
+
+
+def test_check_mode_writes_nothing(fake_apiserver: FakeApiServer) -> None:
+    _snapshot(fake_apiserver)
+    _restore_pod(fake_apiserver, "r-chk")
+    before = len(fake_apiserver.writes())
+    node = FakeNode()
+    out = agent.restore_pod(_cluster(fake_apiserver), _settings("r-chk"), node, check_mode=True)
+    assert (out["action"], out["changed"]) == ("would restore", True)
+    assert len(fake_apiserver.writes()) == before and not node.restored
+
+
+@pytest.mark.parametrize(("annotations", "expected"), [
+    ({}, False), ({agent.ANN_FALLBACK: "cold-start"}, True), ({agent.ANN_FALLBACK: "none"}, False)])
+def test_the_pod_annotation_decides_the_fallback_before_the_agent_default(
+        annotations: Dict[str, str], expected: bool) -> None:
+    pod = {"metadata": {"annotations": annotations}}
+    assert agent.fallback_of(pod, "none") is expected
+    assert agent.fallback_of(pod, "cold-start") is (expected or not annotations)
