@@ -14,6 +14,10 @@ Copy this file next to your server (or put it on PYTHONPATH) and::
     control.ready()                     # writes ready-for-snapshot: checkpoint may go ahead
     serve()
 
+A standby-aware entrypoint (restore pods built with ``entrypoint: standby``) calls ``control.standby()`` first:
+in a restore pod it blocks until the restore's outcome is known and returns only to start cold (the
+cold-start fallback); anywhere else it returns at once.
+
     def refresh(info):                  # info: RestoreInfo (pid, snapshot, ...)
         me = ws.instance()              # this copy's hostname, IPs, and env from the placeholder
         reseed_rng(); reconnect(me.env.get("DB_URL"))
@@ -55,6 +59,8 @@ CHECKPOINT_REFUSED = "checkpoint-refused"
 CHECKPOINT_DONE = "checkpoint-done"
 CHECKPOINT_HOOKS = "checkpoint-hooks"
 ENV_FILE = "env.json"
+COLD_START = "cold-start"
+STANDBY_VAR = "SNAPSHOT_RESTORE_STANDBY"
 SIOCGIFADDR = 0x8915
 
 
@@ -155,6 +161,21 @@ class Control:
             return
         self._seen = self._current()
         self._write(READY, note or f"pid={os.getpid()}\n")
+
+    def standby(self) -> bool:
+        """For a standby-aware entrypoint: call it first, before initialising anything.
+
+        With ``SNAPSHOT_RESTORE_STANDBY=1`` (a restore pod built with ``entrypoint: standby``) this process is a
+        placeholder: it blocks, holding nothing, until the node agent writes ``cold-start`` into the control dir
+        (the pod's restore failed or was refused and it asked for a cold-start fallback); then it returns True
+        and the caller initialises as usual. A successful restore runs the warm copy beside this process, and
+        this call keeps blocking. Without the variable (or the control dir) it returns False at once.
+        """
+        if os.environ.get(STANDBY_VAR, "").strip().lower() not in ("1", "true", "yes") or not self.path:
+            return False
+        while not os.path.exists(self._file(COLD_START)):
+            time.sleep(max(self.poll, 0.2))
+        return True
 
     def restored(self) -> Optional[RestoreInfo]:
         """The restore this copy has not seen yet (``restore-complete`` newer than at ``ready()``), if any."""

@@ -27,6 +27,7 @@ import hashlib, json, os, socket, sys, threading, time
 sys.path.insert(0, "/app")
 import warmstart_workload as ws
 
+ws.Control().standby()  # in a standby restore pod: wait for the restore's outcome (a cold start goes on here)
 mib = int(os.environ.get("APP_MIB", "32"))
 token = os.urandom(8).hex()
 mem = bytearray(b"\x5a") * (mib << 20) if os.environ.get("APP_PATTERN") else bytearray(os.urandom(mib << 20))

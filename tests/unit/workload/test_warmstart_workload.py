@@ -195,3 +195,23 @@ def test_a_failing_callback_is_reported_and_the_watcher_survives(tmp_path: Path,
     assert done.wait(5)
     assert control.errors == ["post_restore callback broken failed: ValueError: cannot reach the database"]
     assert "cannot reach the database" in capsys.readouterr().err
+
+
+def test_standby_blocks_until_cold_start_and_only_in_a_standby_pod(tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("SNAPSHOT_RESTORE_STANDBY", raising=False)
+    assert ws.Control(str(tmp_path)).standby() is False, "not a standby pod: returns at once"
+    monkeypatch.setenv("SNAPSHOT_RESTORE_STANDBY", "1")
+    assert ws.Control("").standby() is False, "no control dir: nothing can ever say cold-start"
+    returned = threading.Event()
+    waiter = threading.Thread(target=lambda: ws.Control(str(tmp_path), poll=0.01).standby() and returned.set(),
+                              daemon=True)
+    waiter.start()
+    time.sleep(0.5)
+    assert not returned.is_set(), "a standby entrypoint waits for the restore's outcome"
+    (tmp_path / "restore-complete").write_text("pid=7\n")
+    time.sleep(0.5)
+    assert not returned.is_set(), "a successful restore runs the copy beside it; the placeholder keeps waiting"
+    (tmp_path / "cold-start").write_text("start cold\n")
+    waiter.join(5)
+    assert returned.is_set(), "cold-start lets the entrypoint initialise"

@@ -1,0 +1,148 @@
+"""A Kubernetes node for tests: pods as real containers (podman or a private containerd) and a fake kubelet that
+starts a placeholder container for every restore pod the fake API server gets (tests/support/fake_apiserver.py).
+
+Used by the Kubernetes end-to-end tests (the k8s playbooks, and the node agent run by ansible-rulebook).
+"""
+from __future__ import annotations
+
+import threading
+from typing import Any, Dict, List, Union
+
+from ansible_collections.warmstart.snapshot.plugins.module_utils import _podcontract as pc
+
+from tests.support.fake_apiserver import FakeApiServer
+
+from . import containerd_lab
+from .container_lab import Pod, ask, wait_file
+
+NS = "ml"
+POD_LABELS = {"app": "embed", "model": "minilm"}
+COMMAND = ("python3", "/app/app.py")
+
+
+def cri_labels(namespace: str, pod: str, container: str) -> Dict[str, str]:
+    return {"io.kubernetes.pod.namespace": namespace, "io.kubernetes.pod.name": pod,
+            "io.kubernetes.container.name": container}
+
+
+class PodmanNode:
+    """The node's pods as podman containers (the source's app under an init)."""
+
+    scheme = "podman"
+
+    def __init__(self, tmp: Any) -> None:
+        self.lab = Pod(tmp)
+        self.store, self.image, self.env, self.control = self.lab.store, self.lab.image, self.lab.env, self.lab.control
+
+    def start(self, name: str, command: List[str], labels: Dict[str, str], env: Dict[str, str], source: bool) -> str:
+        return self.lab.run(name, *command, init=source, env=env, labels=labels)
+
+    def container_id(self, handle: str) -> str:
+        return str(self.lab.inspect(handle)["Id"])
+
+    def ip(self, handle: str) -> str:
+        return self.lab.ip(handle)
+
+    def ask(self, handle: str) -> Dict[str, Any]:
+        return ask(self.lab.ip(handle))
+
+    def cleanup(self) -> None:
+        self.lab.cleanup()
+
+
+class ContainerdNode:
+    """The node's pods as containers of a private containerd (the source's app is PID 1, as in any pod)."""
+
+    scheme = "containerd"
+
+    def __init__(self, tmp: Any) -> None:
+        self.daemon = containerd_lab.Daemon().start()
+        self.lab = containerd_lab.Lab(tmp, self.daemon)
+        self.store, self.image, self.env, self.control = self.lab.store, self.lab.image, self.lab.env, self.lab.control
+
+    def start(self, name: str, command: List[str], labels: Dict[str, str], env: Dict[str, str], source: bool) -> str:
+        cid = self.lab.run(name, *command, env=env, labels=labels)
+        if source:  # it listens before it says so; ask() does not wait
+            wait_file(self.control(name) / "ready-for-snapshot", 60)
+        return cid
+
+    def container_id(self, handle: str) -> str:
+        return handle
+
+    def ip(self, handle: str) -> str:
+        return "127.0.0.1"  # loopback only: ask() talks to the app from inside the pod's network namespace
+
+    def ask(self, handle: str) -> Dict[str, Any]:
+        return containerd_lab.ask(self.lab.pid1(handle))
+
+    def cleanup(self) -> None:
+        try:
+            self.lab.cleanup()
+        finally:
+            self.daemon.stop()
+
+
+Node = Union[PodmanNode, ContainerdNode]
+
+
+class Kubelet(threading.Thread):
+    """Starts a placeholder container for every restore pod that appears, and reports it in the pod's status."""
+
+    def __init__(self, api: FakeApiServer, lab: Node, node: str = "localhost") -> None:
+        super().__init__(daemon=True, name="fake-kubelet")
+        self.api, self.lab, self.node = api, lab, node
+        self.started: Dict[str, str] = {}  # pod name -> container
+        self.stop = threading.Event()
+        self.errors: List[str] = []
+
+    def run(self) -> None:
+        while not self.stop.is_set():
+            try:
+                for pod in self.api.store.list("pods", NS, group=""):
+                    meta = pod["metadata"]
+                    if pc.ANN_RESTORE_FROM in (meta.get("annotations") or {}) and meta["name"] not in self.started:
+                        self.start_pod(pod)
+            except Exception as exc:  # pylint: disable=broad-except
+                self.errors.append(repr(exc))
+            self.stop.wait(0.2)
+
+    def start_pod(self, pod: Dict[str, Any]) -> None:
+        name = pod["metadata"]["name"]
+        (container,) = pod["spec"]["containers"]
+        env = {e["name"]: e["value"] for e in container.get("env") or []}
+        assert env.get("SNAPSHOT_CONTROL_DIR") == "/snapshot-control", env
+        # the pod's own inert command as PID 1; its snapshot-control emptyDir as a host dir per pod
+        own = {k: v for k, v in env.items() if k == "SNAPSHOT_RESTORE_STANDBY"}  # a standby entrypoint's switch
+        full = self.lab.start(f"k8s-{name}", container["command"], cri_labels(NS, name, container["name"]),
+                              dict(own, ROLE=name), source=False)
+        self.started[name] = full
+        cid = self.lab.container_id(full)
+        with self.api.store.lock:
+            stored = self.api.store.get("pods", name, NS, group="")
+            stored["spec"]["nodeName"] = self.node
+            stored["status"] = {"phase": "Running", "podIP": self.lab.ip(full), "containerStatuses": [{
+                "name": container["name"], "image": container["image"], "containerID": f"{self.lab.scheme}://{cid}",
+                "ready": False, "restartCount": 0, "state": {"running": {"startedAt": "2026-12-02T00:00:00Z"}}}]}
+            self.api.store.put("pods", stored, group="")
+
+
+def source_pod(c: Dict[str, Any], name: str, node: str = "localhost") -> str:
+    """A running source pod: the API object, and its container as a real podman container."""
+    lab: Node = c["lab"]
+    # two worker processes under the server: the pod's workload is a process tree, as inference servers are
+    full = lab.start(f"src-{name}", list(COMMAND), cri_labels(NS, name, "main"), {"APP_WORKERS": "2"}, source=True)
+    cid = lab.container_id(full)
+    c["api"].add_pod(name, NS, containers=[{"name": "main", "image": lab.image, "command": list(COMMAND)}],
+                     labels=dict(POD_LABELS, role="source"), node=node)
+    with c["api"].store.lock:
+        pod = c["api"].store.get("pods", name, NS, group="")
+        pod["status"]["containerStatuses"][0]["containerID"] = f"{lab.scheme}://{cid}"
+        c["api"].store.put("pods", pod, group="")
+    return full
+
+
+def template(image: str) -> Dict[str, Any]:
+    return {"metadata": {"labels": dict(POD_LABELS)},
+            "spec": {"containers": [{"name": "main", "image": image, "command": list(COMMAND)}]}}
+
+
