@@ -32,6 +32,7 @@ the real one, tests pass their own. No Ansible import here.
 """
 from __future__ import annotations
 
+import datetime
 import time
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Mapping, Optional, Protocol, Tuple
@@ -66,7 +67,9 @@ class Work:
     pairs: List[JSON]
     skip_compat_check: bool = False
     cold_start: bool = False
-    created: Optional[str] = None  # the PodSnapshot's status.createdAt, for the snapshot's age at restore
+    created: Optional[float] = None  # the PodSnapshot's status.createdAt (epoch s): the snapshot's age at restore
+    running_since: Optional[float] = None  # when the placeholder containers were all running (epoch s)
+    size: int = 0  # the PodSnapshot's status.size (bytes)
 
     @classmethod
     def of(cls, pod: JSON, plan: Optional[JSON], fallback: bool) -> "Work":
@@ -145,23 +148,40 @@ def decide(pod: JSON, agent: str, node_name: Optional[str]) -> Tuple[str, str]:
     return "restore", ""
 
 
-def wait_reasons(cluster: Cluster, pod: JSON) -> List[str]:
+def wait_reasons(cluster: Cluster, pod: JSON) -> Tuple[List[str], Optional[JSON]]:
     """Why ``pod``'s PodSnapshot cannot be restored from *yet* (it does not exist, or is not Ready and has not
-    failed); [] when it is Ready or has failed for good (``restore_plan`` then says the rest)."""
+    failed), and the PodSnapshot; no reasons when it is Ready or has failed for good (``restore_plan`` then says
+    the rest)."""
     meta = pod.get("metadata") or {}
     namespace = str(meta.get("namespace") or "")
     source = pc.restore_annotations(pod)[0].get(pc.ANN_RESTORE_FROM)
     snap = cluster.find(pc.KIND_SNAPSHOT, str(source), namespace)
     if snap is None:
-        return [f"PodSnapshot {namespace}/{source} does not exist yet"]
+        return [f"PodSnapshot {namespace}/{source} does not exist yet"], None
     failed = pc.get_condition(snap, "Failed")
     if failed and failed.get("status") == "True":
-        return []
+        return [], snap
     ready = pc.get_condition(snap, pc.READY_CONDITION)
     if not ready or ready.get("status") != "True":
         why = f"{ready.get('reason')}: {ready.get('message')}" if ready else "no Ready condition"
-        return [f"PodSnapshot {namespace}/{source} is not Ready yet ({why})"]
-    return []
+        return [f"PodSnapshot {namespace}/{source} is not Ready yet ({why})"], snap
+    return [], snap
+
+
+def _epoch(stamp: Any) -> Optional[float]:
+    """An API timestamp (RFC 3339, UTC) as seconds since the epoch; None when absent or unreadable."""
+    try:
+        return datetime.datetime.fromisoformat(str(stamp).replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return None
+
+
+def running_since(pod: JSON) -> Optional[float]:
+    """When the last of ``pod``'s containers started running (its placeholder is up from then), epoch seconds."""
+    starts = [_epoch(((s.get("state") or {}).get("running") or {}).get("startedAt"))
+              for s in (pod.get("status") or {}).get("containerStatuses") or []]
+    known = [t for t in starts if t is not None]
+    return max(known) if known and len(known) == len(starts) else None
 
 
 # --- writing ----------------------------------------------------------------------------------------
@@ -255,7 +275,7 @@ def _skip(s: Settings, why: str, outcome: Optional[str] = None) -> JSON:
 def _try_restore(cluster: Cluster, s: Settings, pod: JSON, node: Node, check_mode: bool) -> Optional[JSON]:
     """Wait, refuse or restore ``pod``; None when the claim lost to a concurrent change (decide again)."""
     ref = f"{s.namespace}/{s.name}"
-    waiting = wait_reasons(cluster, pod)
+    waiting, snap = wait_reasons(cluster, pod)
     if waiting:
         changed = False if check_mode else mark_waiting(cluster, pod, waiting)
         return {"changed": changed, "action": "waiting", "pod": ref, "reasons": waiting, "outcome": "Pending"}
@@ -271,6 +291,9 @@ def _try_restore(cluster: Cluster, s: Settings, pod: JSON, node: Node, check_mod
     if claim(cluster, pod, s.agent) is None:
         return None
     work = Work.of(pod, plan, fallback)
+    work.created = _epoch(((snap or {}).get("status") or {}).get("createdAt"))
+    work.running_since = running_since(pod)
+    work.size = int(((snap or {}).get("status") or {}).get("size") or 0)
     if refusal:
         return _refused(cluster, s, work, node, refusal)
     return _restore(cluster, s, work, node)
@@ -293,6 +316,11 @@ def _restore(cluster: Cluster, s: Settings, work: Work, node: Node) -> JSON:
     result = node.restore(work)
     out = {"changed": True, "action": "restored", "pod": f"{s.namespace}/{s.name}", "outcome": result.outcome,
            "message": result.message, "snapshot": work.snapshot, "seconds": round(time.monotonic() - started, 3)}
+    if work.running_since is not None:  # placeholder running -> restore complete (the agent's own latency in)
+        out["ready_seconds"] = round(time.time() - work.running_since, 3)
+    out["snapshot_bytes"] = work.size
+    if work.created is not None:
+        out["snapshot_age_seconds"] = round(time.time() - work.created, 3)
     out.update(result.details)
     out.update(settle(cluster, work, result.outcome, result.message))
     return out

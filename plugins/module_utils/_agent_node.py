@@ -24,6 +24,7 @@ from ansible_collections.warmstart.snapshot.plugins.module_utils import _agent a
 from ansible_collections.warmstart.snapshot.plugins.module_utils import _container as ctr
 from ansible_collections.warmstart.snapshot.plugins.module_utils import _control as ctl
 from ansible_collections.warmstart.snapshot.plugins.module_utils import _proc as proc
+from ansible_collections.warmstart.snapshot.plugins.module_utils import _metrics as metrics
 from ansible_collections.warmstart.snapshot.plugins.module_utils import _restorer as rst
 from ansible_collections.warmstart.snapshot.plugins.module_utils._containerinfo import ContainerInfo
 from ansible_collections.warmstart.snapshot.plugins.module_utils._errors import WarmstartError
@@ -179,4 +180,23 @@ def run_agent_restore(params: Dict[str, Any], check_mode: bool) -> Dict[str, Any
                      restore_root=params.get("restore_root"))
     settings = agent.Settings.of(params)
     settings.running_timeout = float(params.get("running_timeout") or settings.running_timeout)
-    return agent.restore_pod(cluster_from(params), settings, node, check_mode)
+    result = agent.restore_pod(cluster_from(params), settings, node, check_mode)
+    if not check_mode and result["action"] in ("restored", "refused", "recovered"):
+        warning = record_metrics(metrics.resolve_dir(params.get("metrics_dir")), result)
+        if warning:
+            result.setdefault("warnings", []).append(warning)
+    return result
+
+
+def record_metrics(directory: Optional[str], result: Dict[str, Any]) -> Optional[str]:
+    """Count the pod's restore in the node's metrics (outcome, phases, bytes, snapshot age, ready latency)."""
+    restore = result.get("restore") or {}
+    phases: Dict[str, Any] = {}
+    for dest in restore.get("destinations") or []:
+        for phase, seconds in (dest.get("timings") or {}).items():
+            phases[phase] = phases.get(phase, 0.0) + float(seconds)
+    size = int(result.get("snapshot_bytes") or 0) if result.get("outcome") == "succeeded" else 0
+    namespace = str(result.get("pod", "/")).split("/")[0]
+    return metrics.record_restore(directory, str(result.get("outcome") or "failed"), phases, size,
+                                  result.get("snapshot_age_seconds"), namespace, str(result.get("snapshot") or ""),
+                                  result.get("ready_seconds"))

@@ -87,6 +87,12 @@ options:
     description: Seconds to wait for a restore of a recovered pod that still runs on this node.
     type: float
     default: 900
+  metrics_dir:
+    description:
+      - Where the node's Prometheus metrics are kept (node_exporter's textfile collector format); each restore,
+        refusal or recovery is counted by outcome, with its phases, the snapshot's age and RV(ready_seconds).
+        Default E(WARMSTART_METRICS_DIR); neither set means no metrics.
+    type: path
 """
 
 EXAMPLES = r"""
@@ -129,6 +135,14 @@ seconds:
   description: How long the node's restore took.
   returned: when restored
   type: float
+ready_seconds:
+  description: From the moment the pod's placeholder containers were all running to the restore's completion.
+  returned: when restored and the pod's status says when its containers started
+  type: float
+snapshot_age_seconds:
+  description: The PodSnapshot's age (from its C(createdAt)) at the restore.
+  returned: when restored
+  type: float
 restore:
   description: The node's restore result (as M(warmstart.snapshot.restore) returns it).
   returned: when restored
@@ -162,6 +176,7 @@ def main() -> None:
             criu_path=dict(type="path"),
             restore_root=dict(type="path"),
             running_timeout=dict(type="float", default=900),
+            metrics_dir=dict(type="path"),
         ),
         supports_check_mode=True,
     )

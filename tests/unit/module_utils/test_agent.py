@@ -95,6 +95,8 @@ def test_a_ready_snapshot_is_restored_once_and_recorded(fake_apiserver: FakeApiS
     node = FakeNode()
     out = agent.restore_pod(_cluster(fake_apiserver), _settings("r-0"), node)
     assert (out["action"], out["outcome"], out["recorded"]) == ("restored", "succeeded", True)
+    assert 0 <= out["ready_seconds"] < 120, "from the placeholder's startedAt (set by the fake kubelet) to now"
+    assert out["snapshot_age_seconds"] > 0 and out["snapshot_bytes"] == 1
     assert [(w.snapshot, w.snapshot_id, [p["container"] for p in w.pairs]) for w in node.restored] == [
         ("snap-a", "20261202T120000Z-1a2b3c4d", ["main"])]
     cond = _condition(fake_apiserver, "r-0")
