@@ -158,7 +158,7 @@ def wait_reasons(cluster: Cluster, pod: JSON) -> Tuple[List[str], Optional[JSON]
     snap = cluster.find(pc.KIND_SNAPSHOT, str(source), namespace)
     if snap is None:
         return [f"PodSnapshot {namespace}/{source} does not exist yet"], None
-    failed = pc.get_condition(snap, "Failed")
+    failed = pc.get_condition(snap, pc.FAILED_CONDITION)
     if failed and failed.get("status") == "True":
         return [], snap
     ready = pc.get_condition(snap, pc.READY_CONDITION)

@@ -21,11 +21,15 @@ import signal
 from typing import Any, Dict, List, Optional, Tuple
 
 from ansible_collections.warmstart.snapshot.plugins.module_utils import _agent as agent
+from ansible_collections.warmstart.snapshot.plugins.module_utils import _agent_capture as capture
 from ansible_collections.warmstart.snapshot.plugins.module_utils import _container as ctr
 from ansible_collections.warmstart.snapshot.plugins.module_utils import _control as ctl
 from ansible_collections.warmstart.snapshot.plugins.module_utils import _proc as proc
 from ansible_collections.warmstart.snapshot.plugins.module_utils import _metrics as metrics
+from ansible_collections.warmstart.snapshot.plugins.module_utils import _podcontract as pc
 from ansible_collections.warmstart.snapshot.plugins.module_utils import _restorer as rst
+from ansible_collections.warmstart.snapshot.plugins.module_utils import _snapshot as snap
+from ansible_collections.warmstart.snapshot.plugins.module_utils._criu_rpc import CriuOptions
 from ansible_collections.warmstart.snapshot.plugins.module_utils._containerinfo import ContainerInfo
 from ansible_collections.warmstart.snapshot.plugins.module_utils._errors import WarmstartError
 from ansible_collections.warmstart.snapshot.plugins.module_utils._k8s_client import cluster_from
@@ -131,6 +135,21 @@ class LocalNode:
                 return state
         return agent.COMPLETE if states else agent.UNFINISHED
 
+    def checkpoint(self, c: capture.Capture) -> Dict[str, Any]:
+        """The ``_agent_capture.Capturer`` step: the pod's container, checkpointed as ``checkpoint pod:`` does."""
+        meta = c.pod.get("metadata") or {}
+        ids = {s.get("name"): s.get("containerID") for s in (c.pod.get("status") or {}).get("containerStatuses") or []}
+        pod = {"namespace": c.namespace, "name": meta.get("name"), "uid": meta.get("uid"), "container": c.container,
+               "container_id": ids.get(c.container), "spec_hash": pc.pod_spec_hash(c.pod)}
+        cid = pod_container(self.runtime, pod)
+        target = ctr.resolve(self.runtime_name, cid, name=c.container)
+        record = dict(pod, container_id=cid)
+        result = snap.checkpoint(open_store(c.store, c.store_options), target, str(meta.get("name")),
+                                 dict(meta.get("labels") or {}), CriuOptions(), leave_running=c.leave_running,
+                                 wait_ready=c.wait_ready, ready_timeout=c.ready_timeout, criu_path=self.criu_path,
+                                 pod=record)
+        return dict(result)
+
     def give_up(self, work: agent.Work) -> str:
         fates = []
         for name, info, why in self._placeholders(work):
@@ -200,3 +219,31 @@ def record_metrics(directory: Optional[str], result: Dict[str, Any]) -> Optional
     return metrics.record_restore(directory, str(result.get("outcome") or "failed"), phases, size,
                                   result.get("snapshot_age_seconds"), namespace, str(result.get("snapshot") or ""),
                                   result.get("ready_seconds"))
+
+
+def run_agent_capture(params: Dict[str, Any], check_mode: bool) -> Dict[str, Any]:
+    """The ``agent_capture`` module: one PodSnapshot request (or a policy's ready source pod), captured here."""
+    cluster = cluster_from(params)
+    settings = capture.CaptureSettings.of(params)
+    asked = None
+    if params.get("policy") and params.get("pod"):
+        pod = cluster.find("Pod", params["pod"], settings.namespace)
+        policy = cluster.find(pc.KIND_POLICY, params["policy"], settings.namespace)
+        if pod is None or policy is None:
+            gone = f"Pod {settings.namespace}/{params['pod']}" if pod is None else f"policy {params['policy']}"
+            return {"changed": False, "action": "skipped", "reason": f"{gone} no longer exists"}
+        settings.name, created = capture.ask_for(cluster, settings.namespace, pod, policy, check_mode)
+        asked = {"snapshot": settings.name, "created": created}
+    elif not params.get("name"):
+        raise WarmstartError("agent_capture needs name (a PodSnapshot) or pod and policy")
+    node = LocalNode(runtime=params.get("runtime") or "auto", criu_path=params.get("criu_path"))
+    result = capture.capture(cluster, settings, node, check_mode)
+    if asked:
+        result["requested"] = asked
+    if not check_mode and result["action"] in ("captured", "failed", "will retry"):
+        outcome = "succeeded" if result["action"] == "captured" else "failed"
+        warning = metrics.record_capture(metrics.resolve_dir(params.get("metrics_dir")), outcome,
+                                         result.get("timings"), int(result.get("size") or 0))
+        if warning:
+            result.setdefault("warnings", []).append(warning)
+    return result

@@ -1,0 +1,266 @@
+# -*- coding: utf-8 -*-
+# Copyright (c) warmstart developers
+# GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+"""The node agent's capture of one requested PodSnapshot: claim, checkpoint the source pod here, bind or fail it.
+
+A PodSnapshot created without a bound content is a *request* (by a user, a PodSnapshotManualTrigger, or the
+agent for a policy's source pod that is ready). Invariants:
+
+- The request is decided from the PodSnapshot as the API server has it now: one that is bound, Ready or Failed
+  is left alone, so a repeated or replayed event does nothing.
+- One capture at a time per request: a merge patch guarded by the PodSnapshot's resourceVersion sets the
+  annotations ``snapshot.warmstart.io/capture-attempt: <agent> <time>`` and ``capture-attempts: <n>``; of two
+  agents only one captures.
+- The source always keeps running after a failed capture (the checkpoint resumes it on every failure path).
+  A failure is retried - the next event for the request (a resync) tries again - until ``max_attempts``
+  attempts failed; then the request is Failed with the last cause. A request that can never succeed (its source
+  pod is gone or was replaced) is Failed at once.
+- A capture that succeeded binds the request: a PodSnapshotContent pointing back to it, the store location,
+  the source node, and Ready (``_k8s_records.ensure_pod_snapshot``).
+
+The node's checkpoint is the ``Capturer`` protocol (``_agent_node.LocalNode`` on a real node). No Ansible import.
+"""
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from typing import Any, Dict, List, Mapping, Optional, Protocol, Tuple
+
+from ansible_collections.warmstart.snapshot.plugins.module_utils import _k8s_records as rec
+from ansible_collections.warmstart.snapshot.plugins.module_utils import _podcontract as pc
+from ansible_collections.warmstart.snapshot.plugins.module_utils._errors import WarmstartError
+from ansible_collections.warmstart.snapshot.plugins.module_utils._k8s_client import Cluster, K8sError, now
+
+JSON = Dict[str, Any]
+
+ANN_CLAIM = pc.GROUP + "/capture-attempt"
+ANN_ATTEMPTS = pc.GROUP + "/capture-attempts"
+REASON_RETRYING = "CaptureRetrying"
+REASON_FAILED = "CaptureFailed"
+REASON_SOURCE_GONE = "SourcePodGone"
+
+
+@dataclass
+class Capture:
+    """What the node checkpoints for one request."""
+
+    namespace: str
+    snapshot: str
+    pod: JSON
+    container: str
+    store: str
+    store_options: JSON
+    wait_ready: bool
+    leave_running: bool
+    ready_timeout: float = 300.0
+
+
+class Capturer(Protocol):
+    """The node-side checkpoint (``_agent_node.LocalNode``)."""
+
+    def checkpoint(self, c: Capture) -> JSON:
+        """Checkpoint ``c.container`` of ``c.pod`` into ``c.store``; the checkpoint result (``id``, ``size``,
+        ``path``, ``source_node``, ``timings``). Raises WarmstartError when it failed (the source resumed)."""
+
+
+@dataclass
+class CaptureSettings:
+    """The agent's settings for one request (module options)."""
+
+    namespace: str
+    name: str
+    agent: str = "agent"
+    node_name: Optional[str] = None
+    max_attempts: int = 3
+    store: Optional[str] = None
+    store_options: Optional[JSON] = None
+    ready_timeout: float = 300.0
+
+    @classmethod
+    def of(cls, p: Mapping[str, Any]) -> "CaptureSettings":
+        return cls(namespace=p.get("namespace") or "default", name=p.get("name") or "",
+                   agent=p.get("agent_id") or p.get("node_name") or "agent", node_name=p.get("node_name") or None,
+                   max_attempts=int(p.get("max_attempts") or 3), store=p.get("store") or None,
+                   store_options=p.get("store_options") or {}, ready_timeout=float(p.get("ready_timeout") or 300))
+
+
+def request_name(pod: str, policy: str, pod_uid: str) -> str:
+    """The PodSnapshot the agent asks for on behalf of ``policy`` for one incarnation of ``pod`` (DNS-1123)."""
+    digest = hashlib.sha256(pod_uid.encode()).hexdigest()[:8]
+    return f"{pod[:200]}-{policy[:40]}-{digest}".lower()
+
+
+def ask_for(cluster: Cluster, namespace: str, pod: JSON, policy: JSON, check_mode: bool = False) -> Tuple[str, bool]:
+    """The PodSnapshot request for a policy's source ``pod`` (created when missing); ``(name, created)``."""
+    meta = pod.get("metadata") or {}
+    pname = str((policy.get("metadata") or {}).get("name") or "")
+    name = request_name(str(meta.get("name")), pname, str(meta.get("uid") or ""))
+    if cluster.find(pc.KIND_SNAPSHOT, name, namespace) is not None:
+        return name, False
+    body = {"apiVersion": pc.API_VERSION, "kind": pc.KIND_SNAPSHOT,
+            "metadata": {"name": name, "namespace": namespace, "labels": dict(meta.get("labels") or {})},
+            "spec": {"source": {"podRef": {"name": meta.get("name"), "uid": meta.get("uid")}}, "policyName": pname,
+                     "scope": (policy.get("spec") or {}).get("snapshotScope") or pc.SCOPE_WHOLE_POD}}
+    if not check_mode:
+        try:
+            cluster.create(pc.KIND_SNAPSHOT, body, namespace)
+        except K8sError as exc:
+            if exc.status != 409:  # another agent asked first: the same request
+                raise
+            return name, False
+    return name, True
+
+
+# --- deciding ---------------------------------------------------------------------------------
+
+def settled(snapshot: JSON) -> Optional[str]:
+    """Why the request needs no capture (bound, Ready or Failed), or None."""
+    status = snapshot.get("status") or {}
+    if status.get("boundSnapshotContentName"):
+        return f"it is bound to {status['boundSnapshotContentName']}"
+    for ctype in (pc.READY_CONDITION, pc.FAILED_CONDITION):
+        cond = pc.get_condition(snapshot, ctype)
+        if cond and cond.get("status") == "True":
+            return f"it is {ctype} ({cond.get('reason')})"
+    return None
+
+
+def source_problems(snapshot: JSON, pod: Optional[JSON]) -> List[str]:
+    """Why the request can never be captured: its source pod is gone or is another incarnation."""
+    meta = snapshot.get("metadata") or {}
+    ref = ((snapshot.get("spec") or {}).get("source") or {}).get("podRef") or {}
+    where = f"Pod {meta.get('namespace')}/{ref.get('name')}"
+    if pod is None:
+        return [f"its source {where} does not exist"]
+    if ref.get("uid") and ref["uid"] != (pod.get("metadata") or {}).get("uid"):
+        return [f"its source {where} was deleted and created again (uid {ref['uid']} is gone)"]
+    return []
+
+
+def _container(snapshot: JSON, pod: JSON) -> str:
+    wanted = ((snapshot.get("spec") or {}).get("source") or {}).get("containers") or []
+    names = [c.get("name") for c in (pod.get("spec") or {}).get("containers") or []]
+    return str(wanted[0] if wanted else (names[0] if names else ""))
+
+
+def _attempts(snapshot: JSON) -> int:
+    try:
+        return int(((snapshot.get("metadata") or {}).get("annotations") or {}).get(ANN_ATTEMPTS) or 0)
+    except ValueError:
+        return 0
+
+
+# --- writing -------------------------------------------------------------------------------------
+
+def claim(cluster: Cluster, snapshot: JSON, agent: str, attempt: int) -> bool:
+    """Take attempt ``attempt`` of the request (resourceVersion-guarded); False when another writer won."""
+    meta = snapshot.get("metadata") or {}
+    patch = {"metadata": {"resourceVersion": meta.get("resourceVersion"),
+                          "annotations": {ANN_CLAIM: f"{agent} {now()}", ANN_ATTEMPTS: str(attempt)}}}
+    try:
+        cluster.patch(pc.KIND_SNAPSHOT, str(meta.get("name")), patch, str(meta.get("namespace")))
+    except K8sError as exc:
+        if exc.conflict:
+            return False
+        raise
+    return True
+
+
+def _record(cluster: Cluster, s: CaptureSettings, snapshot: JSON, pod: JSON, **status: Any) -> JSON:
+    """``ensure_pod_snapshot`` for the request: in progress, Ready and bound, or Failed."""
+    spec = snapshot.get("spec") or {}
+    params = {"namespace": s.namespace, "name": s.name, "source_pod": (pod.get("metadata") or {}).get("name"),
+              "containers": ((spec.get("source") or {}).get("containers") or None), "scope": spec.get("scope"),
+              "policy_name": spec.get("policyName"), "labels": None, "content_name": None, "store": None,
+              "node": (pod.get("spec") or {}).get("nodeName"), "source_node": None, "size": None,
+              "created_at": None, "ready": False, "failed_reason": None, "failed_message": None}
+    params.update(status)
+    return rec.ensure_pod_snapshot(cluster, params)
+
+
+def _retrying(cluster: Cluster, s: CaptureSettings, message: str) -> None:
+    """Say on the request that an attempt failed and another follows (Ready False, CaptureRetrying)."""
+    snap = cluster.get(pc.KIND_SNAPSHOT, s.name, s.namespace)
+    conditions = (snap.get("status") or {}).get("conditions") or []
+    new = pc.set_condition(conditions, pc.READY_CONDITION, "False", REASON_RETRYING, message[:32000], now())
+    cluster.patch_status(pc.KIND_SNAPSHOT, s.name, {"conditions": new}, s.namespace)
+
+
+# --- one request --------------------------------------------------------------------------------
+
+def capture(cluster: Cluster, s: CaptureSettings, node: Capturer, check_mode: bool = False) -> JSON:
+    """Handle one PodSnapshot request once (see the module docstring)."""
+    ref = f"{s.namespace}/{s.name}"
+    snapshot = cluster.find(pc.KIND_SNAPSHOT, s.name, s.namespace)
+    if snapshot is None:
+        return {"changed": False, "action": "skipped", "snapshot": ref, "reason": "the PodSnapshot no longer exists"}
+    why = settled(snapshot)
+    if why:
+        return {"changed": False, "action": "skipped", "snapshot": ref, "reason": why}
+    pname = (((snapshot.get("spec") or {}).get("source") or {}).get("podRef") or {}).get("name")
+    pod = cluster.find("Pod", str(pname), s.namespace)
+    node_of = ((pod or {}).get("spec") or {}).get("nodeName")
+    if pod is not None and s.node_name and node_of != s.node_name:
+        return {"changed": False, "action": "skipped", "snapshot": ref,
+                "reason": f"its source pod runs on node {node_of}, not on this agent's node {s.node_name}"}
+    problems = source_problems(snapshot, pod)
+    if check_mode:
+        return {"changed": True, "action": "would fail" if problems else "would capture", "snapshot": ref,
+                "reasons": problems}
+    attempt = _attempts(snapshot) + 1
+    if not claim(cluster, snapshot, s.agent, attempt):
+        return {"changed": False, "action": "skipped", "snapshot": ref, "reason": "another agent took it first"}
+    if problems or pod is None:
+        _fail(cluster, s, snapshot, problems)
+        return {"changed": True, "action": "failed", "snapshot": ref, "reasons": problems, "attempts": attempt}
+    return _capture(cluster, s, snapshot, pod, node, attempt)
+
+
+def _fail(cluster: Cluster, s: CaptureSettings, snapshot: JSON, problems: List[str]) -> None:
+    """A request whose source is gone: Failed, without a PodSnapshotContent."""
+    conditions = (snapshot.get("status") or {}).get("conditions") or []
+    stamp = now()
+    new = pc.set_condition(conditions, pc.FAILED_CONDITION, "True", REASON_SOURCE_GONE, "; ".join(problems), stamp)
+    new = pc.set_condition(new, pc.READY_CONDITION, "False", REASON_SOURCE_GONE, "; ".join(problems), stamp)
+    cluster.patch_status(pc.KIND_SNAPSHOT, s.name, {"conditions": new}, s.namespace)
+
+
+def _policy(cluster: Cluster, s: CaptureSettings, snapshot: JSON) -> JSON:
+    """The request's policy settings (``policy_settings``), or {} without a policy."""
+    pname = (snapshot.get("spec") or {}).get("policyName")
+    policy = cluster.find(pc.KIND_POLICY, str(pname), s.namespace) if pname else None
+    return rec.policy_settings(policy) if policy else {}
+
+
+def _capture(cluster: Cluster, s: CaptureSettings, snapshot: JSON, pod: JSON, node: Capturer, attempt: int) -> JSON:
+    """Claimed: say in progress, checkpoint on the node, then bind the request or count the failure."""
+    ref = f"{s.namespace}/{s.name}"
+    policy = _policy(cluster, s, snapshot)
+    store = s.store or policy.get("store_url") or ""
+    c = Capture(s.namespace, s.name, pod, _container(snapshot, pod), store, dict(s.store_options or {}),
+                wait_ready=bool(policy.get("wait_ready", False)), leave_running=bool(policy.get("leave_running", True)),
+                ready_timeout=s.ready_timeout)
+    _record(cluster, s, snapshot, pod)
+    try:
+        if not store:
+            raise WarmstartError(f"PodSnapshot {ref}: no store to capture into (no policy store and no agent store)")
+        done = node.checkpoint(c)
+    except WarmstartError as exc:
+        return _failed(cluster, s, snapshot, pod, attempt, exc.full_message())
+    _record(cluster, s, snapshot, pod, ready=True, size=done.get("size"), created_at=done.get("created_at"),
+            source_node=done.get("source_node"),
+            store={"url": store, "snapshot_id": done["id"], "path": done.get("path")})
+    return {"changed": True, "action": "captured", "snapshot": ref, "snapshot_id": done["id"], "attempts": attempt,
+            "size": done.get("size"), "timings": done.get("timings") or {}, "container": c.container}
+
+
+def _failed(cluster: Cluster, s: CaptureSettings, snapshot: JSON, pod: JSON, attempt: int, error: str) -> JSON:
+    """Attempt ``attempt`` failed (the source kept running): retried later, or Failed after the last one."""
+    ref = f"{s.namespace}/{s.name}"
+    message = f"attempt {attempt} of {s.max_attempts} failed: {error}"
+    if attempt >= s.max_attempts:
+        _record(cluster, s, snapshot, pod, failed_reason=REASON_FAILED, failed_message=message)
+        return {"changed": True, "action": "failed", "snapshot": ref, "reasons": [message], "attempts": attempt}
+    _retrying(cluster, s, message + "; retried on the next event")
+    return {"changed": True, "action": "will retry", "snapshot": ref, "reasons": [message], "attempts": attempt}

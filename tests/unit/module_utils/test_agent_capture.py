@@ -1,0 +1,128 @@
+"""The node agent's capture of one PodSnapshot request (plugins/module_utils/_agent_capture.py), fake API server.
+
+The node's checkpoint is a double (``FakeCapturer``); the real one runs in tests/integration/test_agent_e2e.py.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Dict, List
+
+import yaml
+
+from ansible_collections.warmstart.snapshot.plugins.module_utils import _agent_capture as cap
+from ansible_collections.warmstart.snapshot.plugins.module_utils import _k8s_client as k8s
+from ansible_collections.warmstart.snapshot.plugins.module_utils import _podcontract as pc
+from ansible_collections.warmstart.snapshot.plugins.module_utils._errors import WarmstartError
+from tests.support import fake_apiserver as fake_server_module
+from tests.support.fake_apiserver import FakeApiServer
+
+fake_apiserver = fake_server_module.fake_apiserver  # the pytest fixture
+
+CRDS = Path(__file__).resolve().parents[3] / "roles" / "k8s_crds" / "files" / "crds.yaml"
+
+
+class FakeCapturer:
+    """Checkpoints nothing; fails the first ``failures`` calls (as a real checkpoint refusing would)."""
+
+    def __init__(self, failures: int = 0) -> None:
+        self.failures = failures
+        self.calls: List[cap.Capture] = []
+
+    def checkpoint(self, c: cap.Capture) -> Dict[str, Any]:
+        self.calls.append(c)
+        if len(self.calls) <= self.failures:
+            raise WarmstartError(f"container {c.container}: CRIU dump failed (try {len(self.calls)})")
+        return {"id": f"20261204T120000Z-0000000{len(self.calls)}", "size": 4096, "path": "snapshots/x",
+                "created_at": "2026-12-04T12:00:00Z", "source_node": {"hostname": "node-1"},
+                "timings": {"dump": 0.5}}
+
+
+def _cluster(server: FakeApiServer) -> k8s.Cluster:
+    return k8s.cluster_from({"kubeconfig": str(server.kubeconfig)})
+
+
+def _setup(server: FakeApiServer, name: str = "warm", uid: str = "") -> None:
+    for crd in yaml.safe_load(CRDS.read_text())["items"]:
+        server.store.put("customresourcedefinitions", crd, group="apiextensions.k8s.io")
+    if server.store.get("pods", "embed-0", "default") is None:
+        server.add_pod("embed-0", labels={"app": "embed"})
+    ref: Dict[str, Any] = {"name": "embed-0"}
+    if uid:
+        ref["uid"] = uid
+    _cluster(server).create(pc.KIND_SNAPSHOT, {"apiVersion": pc.API_VERSION, "kind": pc.KIND_SNAPSHOT,
+                                               "metadata": {"name": name, "namespace": "default"},
+                                               "spec": {"source": {"podRef": ref}}}, "default")
+
+
+def _settings(name: str = "warm", **kw: Any) -> cap.CaptureSettings:
+    return cap.CaptureSettings(namespace="default", name=name, agent=kw.pop("agent", "node-1"),
+                               node_name=kw.pop("node_name", "node-1"), store=kw.pop("store", "/mnt/snapshots"), **kw)
+
+
+def _snap(server: FakeApiServer, name: str = "warm") -> Dict[str, Any]:
+    return server.store.get("podsnapshots", name, "default", group=pc.GROUP)
+
+
+def test_a_request_is_captured_bound_and_ready(fake_apiserver: FakeApiServer) -> None:
+    _setup(fake_apiserver)
+    node = FakeCapturer()
+    out = cap.capture(_cluster(fake_apiserver), _settings(), node)
+    assert (out["action"], out["attempts"], out["container"]) == ("captured", 1, "main")
+    snap = _snap(fake_apiserver)
+    assert pc.is_ready(snap)
+    content = fake_apiserver.store.get("podsnapshotcontents", snap["status"]["boundSnapshotContentName"],
+                                       group=pc.GROUP)
+    assert content["spec"]["store"] == {"url": "/mnt/snapshots", "snapshotId": out["snapshot_id"], "path": "snapshots/x"}
+    assert content["spec"]["snapshotRef"]["uid"] == snap["metadata"]["uid"]
+    again = cap.capture(_cluster(fake_apiserver), _settings(), node)
+    assert again["action"] == "skipped" and again["reason"].startswith("it is bound to")
+    assert len(node.calls) == 1
+
+
+def test_a_failed_capture_is_retried_then_failed_after_the_last_attempt(fake_apiserver: FakeApiServer) -> None:
+    _setup(fake_apiserver)
+    node = FakeCapturer(failures=5)
+    first = cap.capture(_cluster(fake_apiserver), _settings(max_attempts=2), node)
+    assert (first["action"], first["attempts"]) == ("will retry", 1)
+    ready = pc.get_condition(_snap(fake_apiserver), pc.READY_CONDITION)
+    assert (ready["status"], ready["reason"]) == ("False", cap.REASON_RETRYING)
+    assert "attempt 1 of 2 failed: container main: CRIU dump failed (try 1)" in ready["message"]
+    second = cap.capture(_cluster(fake_apiserver), _settings(max_attempts=2), node)
+    assert (second["action"], second["attempts"]) == ("failed", 2)
+    failed = pc.get_condition(_snap(fake_apiserver), pc.FAILED_CONDITION)
+    assert (failed["status"], failed["reason"]) == ("True", cap.REASON_FAILED)
+    assert "attempt 2 of 2 failed" in failed["message"]
+    third = cap.capture(_cluster(fake_apiserver), _settings(max_attempts=2), node)
+    assert third["action"] == "skipped" and len(node.calls) == 2
+
+
+def test_a_request_whose_source_is_gone_or_replaced_fails_at_once(fake_apiserver: FakeApiServer) -> None:
+    _setup(fake_apiserver, "old", uid="uid-of-an-earlier-pod")
+    node = FakeCapturer()
+    out = cap.capture(_cluster(fake_apiserver), _settings("old"), node)
+    assert out["action"] == "failed" and "was deleted and created again" in out["reasons"][0]
+    assert pc.get_condition(_snap(fake_apiserver, "old"), pc.FAILED_CONDITION)["reason"] == cap.REASON_SOURCE_GONE
+    assert not node.calls
+
+
+def test_requests_of_other_nodes_are_skipped_and_check_mode_writes_nothing(fake_apiserver: FakeApiServer) -> None:
+    _setup(fake_apiserver)
+    node = FakeCapturer()
+    far = cap.capture(_cluster(fake_apiserver), _settings(node_name="node-2"), node)
+    assert far["reason"] == "its source pod runs on node node-1, not on this agent's node node-2"
+    before = len(fake_apiserver.writes())
+    dry = cap.capture(_cluster(fake_apiserver), _settings(), node, check_mode=True)
+    assert dry["action"] == "would capture" and len(fake_apiserver.writes()) == before and not node.calls
+
+
+def test_a_policy_asks_once_per_pod_incarnation(fake_apiserver: FakeApiServer) -> None:
+    _setup(fake_apiserver)
+    pod = fake_apiserver.store.get("pods", "embed-0", "default")
+    policy = {"metadata": {"name": "embed-policy"}, "spec": {"snapshotScope": "rootfs-only"}}
+    name, created = cap.ask_for(_cluster(fake_apiserver), "default", pod, policy)
+    assert created and name == cap.request_name("embed-0", "embed-policy", pod["metadata"]["uid"])
+    again, created = cap.ask_for(_cluster(fake_apiserver), "default", pod, policy)
+    assert (again, created) == (name, False)
+    snap = _snap(fake_apiserver, name)
+    assert snap["spec"]["policyName"] == "embed-policy" and snap["spec"]["scope"] == "rootfs-only"
+    assert snap["spec"]["source"]["podRef"] == {"name": "embed-0", "uid": pod["metadata"]["uid"]}
