@@ -15,17 +15,22 @@ Invariants:
 - Context a failure must still carry (checkpoint's ``target``, restore's ``outcome``, the container
   restore's ``restore``) is added to the raised error's details, never reported here.
 - Check mode is passed down; the engine decides what it means.
+- checkpoint and restore count themselves in the metrics directory (``metrics_dir``, else
+  E(WARMSTART_METRICS_DIR); none = off) after the fact, success or failure, never in check mode; a metrics
+  problem is a warning, never the task's failure (``_metrics``).
 """
 from __future__ import annotations
 
 import shlex
-from typing import Any, Dict, List, Mapping, Optional
+import time
+from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 from ansible_collections.warmstart.snapshot.plugins.module_utils import _cleanup as cln
 from ansible_collections.warmstart.snapshot.plugins.module_utils import _container as ctr
 from ansible_collections.warmstart.snapshot.plugins.module_utils import _cuda as cu
 from ansible_collections.warmstart.snapshot.plugins.module_utils import _info as inf
 from ansible_collections.warmstart.snapshot.plugins.module_utils import _lazy as lz
+from ansible_collections.warmstart.snapshot.plugins.module_utils import _metrics as mt
 from ansible_collections.warmstart.snapshot.plugins.module_utils import _node as nd
 from ansible_collections.warmstart.snapshot.plugins.module_utils import _pageserver as ps
 from ansible_collections.warmstart.snapshot.plugins.module_utils import _retention as ret
@@ -68,6 +73,11 @@ def pod_argument_spec(**extra: Any) -> Dict[str, Any]:
         container_id=dict(type="str"),
         **extra,
     ))
+
+
+def metrics_argument_spec() -> Dict[str, Any]:
+    """``metrics_dir``, as the doc fragment warmstart.snapshot.metrics documents it."""
+    return dict(metrics_dir=dict(type="path"))
 
 
 def progress_argument_spec() -> Dict[str, Any]:
@@ -113,12 +123,13 @@ def checkpoint(p: Params, check_mode: bool) -> Result:
                                  cuda_lock_timeout=p.get("cuda_lock_timeout", cu.DEFAULT_LOCK_TIMEOUT_MS),
                                  check_mode=check_mode)
     except (WarmstartError, OSError) as exc:
-        raise with_context(exc, target=target_info)
+        raise _with_warning(with_context(exc, target=target_info), _record_capture(p, check_mode, None))
     if check_mode:  # {"cuda", "msg"}: what would be snapshot
         return dict(result, changed=True, target=target_info)
     if store.transfer:
         result["transfer"] = dict(store.transfer)
-    return dict(changed=True, snapshot=result, target=target_info)
+    warning = _record_capture(p, check_mode, result)
+    return dict(changed=True, snapshot=result, target=target_info, **({"warnings": [warning]} if warning else {}))
 
 
 def _checkpoint_target(p: Params) -> Any:
@@ -153,7 +164,13 @@ def restore(p: Params, check_mode: bool) -> Result:
         refuse_empty(p, "snapshot", "name")
         result = _restore_into(p, check_mode) if p.get("into") else _restore_process(p, check_mode)
     except (WarmstartError, OSError) as exc:
-        raise with_context(exc, outcome="failed")
+        err = with_context(exc, outcome="failed")
+        details = err.details if isinstance(err, WarmstartError) else {}
+        raise _with_warning(err, *_record_restore(p, check_mode, details.get("restore") or {},
+                                                  str(details.get("outcome") or "failed")))
+    warnings = _record_restore(p, check_mode, result["restore"], result["outcome"])
+    if warnings:
+        result["warnings"] = list(result.get("warnings") or []) + warnings
     return result
 
 
@@ -200,6 +217,63 @@ def _into_failed(result: Result, done: int) -> WarmstartError:
         f"restore of snapshot {result['id']} {result['outcome'].replace('_', ' ')}: "
         f"{done} of {len(result['destinations'])} container(s) restored; " + "; ".join(errors),
         log_tail="\n".join(tails) or None, restore=result, outcome=result["outcome"])
+
+
+# --- metrics ----------------------------------------------------------------------
+
+# A placeholder's result -> the restore outcome it counts as (refused: before anything was touched).
+_DESTINATION_OUTCOMES = {"succeeded": "succeeded", "refused": "incompatible", "failed": "failed"}
+
+
+def _with_warning(exc: Exception, *warnings: Optional[str]) -> Exception:
+    """``exc`` with ``warnings`` added to its failure's warnings (a WarmstartError's details); returns it."""
+    if isinstance(exc, WarmstartError):
+        exc.details.setdefault("warnings", []).extend(w for w in warnings if w)
+    return exc
+
+
+def _record_capture(p: Params, check_mode: bool, snapshot: Optional[Result]) -> Optional[str]:
+    """Count a checkpoint (``snapshot``: its result; None: it failed); None or the warning to show."""
+    directory = mt.resolve_dir(p.get("metrics_dir"))
+    if check_mode or not directory:
+        return None
+    if snapshot is None:
+        return mt.record_capture(directory, "failed")
+    return mt.record_capture(directory, "succeeded", snapshot.get("timings"), int(snapshot.get("size") or 0))
+
+
+def _record_restore(p: Params, check_mode: bool, restored: Mapping[str, Any], outcome: str) -> List[str]:
+    """Count a restore: one per placeholder with ``into`` (each its own outcome and timings), else one.
+
+    A successful one also adds the snapshot's size and sets its age (namespace: ``into.pod``'s). Returns the
+    warnings to show (at most one).
+    """
+    directory = mt.resolve_dir(p.get("metrics_dir"))
+    if check_mode or not directory:
+        return []
+    destinations = restored.get("destinations")
+    records = [(outcome, restored.get("timings"))] if destinations is None else \
+        [(_DESTINATION_OUTCOMES.get(str(d.get("result")), "failed"), d.get("timings")) for d in destinations]
+    size, age = _snapshot_facts(p, restored.get("id")) if any(o == "succeeded" for o, _t in records) else (0, None)
+    namespace = str(((p.get("into") or {}).get("pod") or {}).get("namespace") or "")
+    warnings = []
+    for result, timings in records:
+        done = result == "succeeded"
+        warnings.append(mt.record_restore(directory, result, timings, size if done else 0, age if done else None,
+                                          namespace, str(restored.get("name") or "")))
+    return sorted({w for w in warnings if w})[:1]
+
+
+def _snapshot_facts(p: Params, snapshot_id: Any) -> Tuple[int, Optional[float]]:
+    """(size in bytes, age in seconds) of a restored snapshot from its manifest; (0, None) when unreadable."""
+    if not snapshot_id:
+        return 0, None
+    try:
+        doc = _store(p).load(str(snapshot_id))
+    except (WarmstartError, OSError, ValueError):
+        return 0, None
+    created = ret.created_ts(doc)
+    return int(doc.get("size") or 0), (max(time.time() - created, 0.0) if created else None)
 
 
 # --- page_server, snapshot_info, cleanup ------------------------------------------

@@ -29,6 +29,7 @@ extends_documentation_fragment:
   - warmstart.snapshot.store
   - warmstart.snapshot.store.criu
   - warmstart.snapshot.store.progress
+  - warmstart.snapshot.metrics
   - warmstart.snapshot.attributes.progress
   - warmstart.snapshot.attributes.node
   - warmstart.snapshot.attributes.no_diff
@@ -323,7 +324,8 @@ cuda:
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.warmstart.snapshot.plugins.module_utils import _module
 from ansible_collections.warmstart.snapshot.plugins.module_utils._adapter import run_module
-from ansible_collections.warmstart.snapshot.plugins.module_utils._module import pod_argument_spec, progress_argument_spec, store_argument_spec
+from ansible_collections.warmstart.snapshot.plugins.module_utils._module import (
+    metrics_argument_spec, pod_argument_spec, progress_argument_spec, store_argument_spec)
 
 
 def main() -> None:
@@ -338,6 +340,7 @@ def main() -> None:
             workloads_root=dict(type="path", default="/var/lib/warmstart/workloads"),
             **store_argument_spec(),
             **progress_argument_spec(),
+            **metrics_argument_spec(),
             criu_path=dict(type="path"),
             name=dict(type="str"),
             labels=dict(type="dict", default={}),

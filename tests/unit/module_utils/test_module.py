@@ -281,3 +281,91 @@ def test_workload_check_mode_starts_nothing(tmp_path: Path) -> None:
 def test_stopped_workload_that_never_ran_is_unchanged(tmp_path: Path) -> None:
     result = _module.workload(workload_params(tmp_path, state="stopped"), False)
     assert result["changed"] is False and "workload" in result
+
+
+# --- metrics (checkpoint and restore count themselves) ----------------------------
+
+def _metric(mdir: Path, sample: str) -> float:
+    """The value of one exact sample line's series in the node's metrics file (0 when absent)."""
+    for line in (mdir / "warmstart.prom").read_text().splitlines():
+        if line.startswith(sample + " "):
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
+def test_checkpoint_counts_success_and_failure_but_not_check_mode(store: st.FsStore, tmp_path: Path, pid: int,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    mdir = tmp_path / "metrics"
+    monkeypatch.setattr(snap, "checkpoint", lambda *a, **k: {"id": "i", "size": 2048,
+                                                             "timings": {"dump": 0.2, "total": 0.5}})
+    result = _module.checkpoint(checkpoint_params(store, tmp_path, pid=pid, metrics_dir=str(mdir)), False)
+    assert "warnings" not in result
+    assert _metric(mdir, 'warmstart_captures_total{outcome="succeeded"}') == 1
+    assert _metric(mdir, "warmstart_capture_bytes_total") == 2048
+    assert _metric(mdir, 'warmstart_capture_phase_seconds_count{phase="dump"}') == 1
+
+    def refuse(*args: Any, **kwargs: Any) -> Dict[str, Any]:
+        raise snap.SnapshotError("no")
+
+    monkeypatch.setattr(snap, "checkpoint", refuse)
+    failed(_module.checkpoint, checkpoint_params(store, tmp_path, pid=pid, metrics_dir=str(mdir)))
+    assert _metric(mdir, 'warmstart_captures_total{outcome="failed"}') == 1
+    before = (mdir / "warmstart.prom").read_text()
+    monkeypatch.setattr(snap, "checkpoint", lambda *a, **k: {"cuda": {}, "msg": "would"})
+    _module.checkpoint(checkpoint_params(store, tmp_path, pid=pid, metrics_dir=str(mdir)), True)
+    assert (mdir / "warmstart.prom").read_text() == before
+
+
+def test_restore_counts_size_and_age_from_the_manifest(store: st.FsStore, tmp_path: Path,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    doc = make_snapshot(store, "embed")
+    monkeypatch.setattr(snap, "restore", lambda *a, **k: {"id": doc["id"], "name": "embed", "outcome": "succeeded",
+                                                          "timings": {"restore": 0.1, "total": 0.2}})
+    monkeypatch.setenv("WARMSTART_METRICS_DIR", str(tmp_path / "metrics"))
+    result = _module.restore(restore_params(store, tmp_path, name="embed"), False)
+    assert result["outcome"] == "succeeded" and not result.get("warnings")
+    mdir = tmp_path / "metrics"
+    assert _metric(mdir, 'warmstart_restores_total{outcome="succeeded"}') == 1
+    assert _metric(mdir, "warmstart_restore_bytes_total") == doc["size"] > 0
+    assert 0 <= _metric(mdir, 'warmstart_snapshot_age_seconds{snapshot="embed"}') < 60
+    assert _metric(mdir, 'warmstart_restore_phase_seconds_count{phase="total"}') == 1
+
+
+def test_a_restore_failure_counts_with_its_outcome(store: st.FsStore, tmp_path: Path,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    def refuse(*args: Any, **kwargs: Any) -> Dict[str, Any]:
+        raise WarmstartError("does not fit", outcome="incompatible")
+
+    monkeypatch.setattr(snap, "restore", refuse)
+    mdir = tmp_path / "metrics"
+    failed(_module.restore, restore_params(store, tmp_path, name="embed", metrics_dir=str(mdir)))
+    assert _metric(mdir, 'warmstart_restores_total{outcome="incompatible"}') == 1
+    assert _metric(mdir, "warmstart_restore_bytes_total") == 0
+
+
+def test_a_container_restore_counts_each_placeholder(store: st.FsStore, tmp_path: Path,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(ctr, "restore_into", lambda *a, **k: into_result("partially_succeeded"))
+    into = dict(container=None, container_map=None, runtime="podman", skip_image_check=False,
+                kill_placeholder_on_failure=True, pod=None)
+    mdir = tmp_path / "metrics"
+    failed(_module.restore, restore_params(store, tmp_path, name="app", into=dict(into, container="p1"),
+                                           metrics_dir=str(mdir)))
+    assert [_metric(mdir, f'warmstart_restores_total{{outcome="{o}"}}') for o in
+            ("succeeded", "failed", "incompatible")] == [1, 1, 1]
+
+
+def test_metrics_that_cannot_be_written_are_a_warning(store: st.FsStore, tmp_path: Path,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "file").write_text("")
+    monkeypatch.setattr(snap, "restore", lambda *a, **k: {"id": "x", "name": "e", "outcome": "succeeded"})
+    result = _module.restore(restore_params(store, tmp_path, name="e", metrics_dir=str(tmp_path / "file" / "m")),
+                             False)
+    assert result["outcome"] == "succeeded" and result["warnings"][0].startswith("metrics not recorded in ")
+
+    def refuse(*args: Any, **kwargs: Any) -> Dict[str, Any]:
+        raise WarmstartError("no")
+
+    monkeypatch.setattr(snap, "restore", refuse)
+    out = failed(_module.restore, restore_params(store, tmp_path, name="e", metrics_dir=str(tmp_path / "file" / "m")))
+    assert out["msg"] == "no" and out["warnings"][0].startswith("metrics not recorded in ")
