@@ -29,24 +29,47 @@ It speaks the REST protocol for what warmstart uses, with the semantics that mat
 * a global ``resourceVersion``; ``uid`` and ``creationTimestamp`` assigned on create;
 * errors are ``Status`` objects with the real reasons and messages (``pods "x" not found``);
 * discovery: ``/version``, ``/api``, ``/api/v1``, ``/apis``, ``/apis/<group>``, ``/apis/<group>/<version>``;
-* optional bearer token (``FakeApiServer(token=...)`` answers 401 without it).
+* optional bearer token (``FakeApiServer(token=...)`` answers 401 without it);
+* watch: ``?watch=true`` (or ``watch=1``) on a collection path streams chunked JSON lines ``{"type": "ADDED" |
+  "MODIFIED" | "DELETED" | "BOOKMARK" | "ERROR", "object": {...}}``. Without ``resourceVersion`` (or with ``0``)
+  it starts with an ADDED event for every object that matches, else with the events after that resourceVersion,
+  kept in a bounded in-memory history (``FakeApiServer(history=...)`` events): one older than the history answers
+  HTTP 410 Gone (reason ``Expired``) at the start, and a watcher that falls behind the history gets an ERROR event
+  carrying that Status in the middle of its stream, which then ends. Every write makes an event: create, update,
+  patch (status too), delete, the ``deletionTimestamp`` of a delete held by finalizers and the final delete when
+  the last finalizer goes (a DELETED event carries a new resourceVersion), ``store.put``/``store.remove`` and the
+  objects of a deleted CRD. ``labelSelector`` and ``fieldSelector`` apply as on the real server's watch cache: an
+  object that starts matching (a pod bound to the node: ``spec.nodeName``) arrives as ADDED, one that stops
+  matching as DELETED. ``allowWatchBookmarks=true`` adds a BOOKMARK (an object with only
+  ``metadata.resourceVersion``) every ``server.bookmark_interval`` seconds; ``timeoutSeconds`` ends the stream
+  cleanly (default ``server.watch_timeout``).
 
-No watch, no server-side apply, no pagination. Every request is recorded in ``server.requests`` (method, path,
-query, content type) so a test can assert that check mode wrote nothing.
+Test hooks for faults: ``server.drop_watches()`` cuts every open watch connection (no terminating chunk, as a
+load balancer or a restarted API server does); ``server.compact()`` forgets the history, so that a resume from
+any earlier resourceVersion gets 410, and sends every open watch an ERROR 410 in the middle of its stream;
+``server.answer_errors(403)`` (or a 5xx) answers every resource request with that Status for ``seconds`` or until
+``server.heal()``; ``server.go_offline(seconds)`` closes the listening socket and every connection (refused until
+``server.go_online()``, same port); ``server.open_watches()`` lists the streams open now.
+
+No server-side apply, no pagination. Every request is recorded in ``server.requests`` (method, path, query,
+content type) so a test can assert that check mode wrote nothing.
 """
 from __future__ import annotations
 
+import collections
 import copy
 import json
 import random
 import re
+import socket
+import sys
 import threading
 import time
 import uuid
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any, Dict, Iterator, List, Optional, Tuple
+from typing import Any, Deque, Dict, Iterator, List, Optional, Set, Tuple
 from urllib.parse import parse_qs, unquote, urlsplit
 
 JSON = Dict[str, Any]
@@ -408,11 +431,31 @@ def _at(obj: Any, path: Tuple[str, ...]) -> Tuple[bool, Any]:
 
 # --- the store ------------------------------------------------------------------
 
-class Store:
-    """Objects by (group, plural) and (namespace, name); one lock for all of it."""
+@dataclass
+class WatchEvent:
+    """One change in the history: the object after it (``prev``: before it, None when created)."""
 
-    def __init__(self) -> None:
+    rv: int
+    group: str
+    plural: str
+    type: str
+    obj: JSON
+    prev: Optional[JSON]
+
+
+class Store:
+    """Objects by (group, plural) and (namespace, name); one lock for all of it.
+
+    Every change is also appended to ``history`` (at most ``history_limit`` events; ``compacted_rv`` is the
+    resourceVersion of the newest event forgotten, so a watch may resume from any resourceVersion >= it) and
+    wakes the watchers waiting on ``changed``."""
+
+    def __init__(self, history: int = 1000) -> None:
         self.lock = threading.RLock()
+        self.changed = threading.Condition(self.lock)
+        self.history: Deque[WatchEvent] = collections.deque()
+        self.history_limit = history
+        self.compacted_rv = 0
         self.resources: Dict[Tuple[str, str, str], Resource] = {}
         self.objects: Dict[Tuple[str, str], Dict[Tuple[str, str], JSON]] = {}
         self.rv = 0
@@ -484,13 +527,22 @@ class Store:
         """Drop an object at once, finalizers or not."""
         res = self.find_resource(plural, group)
         with self.lock:
-            self.objects.get((res.group, plural), {}).pop((namespace if res.namespaced else "", name), None)
+            self._drop(res, (namespace if res.namespaced else "", name))
 
     # internals -------------------------------------------------------------------
 
     def next_rv(self) -> str:
         self.rv += 1
         return str(self.rv)
+
+    def record(self, group: str, plural: str, type_: str, obj: JSON, prev: Optional[JSON]) -> None:
+        """Append one change to the history (copies) and wake the watchers."""
+        with self.lock:
+            self.history.append(WatchEvent(int(obj["metadata"]["resourceVersion"]), group, plural, type_,
+                                           copy.deepcopy(obj), copy.deepcopy(prev) if prev is not None else None))
+            while len(self.history) > self.history_limit:
+                self.compacted_rv = self.history.popleft().rv
+            self.changed.notify_all()
 
     def _insert(self, res: Resource, obj: JSON) -> JSON:
         meta = obj.setdefault("metadata", {})
@@ -500,19 +552,32 @@ class Store:
         meta["resourceVersion"] = self.next_rv()
         obj["apiVersion"], obj["kind"] = res.api_version, res.kind
         key = (meta.get("namespace", "") if res.namespaced else "", meta["name"])
-        self.objects.setdefault((res.group, res.plural), {})[key] = obj
+        bucket = self.objects.setdefault((res.group, res.plural), {})
+        prev = bucket.get(key)
+        bucket[key] = obj
+        self.record(res.group, res.plural, "ADDED" if prev is None else "MODIFIED", obj, prev)
         if res.plural == "customresourcedefinitions":
             self._serve_crd(obj)
         return obj
 
-    def _drop(self, res: Resource, key: Tuple[str, str]) -> None:
+    def _drop(self, res: Resource, key: Tuple[str, str], final: Optional[JSON] = None) -> None:
+        """Remove one object; its DELETED event carries ``final`` (default: the stored object) at a new rv."""
         obj = self.objects.get((res.group, res.plural), {}).pop(key, None)
-        if obj is not None and res.plural == "customresourcedefinitions":
+        if obj is None:
+            return
+        self._deleted(res.group, res.plural, final if final is not None else obj, obj)
+        if res.plural == "customresourcedefinitions":
             spec = obj.get("spec") or {}
             group, plural = spec.get("group", ""), (spec.get("names") or {}).get("plural", "")
             for k in [k for k in self.resources if k[0] == group and k[2] == plural]:
                 del self.resources[k]
-            self.objects.pop((group, plural), None)
+            for _key, gone in sorted((self.objects.pop((group, plural), None) or {}).items()):
+                self._deleted(group, plural, gone, gone)
+
+    def _deleted(self, group: str, plural: str, final: JSON, prev: JSON) -> None:
+        gone = copy.deepcopy(final)
+        gone.setdefault("metadata", {})["resourceVersion"] = self.next_rv()
+        self.record(group, plural, "DELETED", gone, prev)
 
     def _serve_crd(self, crd: JSON) -> None:
         spec = crd.get("spec") or {}
@@ -744,10 +809,11 @@ class Api:
             return new
         key = self._key(res, namespace, name)
         if new["metadata"].get("deletionTimestamp") and not new["metadata"].get("finalizers"):
-            self.store._drop(res, key)
+            self.store._drop(res, key, final=new)
             return new
         new["metadata"]["resourceVersion"] = self.store.next_rv()
         self._bucket(res)[key] = new
+        self.store.record(res.group, res.plural, "MODIFIED", new, old)
         if res.plural == "customresourcedefinitions":
             self.store._serve_crd(new)
         return copy.deepcopy(new)
@@ -799,12 +865,146 @@ class Api:
                     obj["metadata"]["deletionTimestamp"] = _now()
                     obj["metadata"]["deletionGracePeriodSeconds"] = 0
                     obj["metadata"]["resourceVersion"] = self.store.next_rv()
+                    self.store.record(res.group, res.plural, "MODIFIED", obj, old)
                 return copy.deepcopy(obj)
             self.store._drop(res, key)
             if res.custom:
                 return {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success",
                         "details": {"name": name, "group": res.group, "kind": res.plural, "uid": old["metadata"]["uid"]}}
             return old
+
+
+# --- watch ------------------------------------------------------------------------
+
+@dataclass
+class WatchRequest:
+    """A watch asked of a collection: what ``route`` answers instead of a document."""
+
+    res: Resource
+    namespace: Optional[str]
+    query: Dict[str, str]
+
+
+def _expired(message: str) -> ApiError:
+    return ApiError(410, "Expired", message)
+
+
+class WatchStream:
+    """One open watch: its filters, its position in the history and its fate (dropped, expired)."""
+
+    def __init__(self, fake: "FakeApiServer", handler: "_Handler", req: WatchRequest) -> None:
+        self.fake, self.handler, self.res, self.namespace = fake, handler, req.res, req.namespace
+        self.query = req.query
+        self.labels = parse_label_selector(req.query.get("labelSelector", ""))
+        self.fields = req.query.get("fieldSelector", "")
+        field_match({}, self.fields, self.res)  # a bad field selector is a 400 before the stream starts
+        self.bookmarks = req.query.get("allowWatchBookmarks") in ("true", "1")
+        try:
+            timeout = float(req.query["timeoutSeconds"]) if req.query.get("timeoutSeconds") else fake.watch_timeout
+        except ValueError:
+            raise ApiError(400, "BadRequest", f"invalid timeoutSeconds {req.query['timeoutSeconds']!r}") from None
+        self.deadline = time.monotonic() + timeout
+        self.position = 0
+        self.dropped = self.expired = False
+
+    @property
+    def path(self) -> str:
+        return self.handler.path
+
+    def matches(self, obj: JSON) -> bool:
+        meta = obj.get("metadata") or {}
+        if self.namespace is not None and self.res.namespaced and meta.get("namespace") != self.namespace:
+            return False
+        return label_match(meta.get("labels") or {}, self.labels) and field_match(obj, self.fields, self.res)
+
+    def start(self) -> List[JSON]:
+        """Under the store's lock: the first events (the current state when no resourceVersion is given)."""
+        store = self.fake.store
+        rv = self.query.get("resourceVersion") or ""
+        if rv in ("", "0"):
+            self.position = store.rv
+            return [{"type": "ADDED", "object": copy.deepcopy(obj)}
+                    for _key, obj in sorted(store.objects.get((self.res.group, self.res.plural), {}).items())
+                    if self.matches(obj)]
+        try:
+            self.position = int(rv)
+        except ValueError:
+            raise ApiError(400, "BadRequest", f"invalid resourceVersion {rv!r}") from None
+        if self.position < store.compacted_rv:
+            raise _expired(f"too old resource version: {self.position} ({store.compacted_rv})")
+        return []
+
+    def convert(self, ev: WatchEvent) -> Optional[JSON]:
+        """What this watcher sees of one change (selectors as the watch cache applies them), or None."""
+        if (ev.group, ev.plural) != (self.res.group, self.res.plural):
+            return None
+        was_in = ev.prev is not None and self.matches(ev.prev)
+        if ev.type == "DELETED":
+            return {"type": "DELETED", "object": ev.obj} if was_in or self.matches(ev.obj) else None
+        now_in = self.matches(ev.obj)
+        if now_in:
+            return {"type": "MODIFIED" if was_in else "ADDED", "object": ev.obj}
+        if was_in and ev.prev is not None:
+            gone = copy.deepcopy(ev.prev)
+            gone["metadata"]["resourceVersion"] = str(ev.rv)
+            return {"type": "DELETED", "object": gone}
+        return None
+
+    def _next(self, next_bookmark: float) -> Optional[List[JSON]]:
+        """Wait for changes (or a bookmark or the deadline); the events to send, or None when the stream ends."""
+        store = self.fake.store
+        with store.lock:
+            while not (self.dropped or self.expired or self.fake.closing or store.rv > self.position):
+                now = time.monotonic()
+                wake = min(self.deadline, next_bookmark)
+                if now >= wake:
+                    break
+                store.changed.wait(min(wake - now, 0.5))
+            if self.dropped or self.fake.closing:
+                return None
+            if self.expired or self.position < store.compacted_rv:
+                self.expired = True
+                return [{"type": "ERROR", "object": _expired(
+                    f"too old resource version: {self.position} ({store.compacted_rv})").status()}]
+            events = [out for ev in store.history if ev.rv > self.position
+                      for out in [self.convert(ev)] if out is not None]
+            self.position = store.rv
+            return events
+
+    def run(self, first: List[JSON]) -> None:
+        """Send the events until the deadline, an expiry (ERROR then a clean end) or a drop (cut, no end)."""
+        interval = self.fake.bookmark_interval
+        next_bookmark = time.monotonic() + interval if self.bookmarks else float("inf")
+        self._send(first)
+        while True:
+            events = self._next(next_bookmark)
+            if events is None:
+                self.cut()
+                return
+            self._send(events)
+            if self.expired:
+                break
+            now = time.monotonic()
+            if now >= next_bookmark:
+                self._send([{"type": "BOOKMARK", "object": {"kind": self.res.kind, "apiVersion": self.res.api_version,
+                                                            "metadata": {"resourceVersion": str(self.position)}}}])
+                next_bookmark = now + interval
+            if now >= self.deadline:
+                break
+        self.handler.wfile.write(b"0\r\n\r\n")
+
+    def _send(self, events: List[JSON]) -> None:
+        for event in events:
+            data = json.dumps(event).encode() + b"\n"
+            self.handler.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
+
+    def cut(self) -> None:
+        """Close the connection at once, mid-stream (the client sees it end without the last chunk)."""
+        self.dropped = True
+        try:
+            self.handler.connection.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -845,11 +1045,34 @@ class _Handler(BaseHTTPRequestHandler):
             if fake.token is not None and self.headers.get("Authorization") != f"Bearer {fake.token}":
                 raise ApiError(401, "Unauthorized", "Unauthorized")
             code, doc = fake.route(self.command, parts.path, query, body, ctype)
+            if isinstance(doc, WatchRequest):
+                self._watch(WatchStream(fake, self, doc))
+                return
         except ApiError as exc:
             code, doc = exc.code, exc.status()
         except Exception as exc:  # noqa: BLE001 - a bug in the fake must show as 500, not hang the client
             code, doc = 500, ApiError(500, "InternalError", f"fake apiserver: {type(exc).__name__}: {exc}").status()
         self._send(code, doc)
+
+    def _watch(self, stream: WatchStream) -> None:
+        """Answer a watch: its first events, then the changes, as a chunked stream of JSON lines."""
+        fake: FakeApiServer = self.server.fake
+        with fake.store.lock:
+            first = stream.start()  # an ApiError (410, 400) is answered as a plain Status by _handle
+            fake.watches.add(stream)
+        self.close_connection = True
+        try:
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Transfer-Encoding", "chunked")
+            self.send_header("Connection", "close")
+            self.end_headers()
+            stream.run(first)
+        except OSError:
+            pass  # the client went away
+        finally:
+            with fake.store.lock:
+                fake.watches.discard(stream)
 
     do_GET = do_POST = do_PUT = do_PATCH = do_DELETE = _handle
 
@@ -859,6 +1082,12 @@ class _HttpServer(ThreadingHTTPServer):
     allow_reuse_address = True
     fake: "FakeApiServer"
 
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """A client that went away (reset, broken pipe; common with cut watches) is no error of the server."""
+        if isinstance(sys.exc_info()[1], OSError):
+            return
+        super().handle_error(request, client_address)
+
 
 class FakeApiServer:
     """``with FakeApiServer() as api: ...``; ``api.url``, ``api.write_kubeconfig(path)``, ``api.store``."""
@@ -867,26 +1096,42 @@ class FakeApiServer:
                "gitTreeState": "clean", "buildDate": "2026-01-01T00:00:00Z", "goVersion": "go1.24.0",
                "compiler": "gc", "platform": "linux/amd64"}
 
-    def __init__(self, token: Optional[str] = None) -> None:
+    def __init__(self, token: Optional[str] = None, history: int = 1000, bookmark_interval: float = 1.0,
+                 watch_timeout: float = 1800.0) -> None:
         self.token = token
-        self.store = Store()
+        self.store = Store(history)
         self.api = Api(self.store)
         self.requests: List[JSON] = []
         self.kubeconfig: Optional[Path] = None
+        self.bookmark_interval = bookmark_interval
+        self.watch_timeout = watch_timeout
+        self.watches: Set[WatchStream] = set()
+        self.closing = False
+        self._errors: Optional[Tuple[int, float]] = None  # (code, until) of answer_errors
+        self._port = 0
+        self._offline_timer: Optional[threading.Timer] = None
         self._httpd: Optional[_HttpServer] = None
         self._thread: Optional[threading.Thread] = None
 
     # lifecycle ---------------------------------------------------------------------
 
     def start(self) -> "FakeApiServer":
-        self._httpd = _HttpServer(("127.0.0.1", 0), _Handler)
+        self.closing = False
+        self._httpd = _HttpServer(("127.0.0.1", self._port), _Handler)
         self._httpd.fake = self
+        self._port = self._httpd.server_address[1]
         self._thread = threading.Thread(target=self._httpd.serve_forever, kwargs={"poll_interval": 0.05},
                                         name="fake-apiserver", daemon=True)
         self._thread.start()
         return self
 
     def stop(self) -> None:
+        if self._offline_timer is not None:
+            self._offline_timer.cancel()
+        with self.store.lock:
+            self.closing = True
+            self.store.changed.notify_all()
+        self.drop_watches()
         if self._httpd is not None:
             self._httpd.shutdown()
             self._httpd.server_close()
@@ -900,8 +1145,8 @@ class FakeApiServer:
 
     @property
     def url(self) -> str:
-        assert self._httpd is not None, "server not started"
-        return f"http://127.0.0.1:{self._httpd.server_address[1]}"
+        assert self._port, "server not started"
+        return f"http://127.0.0.1:{self._port}"
 
     def write_kubeconfig(self, path: Path, context: str = "fake", namespace: str = "default",
                          token: Optional[str] = None) -> Path:
@@ -951,6 +1196,92 @@ class FakeApiServer:
         """The requests that could change something (POST, PUT, PATCH, DELETE), in order."""
         with self.store.lock:
             return [r for r in self.requests if r["method"] in WRITE_VERBS]
+
+    # faults --------------------------------------------------------------------------
+
+    def open_watches(self) -> List[JSON]:
+        """The watch streams open now: ``[{"path", "query", "resource_version"}]`` (their position)."""
+        with self.store.lock:
+            return [{"path": urlsplit(w.path).path, "query": dict(w.query), "resource_version": str(w.position)}
+                    for w in self.watches if not w.dropped]
+
+    def wait_watches(self, count: int, timeout: float = 10.0, path: Optional[str] = None) -> List[JSON]:
+        """Wait until at least ``count`` watches (on ``path`` when given) are open; returns them."""
+        deadline = time.monotonic() + timeout
+        while True:
+            open_now = [w for w in self.open_watches() if path is None or w["path"] == path]
+            if len(open_now) >= count:
+                return open_now
+            if time.monotonic() >= deadline:
+                raise AssertionError(f"{len(open_now)} watch(es) open{' on ' + path if path else ''} after "
+                                     f"{timeout:g} s, wanted {count}: {self.open_watches()}")
+            time.sleep(0.02)
+
+    def drop_watches(self) -> int:
+        """Cut every open watch connection mid-stream; returns how many."""
+        with self.store.lock:
+            streams = [w for w in self.watches if not w.dropped]
+            for stream in streams:
+                stream.cut()
+            self.store.changed.notify_all()
+        return len(streams)
+
+    def compact(self, interrupt: bool = True) -> None:
+        """Forget the history: resuming from any resourceVersion seen so far answers 410 Gone; with
+        ``interrupt``, every open watch gets an ERROR 410 event now, in the middle of its stream, and ends."""
+        with self.store.lock:
+            self.store.history.clear()
+            self.store.compacted_rv = self.store.rv
+            if interrupt:
+                for stream in self.watches:
+                    stream.expired = True
+            self.store.changed.notify_all()
+
+    def answer_errors(self, code: int = 403, seconds: Optional[float] = None) -> None:
+        """Answer every resource request (not discovery) with ``code`` for ``seconds`` (None: until ``heal``)."""
+        with self.store.lock:
+            self._errors = (code, time.monotonic() + seconds if seconds is not None else float("inf"))
+
+    def heal(self) -> None:
+        with self.store.lock:
+            self._errors = None
+
+    def go_offline(self, seconds: Optional[float] = None) -> None:
+        """Stop listening and cut every connection (clients get 'connection refused'); back after ``seconds``
+        (None: when ``go_online`` is called), on the same port."""
+        if self._httpd is not None:
+            self._httpd.shutdown()
+            self._httpd.server_close()
+            self._httpd = None
+        self.drop_watches()
+        if seconds is not None:
+            self._offline_timer = threading.Timer(seconds, self.go_online)
+            self._offline_timer.daemon = True
+            self._offline_timer.start()
+
+    def go_online(self) -> None:
+        if self._httpd is None:
+            self.start()
+
+    def _injected_error(self, method: str, res: Resource, namespace: Optional[str], name: Optional[str],
+                        watch: bool) -> None:
+        with self.store.lock:
+            if self._errors is None:
+                return
+            code, until = self._errors
+            if time.monotonic() >= until:
+                self._errors = None
+                return
+        if code == 403:
+            verb = {"GET": "watch" if watch else ("get" if name else "list"), "POST": "create", "PUT": "update",
+                    "PATCH": "patch", "DELETE": "delete"}.get(method, method.lower())
+            scope = f'in the namespace "{namespace}"' if namespace else "at the cluster scope"
+            raise ApiError(403, "Forbidden", f'{res.qualified} {(name + " ") if name else ""}is forbidden: User '
+                           f'"system:serviceaccount:warmstart:agent" cannot {verb} resource "{res.plural}" in API '
+                           f'group "{res.group}" {scope}', {"name": name or "", "group": res.group,
+                                                             "kind": res.plural})
+        reason = {500: "InternalError", 503: "ServiceUnavailable", 429: "TooManyRequests"}.get(code, "Unknown")
+        raise ApiError(code, reason, f"fake apiserver: injected {code} {reason}")
 
     # routing -----------------------------------------------------------------------
 
@@ -1002,8 +1333,7 @@ class FakeApiServer:
             doc = self._discovery(path.rstrip("/") or "/")
             if doc is not None:
                 return 200, doc
-        if query.get("watch") in ("true", "1"):
-            raise ApiError(400, "BadRequest", "watch is not supported by the fake API server")
+        watch = query.get("watch") in ("true", "1")
         m = re.match(r"^/api/v1/(.*)$", path) or re.match(r"^/apis/([^/]+)/([^/]+)/(.*)$", path)
         if not m:
             raise ApiError(404, "NotFound", "the server could not find the requested resource")
@@ -1025,7 +1355,10 @@ class FakeApiServer:
             raise ApiError(404, "NotFound", "the server could not find the requested resource")
         ns = namespace or ""
         dry_run = query.get("dryRun") == "All"
+        self._injected_error(method, res, namespace, name, watch and name is None)
         if name is None:
+            if method == "GET" and watch:
+                return 200, WatchRequest(res, namespace, query)
             if method == "GET":
                 return 200, self.api.list(res, namespace, query)
             if method == "POST":

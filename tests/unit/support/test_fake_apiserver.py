@@ -1,7 +1,10 @@
 """The fake API server, driven by the real kubernetes client: the fixture the Kubernetes tests rely on is proven here."""
 from __future__ import annotations
 
+import http.client
 import json
+import threading
+import time
 from pathlib import Path
 from typing import Any, Dict
 
@@ -9,7 +12,8 @@ import pytest
 
 kubernetes = pytest.importorskip("kubernetes")
 
-from kubernetes import client, config  # noqa: E402
+import urllib3  # noqa: E402
+from kubernetes import client, config, watch  # noqa: E402
 from kubernetes.client.exceptions import ApiException  # noqa: E402
 
 from tests.support import fake_apiserver as fake_server_module  # noqa: E402
@@ -389,3 +393,256 @@ def test_builtin_workload_and_rbac_objects_are_stored_like_core_objects(fake_api
     assert fake_apiserver.store.get("daemonsets", "agent", "default")["spec"]["template"]["spec"]["containers"] == [
         {"name": "agent", "image": "b"}]
     assert fake_apiserver.store.get("clusterroles", "warmstart-agent")["rules"][0]["verbs"] == ["get"]
+
+
+# --- watch ----------------------------------------------------------------------------
+
+def _events(stream: Any, until: int) -> list:
+    """(type, name, resourceVersion) of raw watch events, until ``until`` of them (then stop the watch)."""
+    out = []
+    for ev in stream:
+        meta = ev["raw_object"].get("metadata") or {}
+        out.append((ev["type"], meta.get("name"), meta.get("resourceVersion")))
+        if len(out) >= until:
+            break
+    return out
+
+
+def _soon(action: Any, delay: float = 0.2) -> threading.Thread:
+    """Run ``action`` in a thread after ``delay`` seconds (while the test reads a stream)."""
+    def run() -> None:
+        time.sleep(delay)
+        action()
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread
+
+
+def test_watch_streams_every_write_after_the_list(fake_apiserver: FakeApiServer, core: Any) -> None:
+    fake_apiserver.add_pod("old")
+    listed = core.list_namespaced_pod("default")
+    rv = listed.metadata.resource_version
+
+    def writes() -> None:
+        core.create_namespaced_pod("default", _pod("web"))
+        core.patch_namespaced_pod("web", "default", {"metadata": {"labels": {"v": "2"}}})
+        core.patch_namespaced_pod_status("web", "default", {"status": {"phase": "Running"}})
+        core.delete_namespaced_pod("web", "default")
+        core.delete_namespaced_pod("old", "default")
+
+    _soon(writes)
+    seen = _events(watch.Watch().stream(core.list_namespaced_pod, "default", resource_version=rv,
+                                        timeout_seconds=5), 5)
+    assert [(t, n) for t, n, _rv in seen] == [("ADDED", "web"), ("MODIFIED", "web"), ("MODIFIED", "web"),
+                                              ("DELETED", "web"), ("DELETED", "old")]
+    rvs = [int(r) for _t, _n, r in seen]
+    assert rvs == sorted(rvs) and len(set(rvs)) == 5 and rvs[0] > int(rv)  # a DELETED event has its own rv
+
+
+def test_watch_without_resource_version_starts_with_the_current_objects(fake_apiserver: FakeApiServer,
+                                                                       core: Any) -> None:
+    fake_apiserver.add_pod("a")
+    fake_apiserver.add_pod("b", namespace="other")
+    seen = _events(watch.Watch().stream(core.list_pod_for_all_namespaces, timeout_seconds=1), 10)
+    assert sorted(n for t, n, _rv in seen if t == "ADDED") == ["a", "b"]
+    only_default = _events(watch.Watch().stream(core.list_namespaced_pod, "default", timeout_seconds=1), 10)
+    assert [n for _t, n, _rv in only_default] == ["a"]
+
+
+def test_watch_applies_field_and_label_selectors_like_the_watch_cache(fake_apiserver: FakeApiServer,
+                                                                      core: Any) -> None:
+    """A pod bound to the node arrives as ADDED, one that stops matching leaves as DELETED."""
+    rv = core.list_pod_for_all_namespaces().metadata.resource_version
+
+    def writes() -> None:
+        core.create_namespaced_pod("default", _pod("elsewhere", nodeName="n2"))
+        core.create_namespaced_pod("default", _pod("pending", labels={"app": "embed"}))
+        core.patch_namespaced_pod("pending", "default", {"spec": {"nodeName": "n1"}})
+        core.patch_namespaced_pod("pending", "default", {"metadata": {"labels": {"app": "chat"}}})
+
+    _soon(writes)
+    seen = _events(watch.Watch().stream(core.list_pod_for_all_namespaces, resource_version=rv,
+                                        field_selector="spec.nodeName=n1", label_selector="app=embed",
+                                        timeout_seconds=2), 2)
+    assert [(t, n) for t, n, _rv in seen] == [("ADDED", "pending"), ("DELETED", "pending")]
+    with pytest.raises(ApiException) as bad:
+        _events(watch.Watch().stream(core.list_pod_for_all_namespaces, field_selector="spec.bogus=1",
+                                     timeout_seconds=1), 1)
+    assert bad.value.status == 400
+
+
+def test_watch_sees_a_delete_held_by_finalizers_and_its_end(fake_apiserver: FakeApiServer, core: Any) -> None:
+    core.create_namespaced_pod("default", dict(_pod("held"), metadata={"name": "held", "finalizers": ["x/y"]}))
+    rv = core.list_namespaced_pod("default").metadata.resource_version
+
+    def writes() -> None:
+        core.delete_namespaced_pod("held", "default")
+        core.patch_namespaced_pod("held", "default", {"metadata": {"finalizers": None}})
+
+    _soon(writes)
+    seen = list(watch.Watch().stream(core.list_namespaced_pod, "default", resource_version=rv, timeout_seconds=2))
+    assert [e["type"] for e in seen] == ["MODIFIED", "DELETED"]
+    assert seen[0]["raw_object"]["metadata"]["deletionTimestamp"]
+    assert not seen[1]["raw_object"]["metadata"].get("finalizers")
+
+
+def test_watch_custom_objects(fake_apiserver: FakeApiServer, crds: Any) -> None:
+    rv = crds.list_namespaced_custom_object(GROUP, VERSION, "default", "widgets")["metadata"]["resourceVersion"]
+
+    def writes() -> None:
+        crds.create_namespaced_custom_object(GROUP, VERSION, "default", "widgets", _widget("w1"))
+        crds.patch_namespaced_custom_object_status(GROUP, VERSION, "default", "widgets", "w1",
+                                                   {"status": {"phase": "Ready"}})
+
+    _soon(writes)
+    seen = list(watch.Watch().stream(crds.list_namespaced_custom_object, GROUP, VERSION, "default", "widgets",
+                                     resource_version=rv, timeout_seconds=1))
+    assert [e["type"] for e in seen] == ["ADDED", "MODIFIED"]
+    assert seen[1]["object"]["status"] == {"phase": "Ready"}  # custom objects come as dicts
+
+
+def test_bookmarks_carry_only_a_resource_version_and_advance_the_watch(tmp_path: Path) -> None:
+    with FakeApiServer(bookmark_interval=0.1) as server:
+        server.write_kubeconfig(tmp_path / "kubeconfig")
+        core = client.CoreV1Api(_api(server))
+        rv = core.list_namespaced_pod("default").metadata.resource_version
+        server.add_pod("other", namespace="elsewhere")  # bumps the resourceVersion, not this watch's objects
+        w = watch.Watch()
+        seen = []
+        for ev in w.stream(core.list_namespaced_pod, "default", resource_version=rv, allow_watch_bookmarks=True,
+                           timeout_seconds=1):
+            seen.append(ev)
+            if ev["type"] == "BOOKMARK":
+                break
+        assert seen[0]["type"] == "BOOKMARK"
+        assert seen[0]["raw_object"] == {"kind": "Pod", "apiVersion": "v1",
+                                         "metadata": {"resourceVersion": str(server.store.rv)}}
+        assert w.resource_version == str(server.store.rv) != rv
+
+
+def test_timeout_seconds_ends_the_stream_cleanly(fake_apiserver: FakeApiServer, core: Any) -> None:
+    started = time.monotonic()
+    assert list(watch.Watch().stream(core.list_namespaced_pod, "default", resource_version="1",
+                                     timeout_seconds=1)) == []
+    assert 0.9 <= time.monotonic() - started < 3
+
+
+def test_resume_older_than_the_history_answers_410_gone(fake_apiserver: FakeApiServer, core: Any) -> None:
+    rv = core.list_namespaced_pod("default").metadata.resource_version
+    fake_apiserver.add_pod("a")
+    fake_apiserver.compact()
+    with pytest.raises(ApiException) as gone:
+        list(watch.Watch().stream(core.list_namespaced_pod, "default", resource_version=rv, timeout_seconds=1))
+    assert gone.value.status == 410
+    assert _status(gone.value)["reason"] == "Expired" and "too old resource version" in _status(gone.value)["message"]
+    assert list(watch.Watch().stream(core.list_namespaced_pod, "default", resource_version=str(fake_apiserver.store.rv),
+                                     timeout_seconds=1)) == []  # from now on is fine
+
+
+def test_history_is_bounded(tmp_path: Path) -> None:
+    with FakeApiServer(history=3) as server:
+        server.write_kubeconfig(tmp_path / "kubeconfig")
+        core = client.CoreV1Api(_api(server))
+        rv = core.list_namespaced_pod("default").metadata.resource_version
+        for i in range(3):
+            server.add_pod(f"p{i}")
+        assert len(list(watch.Watch().stream(core.list_namespaced_pod, "default", resource_version=rv,
+                                             timeout_seconds=1))) == 3
+        server.add_pod("p3")
+        with pytest.raises(ApiException) as gone:
+            list(watch.Watch().stream(core.list_namespaced_pod, "default", resource_version=rv, timeout_seconds=1))
+        assert gone.value.status == 410
+
+
+def test_compact_sends_an_error_410_in_the_middle_of_a_stream(fake_apiserver: FakeApiServer, core: Any) -> None:
+    rv = core.list_namespaced_pod("default").metadata.resource_version
+
+    def writes() -> None:
+        fake_apiserver.add_pod("before")
+        time.sleep(0.2)
+        fake_apiserver.compact()
+
+    _soon(writes)
+    seen = []
+    with pytest.raises(ApiException) as gone:
+        for ev in watch.Watch().stream(core.list_namespaced_pod, "default", resource_version=rv, timeout_seconds=5):
+            seen.append(ev["type"])
+    assert seen == ["ADDED"]
+    assert gone.value.status == 410 and "Expired" in gone.value.reason
+    # and a resume from before the compaction is refused at the start, with the HTTP status itself
+    assert _raw_status(fake_apiserver, f"/api/v1/namespaces/default/pods?watch=true&resourceVersion={rv}") == 410
+
+
+def _raw_status(server: FakeApiServer, path: str) -> int:
+    """The HTTP status of a GET read with http.client (the wire itself, no client library)."""
+    conn = http.client.HTTPConnection(server.url[len("http://"):], timeout=5)
+    try:
+        conn.request("GET", path)
+        return conn.getresponse().status
+    finally:
+        conn.close()
+
+
+def test_watch_is_a_chunked_stream_of_json_lines(fake_apiserver: FakeApiServer) -> None:
+    fake_apiserver.add_pod("a")
+    conn = http.client.HTTPConnection(fake_apiserver.url[len("http://"):], timeout=5)
+    conn.request("GET", "/api/v1/pods?watch=1&timeoutSeconds=1")
+    resp = conn.getresponse()
+    assert resp.status == 200 and resp.getheader("Transfer-Encoding") == "chunked"
+    body = resp.read().decode()  # http.client undoes the chunking and stops at the last chunk
+    events = [json.loads(line) for line in body.splitlines() if line]
+    assert [(e["type"], e["object"]["metadata"]["name"]) for e in events] == [("ADDED", "a")]
+    conn.close()
+
+
+def test_drop_watches_cuts_the_connection_mid_stream(fake_apiserver: FakeApiServer, core: Any) -> None:
+    rv = core.list_namespaced_pod("default").metadata.resource_version
+    _soon(lambda: (fake_apiserver.wait_watches(1), fake_apiserver.add_pod("a"), time.sleep(0.2),
+                   fake_apiserver.drop_watches()), delay=0)
+    seen = []
+    with pytest.raises(urllib3.exceptions.ProtocolError):
+        for ev in watch.Watch().stream(core.list_namespaced_pod, "default", resource_version=rv, timeout_seconds=5):
+            seen.append(ev["type"])
+    assert seen == ["ADDED"]
+    assert fake_apiserver.open_watches() == []
+
+
+def test_open_watches_lists_each_stream_and_its_position(fake_apiserver: FakeApiServer, core: Any) -> None:
+    rv = core.list_namespaced_pod("default").metadata.resource_version
+    reader = _soon(lambda: list(watch.Watch().stream(core.list_namespaced_pod, "default", resource_version=rv,
+                                                     field_selector="spec.nodeName=n1", timeout_seconds=1)), 0)
+    opened = fake_apiserver.wait_watches(1, path="/api/v1/namespaces/default/pods")
+    assert opened[0]["query"]["fieldSelector"] == "spec.nodeName=n1" and opened[0]["resource_version"] == rv
+    reader.join(5)
+    assert fake_apiserver.open_watches() == []
+
+
+def test_answer_errors_403_names_the_verb_and_resource_then_heals(fake_apiserver: FakeApiServer, core: Any) -> None:
+    fake_apiserver.answer_errors(403)
+    with pytest.raises(ApiException) as listed:
+        core.list_pod_for_all_namespaces()
+    assert listed.value.status == 403 and _status(listed.value)["reason"] == "Forbidden"
+    assert _status(listed.value)["message"] == ('pods is forbidden: User "system:serviceaccount:warmstart:agent" '
+                                                'cannot list resource "pods" in API group "" at the cluster scope')
+    with pytest.raises(ApiException) as watched:
+        list(watch.Watch().stream(core.list_namespaced_pod, "default", timeout_seconds=1))
+    assert watched.value.status == 403 and "cannot watch resource" in _status(watched.value)["message"]
+    fake_apiserver.heal()
+    assert core.list_pod_for_all_namespaces().items == []
+    fake_apiserver.answer_errors(503, seconds=0.2)
+    with pytest.raises(ApiException) as unavailable:
+        core.list_pod_for_all_namespaces()
+    assert unavailable.value.status == 503
+    time.sleep(0.3)
+    assert core.list_pod_for_all_namespaces().items == []
+
+
+def test_go_offline_refuses_connections_until_back_on_the_same_port(fake_apiserver: FakeApiServer,
+                                                                   core: Any) -> None:
+    url = fake_apiserver.url
+    fake_apiserver.go_offline(seconds=0.5)
+    with pytest.raises(urllib3.exceptions.MaxRetryError):
+        core.list_namespaced_pod("default", _request_timeout=2)
+    time.sleep(0.8)
+    assert fake_apiserver.url == url
+    assert core.list_namespaced_pod("default", _request_timeout=2).items == []
