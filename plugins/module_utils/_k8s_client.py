@@ -55,8 +55,12 @@ KINDS: Dict[str, Tuple[str, bool]] = {
     pc.KIND_SNAPSHOT: ("podsnapshots", True),
     pc.KIND_CONTENT: ("podsnapshotcontents", False),
     pc.KIND_POLICY: ("podsnapshotpolicies", True),
+    pc.KIND_TRIGGER: ("podsnapshotmanualtriggers", True),
+    pc.KIND_STORAGE_CONFIG: ("podsnapshotstorageconfigs", False),
     "Pod": ("pods", True),
+    "Secret": ("secrets", True),
 }
+CORE_KINDS = ("Pod", "Secret")  # served under /api/v1
 LABEL_SNAPSHOT_NAMESPACE = pc.GROUP + "/snapshot-namespace"
 LABEL_SNAPSHOT_NAME = pc.GROUP + "/snapshot-name"
 MERGE_PATCH = "application/merge-patch+json"
@@ -224,7 +228,7 @@ class Cluster:
     @staticmethod
     def path(kind: str, namespace: Optional[str] = None, name: Optional[str] = None, status: bool = False) -> str:
         plural, namespaced = KINDS[kind]
-        base = "/api/v1" if kind == "Pod" else f"/apis/{pc.GROUP}/{pc.VERSION}"
+        base = "/api/v1" if kind in CORE_KINDS else f"/apis/{pc.GROUP}/{pc.VERSION}"
         out = base + (f"/namespaces/{namespace}" if namespaced and namespace else "") + f"/{plural}"
         if name:
             out += f"/{name}" + ("/status" if status else "")

@@ -24,6 +24,15 @@ Restore pod (``build`` / ``validate`` / ``classify``)
     ``build(entrypoint="standby")`` keeps each container's command and sets
     ``SNAPSHOT_RESTORE_STANDBY=1`` instead, for a standby-aware entrypoint that
     blocks without initialising; ``validate`` accepts either form.
+    ``build(snapshot_name=None)`` selects at restore: instead of restore-from the
+    pod carries ``snapshot.warmstart.io/restore-select: "true"`` (and
+    ``restore-policy: <PodSnapshotPolicy>``, whose grouping labels and scope the
+    selection uses); the agent pins the snapshot it selects (restore-from) before
+    it restores. ``build(fallback="cold-start")`` writes
+    ``snapshot.warmstart.io/restore-fallback: cold-start`` (the agent starts the
+    app cold when the restore fails or is refused, by writing the control file
+    ``cold-start``); it needs the standby entrypoint, and the startup probe is
+    ``/bin/sh -c 'cat .../restore-complete || cat .../cold-start'``.
 
 Reference names (ai-dynamo/snapshot ``api/podcontract``)
     ``nvidia.com/restore-from``, ``nvidia.com/restore-container-map`` and
@@ -94,11 +103,26 @@ API_VERSION = GROUP + "/" + VERSION
 KIND_SNAPSHOT = "PodSnapshot"
 KIND_CONTENT = "PodSnapshotContent"
 KIND_POLICY = "PodSnapshotPolicy"
+KIND_TRIGGER = "PodSnapshotManualTrigger"
+KIND_STORAGE_CONFIG = "PodSnapshotStorageConfig"
+TRIGGERED_CONDITION = "Triggered"
 
 ANN_RESTORE_FROM = GROUP + "/restore-from"
 ANN_CONTAINER_MAP = GROUP + "/restore-container-map"
 ANN_SKIP_COMPAT = GROUP + "/snapshot-skip-compat-check"
 ANN_ORIGINAL_ENTRYPOINT = GROUP + "/original-entrypoint"
+# A restore template without a pinned snapshot: the agent selects the newest compatible Ready PodSnapshot when the
+# pod runs (``restore-select: "true"``; the grouping labels and scope of the ``restore-policy`` PodSnapshotPolicy,
+# when named) and then pins it on the pod (restore-from).
+ANN_RESTORE_SELECT = GROUP + "/restore-select"
+ANN_RESTORE_POLICY = GROUP + "/restore-policy"
+# What a failed or refused restore does (the agent's ``fallback``): ``cold-start`` - the agent writes the control
+# file ``cold-start`` and the standby entrypoint starts the app from scratch; ``none`` - the placeholder is killed
+# (the pod's one attempt is spent); absent - the agent's own setting.
+ANN_RESTORE_FALLBACK = GROUP + "/restore-fallback"
+FALLBACK_NONE = "none"
+FALLBACK_COLD_START = "cold-start"
+FALLBACKS = (FALLBACK_NONE, FALLBACK_COLD_START)
 
 CONTROL_VOLUME = "snapshot-control"
 CONTROL_MOUNT = "/snapshot-control"
@@ -106,6 +130,9 @@ CONTROL_ENV = "SNAPSHOT_CONTROL_DIR"
 INERT_COMMAND = ["/bin/sh", "-c", "exec sleep infinity"]
 SECCOMP_PROFILE = "profiles/block-iouring.json"
 STARTUP_PROBE_COMMAND = ["cat", CONTROL_MOUNT + "/restore-complete"]
+COLD_START_FILE = "cold-start"
+# The startup probe of a pod with the cold-start fallback: restored, or told to start cold.
+COLD_START_PROBE_COMMAND = ["/bin/sh", "-c", f"cat {CONTROL_MOUNT}/restore-complete || cat {CONTROL_MOUNT}/{COLD_START_FILE}"]
 FINALIZER = GROUP + "/restore"
 
 # The reference contract's names (ai-dynamo/snapshot ``api/podcontract``): read as aliases of ours, never written.
@@ -355,8 +382,9 @@ def format_container_map(pairs: Iterable[Tuple[str, str]]) -> str:
 
 # --- contract pieces shared by build and validate ---------------------------------
 
-def _startup_probe() -> Dict[str, Any]:
-    return {"exec": {"command": list(STARTUP_PROBE_COMMAND)}, "periodSeconds": 1, "timeoutSeconds": 1, "failureThreshold": 1800}
+def _startup_probe(cold_start: bool = False) -> Dict[str, Any]:
+    command = COLD_START_PROBE_COMMAND if cold_start else STARTUP_PROBE_COMMAND
+    return {"exec": {"command": list(command)}, "periodSeconds": 1, "timeoutSeconds": 1, "failureThreshold": 1800}
 
 
 def _probe_equal(have: Any, want: Dict[str, Any]) -> bool:
@@ -583,9 +611,10 @@ def entrypoint_forms(pod: Any) -> Dict[str, Optional[str]]:
 
 # --- build / validate / classify ----------------------------------------------------
 
-def build(obj: Dict[str, Any], snapshot_name: str, container_map: Any = None, skip_compat_check: bool = False,
-          startup_probe: bool = True, seccomp_profile: str = SECCOMP_PROFILE,
-          entrypoint: str = ENTRYPOINT_INERT) -> Dict[str, Any]:
+def build(obj: Dict[str, Any], snapshot_name: Optional[str], container_map: Any = None,
+          skip_compat_check: bool = False, startup_probe: bool = True, seccomp_profile: str = SECCOMP_PROFILE,
+          entrypoint: str = ENTRYPOINT_INERT, fallback: Optional[str] = None,
+          restore_policy: Optional[str] = None) -> Dict[str, Any]:
     """A restore pod from a Pod, a pod template or a workload (its ``spec.template``): a deep copy with the contract added.
 
     Idempotent (``build(build(x)) == build(x)``); ``obj`` is never changed. Whatever is
@@ -601,6 +630,13 @@ def build(obj: Dict[str, Any], snapshot_name: str, container_map: Any = None, sk
     keeps it and sets ``SNAPSHOT_RESTORE_STANDBY=1``, for images whose entrypoint then blocks without
     initialising (the reference publishes the variable; it never injects it).
 
+    ``snapshot_name`` None selects at restore: no restore-from, but ``restore-select: "true"`` (and
+    ``restore-policy: <restore_policy>`` when given), so that the agent picks the newest compatible Ready
+    PodSnapshot when the pod runs. ``fallback`` ``cold-start`` (annotation ``restore-fallback``) asks the agent
+    to start the app cold when the restore fails or is refused: it needs ``entrypoint`` standby, and the startup
+    probe then accepts the control file ``cold-start`` as well as ``restore-complete``; ``none`` writes the
+    opt-out; None keeps what the pod says (absent: the agent's own setting).
+
     Two phases: ``_plan_build`` decides everything and collects every reason on the copy it only reads;
     ``_apply_build`` writes the plan into the copy, and runs only when there is no reason.
     """
@@ -609,9 +645,12 @@ def build(obj: Dict[str, Any], snapshot_name: str, container_map: Any = None, sk
     if not isinstance(pod.get("metadata"), dict):
         pod["metadata"] = {}
     plan = _BuildPlan(pod, what, snapshot_name, seccomp_profile, entrypoint)
+    plan.restore_policy = restore_policy
+    _plan_fallback(plan, fallback)
     _plan_build(plan, container_map, skip_compat_check, startup_probe)
     if plan.reasons:
-        raise ContractError(f"cannot make {what} a restore pod for snapshot {snapshot_name!r}", plan.reasons)
+        target = f"snapshot {snapshot_name!r}" if snapshot_name is not None else "a snapshot selected at restore"
+        raise ContractError(f"cannot make {what} a restore pod for {target}", plan.reasons)
     _apply_build(plan, skip_compat_check, startup_probe)
     return out
 
@@ -619,7 +658,8 @@ def build(obj: Dict[str, Any], snapshot_name: str, container_map: Any = None, sk
 class _BuildPlan:
     """What ``build`` found in the pod and will add: read by ``_plan_build``, written by ``_apply_build``."""
 
-    def __init__(self, pod: Dict[str, Any], what: str, snapshot_name: str, profile: str, entrypoint: str) -> None:
+    def __init__(self, pod: Dict[str, Any], what: str, snapshot_name: Optional[str], profile: str,
+                 entrypoint: str) -> None:
         self.meta: Dict[str, Any] = pod["metadata"]
         self.spec: Dict[str, Any] = pod["spec"]
         self.what, self.snapshot_name, self.profile = what, snapshot_name, profile
@@ -634,6 +674,25 @@ class _BuildPlan:
         self.entrypoints: Dict[str, Dict[str, Any]] = {}
         self.containers: List[Tuple[Dict[str, Any], bool, bool]] = []  # (container, has mount, has env)
         self.have_volume = self.have_seccomp = False
+        self.restore_policy: Optional[str] = None
+        self.fallback: Optional[str] = None
+        self.cold_start = False
+
+
+def _plan_fallback(plan: _BuildPlan, fallback: Optional[str]) -> None:
+    """The restore-fallback annotation: the one asked for, else the one the pod has; cold-start needs standby."""
+    have = plan.annotations.get(ANN_RESTORE_FALLBACK)
+    if have is not None and have not in FALLBACKS:
+        plan.reasons.append(f"annotation {ANN_RESTORE_FALLBACK} of {plan.what} is {have!r}, not one of {', '.join(FALLBACKS)}")
+    if fallback is not None and fallback not in FALLBACKS:
+        plan.reasons.append(f"fallback {fallback!r} is not one of {', '.join(FALLBACKS)}")
+    elif fallback is not None and have is not None and have != fallback:
+        plan.reasons.append(f"annotation {ANN_RESTORE_FALLBACK} of {plan.what} is already {have!r}, not {fallback!r}")
+    plan.fallback = fallback
+    plan.cold_start = (fallback or have) == FALLBACK_COLD_START
+    if plan.cold_start and not plan.standby:
+        plan.reasons.append(f"fallback {FALLBACK_COLD_START} needs entrypoint {ENTRYPOINT_STANDBY}: an inert "
+                            "placeholder cannot start its app cold (it runs no entrypoint of its own)")
 
 
 def _plan_build(plan: _BuildPlan, container_map: Any, skip_compat_check: bool, startup_probe: bool) -> None:
@@ -657,7 +716,7 @@ def _plan_build(plan: _BuildPlan, container_map: Any, skip_compat_check: bool, s
 def _plan_identity(plan: _BuildPlan) -> None:
     """The snapshot name, the seccomp profile, the containers and their names, the restore-from annotation."""
     what = plan.what
-    if not is_dns_subdomain(plan.snapshot_name):
+    if plan.snapshot_name is not None and not is_dns_subdomain(plan.snapshot_name):
         plan.reasons.append(f"snapshot name {plan.snapshot_name!r} is not a valid PodSnapshot name (DNS-1123 subdomain)")
     plan.reasons.extend(_profile_problems(plan.profile))
     if not _dicts(plan.spec.get("containers")):
@@ -666,9 +725,34 @@ def _plan_identity(plan: _BuildPlan) -> None:
         if not is_dns_label(name):
             plan.reasons.append(f"container #{index} of {what} has no valid name ({name!r})")
     current = plan.annotations.get(ANN_RESTORE_FROM)
-    if current is not None and current != plan.snapshot_name:
+    if plan.snapshot_name is None:
+        _plan_selection(plan, current)
+    elif current is not None and current != plan.snapshot_name:
         plan.reasons.append(f"annotation {_label(plan.raw, ANN_RESTORE_FROM)} of {what} is already {current!r}, not "
                             f"{plan.snapshot_name!r}")
+    elif plan.annotations.get(ANN_RESTORE_SELECT) is not None:
+        plan.reasons.append(f"{what} selects its snapshot at restore (annotation {ANN_RESTORE_SELECT}); it cannot "
+                            f"also be pinned to {plan.snapshot_name!r}: build from the original template")
+    if plan.restore_policy is not None and plan.snapshot_name is not None:
+        plan.reasons.append(f"restore_policy {plan.restore_policy!r} applies only to a snapshot selected at restore, "
+                            f"not to one pinned ({plan.snapshot_name!r})")
+
+
+def _plan_selection(plan: _BuildPlan, current: Any) -> None:
+    """Select at restore: no restore-from yet, restore-select true, the restore-policy as asked."""
+    what = plan.what
+    if current is not None:
+        plan.reasons.append(f"annotation {_label(plan.raw, ANN_RESTORE_FROM)} of {what} already pins {current!r}; "
+                            "a snapshot selected at restore needs a template without it")
+    select = plan.annotations.get(ANN_RESTORE_SELECT)
+    if select is not None and str(select).strip().lower() != "true":
+        plan.reasons.append(f"annotation {ANN_RESTORE_SELECT} of {what} is {select!r}, not 'true'")
+    have = plan.annotations.get(ANN_RESTORE_POLICY)
+    if plan.restore_policy is not None and not is_dns_subdomain(plan.restore_policy):
+        plan.reasons.append(f"restore_policy {plan.restore_policy!r} is not a valid PodSnapshotPolicy name")
+    elif have is not None and plan.restore_policy is not None and have != plan.restore_policy:
+        plan.reasons.append(f"annotation {ANN_RESTORE_POLICY} of {what} is already {have!r}, not "
+                            f"{plan.restore_policy!r}")
 
 
 def _plan_map(plan: _BuildPlan, container_map: Any) -> None:
@@ -700,7 +784,7 @@ def _destinations(plan: _BuildPlan) -> Set[str]:
 
 def _plan_containers(plan: _BuildPlan, recorded: Dict[str, Dict[str, Any]], startup_probe: bool) -> None:
     """Per container: its conflicts, its original entrypoint (recorded once, never rewritten), its startup probe."""
-    probe = _startup_probe()
+    probe = _startup_probe(plan.cold_start)
     destinations = _destinations(plan)
     plan.entrypoints = dict(recorded)
     for container in _dicts(plan.spec.get("containers")):
@@ -725,7 +809,14 @@ def _apply_build(plan: _BuildPlan, skip_compat_check: bool, startup_probe: bool)
     """Write the plan into the (copied) pod: annotations, control volume, per-container mount, env, inert
     command and startup probe, pod seccomp profile. Adds only what is missing."""
     annotations, spec = plan.annotations, plan.spec
-    annotations[ANN_RESTORE_FROM] = plan.snapshot_name
+    if plan.snapshot_name is not None:
+        annotations[ANN_RESTORE_FROM] = plan.snapshot_name
+    else:
+        annotations[ANN_RESTORE_SELECT] = "true"
+        if plan.restore_policy is not None:
+            annotations[ANN_RESTORE_POLICY] = plan.restore_policy
+    if plan.fallback is not None:
+        annotations[ANN_RESTORE_FALLBACK] = plan.fallback
     if plan.pairs:
         annotations[ANN_CONTAINER_MAP] = format_container_map(plan.pairs)
     if skip_compat_check:
@@ -749,7 +840,7 @@ def _apply_build(plan: _BuildPlan, skip_compat_check: bool, startup_probe: bool)
         elif _standby_value(container) is None:
             container["env"] = _items(container.get("env")) + [{"name": STANDBY_ENV, "value": STANDBY_VALUE}]
         if startup_probe and name in destinations and container.get("startupProbe") is None:
-            container["startupProbe"] = _startup_probe()
+            container["startupProbe"] = _startup_probe(plan.cold_start)
     if not plan.have_seccomp:
         context = dict(_mapping(spec.get("securityContext")))
         context["seccompProfile"] = _seccomp(plan.profile)
@@ -766,12 +857,8 @@ def validate(pod: Dict[str, Any], seccomp_profile: str = SECCOMP_PROFILE) -> Lis
     spec = _mapping(located.get("spec"))
     raw = _annotations(meta)
     annotations, problems = contract_annotations(raw, what)
-    source = annotations.get(ANN_RESTORE_FROM)
-    if source is None:
-        problems.append(f"{what} has no annotation {ANN_RESTORE_FROM} (or {REF_ANN_RESTORE_FROM})")
-    elif not is_dns_subdomain(source):
-        problems.append(f"annotation {_label(raw, ANN_RESTORE_FROM)} of {what} is {source!r}, not a valid PodSnapshot "
-                        "name (DNS-1123 subdomain)")
+    problems.extend(_source_problems(annotations, raw, what))
+    problems.extend(_fallback_problems(annotations, spec, what))
     names = _container_names(spec)
     pairs, found = _map_annotation(annotations, what, _label(raw, ANN_CONTAINER_MAP))
     problems.extend(found)
@@ -798,6 +885,59 @@ def validate(pod: Dict[str, Any], seccomp_profile: str = SECCOMP_PROFILE) -> Lis
     if not found and not have_seccomp:
         problems.append(f"{what} has no pod-level seccompProfile Localhost {seccomp_profile!r} (blocks io_uring)")
     return problems
+
+
+def _source_problems(annotations: Dict[str, Any], raw: Dict[str, Any], what: str) -> List[str]:
+    """Where the pod restores from: a valid restore-from, or ``restore-select: "true"`` (the agent selects)."""
+    source, select = annotations.get(ANN_RESTORE_FROM), annotations.get(ANN_RESTORE_SELECT)
+    problems: List[str] = []
+    if select is not None and str(select).strip().lower() != "true":
+        problems.append(f"annotation {ANN_RESTORE_SELECT} of {what} is {select!r}, not 'true'")
+    policy = annotations.get(ANN_RESTORE_POLICY)
+    if policy is not None and not is_dns_subdomain(policy):
+        problems.append(f"annotation {ANN_RESTORE_POLICY} of {what} is {policy!r}, not a valid PodSnapshotPolicy name")
+    if source is None and select is None:
+        problems.append(f"{what} has no annotation {ANN_RESTORE_FROM} (or {REF_ANN_RESTORE_FROM})")
+    elif source is not None and not is_dns_subdomain(source):
+        problems.append(f"annotation {_label(raw, ANN_RESTORE_FROM)} of {what} is {source!r}, not a valid PodSnapshot "
+                        "name (DNS-1123 subdomain)")
+    return problems
+
+
+def _fallback_problems(annotations: Dict[str, Any], spec: Dict[str, Any], what: str) -> List[str]:
+    """A valid restore-fallback annotation; with cold-start, every container in standby (it must be able to start cold)."""
+    value = annotations.get(ANN_RESTORE_FALLBACK)
+    if value is None:
+        return []
+    if value not in FALLBACKS:
+        return [f"annotation {ANN_RESTORE_FALLBACK} of {what} is {value!r}, not one of {', '.join(FALLBACKS)}"]
+    if value != FALLBACK_COLD_START:
+        return []
+    return [f"container {c.get('name')!r} of {what} is inert: annotation {ANN_RESTORE_FALLBACK} {FALLBACK_COLD_START} "
+            f"needs the standby entrypoint ({STANDBY_ENV}={STANDBY_VALUE}) to start the app cold"
+            for c in _dicts(spec.get("containers")) if _is_inert(c)]
+
+
+def restore_mode(obj: Any) -> Dict[str, Any]:
+    """How a Pod, pod template or workload restores: ``{"restore_from", "select", "policy", "fallback"}``.
+
+    ``restore_from``: the pinned PodSnapshot (ours or the reference's annotation), else None; ``select``: the
+    agent selects one at restore (``restore-select: "true"``) - a pod it pinned since has both; ``policy``:
+    the ``restore-policy`` PodSnapshotPolicy of that selection; ``fallback``: ``none``, ``cold-start``, or None (the
+    agent's own setting).
+    A pod is a restore pod when ``restore_from`` is set or ``select`` is True (``is_restore_pod``).
+    """
+    annotations = restore_annotations(obj)[0]
+    return {"restore_from": annotations.get(ANN_RESTORE_FROM),
+            "select": str(annotations.get(ANN_RESTORE_SELECT, "")).strip().lower() == "true",
+            "policy": annotations.get(ANN_RESTORE_POLICY),
+            "fallback": annotations.get(ANN_RESTORE_FALLBACK)}
+
+
+def is_restore_pod(obj: Any) -> bool:
+    """Whether a Pod (or template) restores from a snapshot: pinned (restore-from) or selected at restore."""
+    mode = restore_mode(obj)
+    return mode["restore_from"] is not None or bool(mode["select"])
 
 
 def _container_shortfalls(container: Dict[str, Any], what: str, profile: str) -> List[str]:

@@ -941,7 +941,7 @@ def crds() -> Dict[str, Dict[str, Any]]:
         docs = [d for d in yaml.safe_load_all(handle) if d]
     assert len(docs) == 1 and docs[0]["apiVersion"] == "v1" and docs[0]["kind"] == "List"
     items = docs[0]["items"]
-    assert len(items) == 3
+    assert len(items) == 5
     return {d["spec"]["names"]["kind"]: d for d in items}
 
 
@@ -1014,8 +1014,9 @@ def example_content() -> Dict[str, Any]:
 
 def test_crds_structure() -> None:
     docs = crds()
-    assert set(docs) == {pc.KIND_SNAPSHOT, pc.KIND_CONTENT, pc.KIND_POLICY}
-    scopes = {"PodSnapshot": "Namespaced", "PodSnapshotContent": "Cluster", "PodSnapshotPolicy": "Namespaced"}
+    assert set(docs) == {pc.KIND_SNAPSHOT, pc.KIND_CONTENT, pc.KIND_POLICY, pc.KIND_TRIGGER, pc.KIND_STORAGE_CONFIG}
+    scopes = {"PodSnapshot": "Namespaced", "PodSnapshotContent": "Cluster", "PodSnapshotPolicy": "Namespaced",
+              "PodSnapshotManualTrigger": "Namespaced", "PodSnapshotStorageConfig": "Cluster"}
     for kind, doc in docs.items():
         assert doc["apiVersion"] == "apiextensions.k8s.io/v1" and doc["kind"] == "CustomResourceDefinition"
         spec = doc["spec"]
@@ -1244,3 +1245,112 @@ def test_validate_refuses_a_standby_env_from_value_from() -> None:
     inert = restore_pod()
     inert["spec"]["containers"][0]["env"].append({"name": "SNAPSHOT_RESTORE_STANDBY", "value": "0"})
     assert pc.validate(inert) == []
+
+
+# --- select at restore and the cold-start fallback (issue 21) -----------------------------------------
+
+def test_build_without_a_snapshot_selects_at_restore() -> None:
+    built = pc.build(template(), None, restore_policy="embed")
+    annotations = built["metadata"]["annotations"]
+    assert pc.ANN_RESTORE_FROM not in annotations
+    assert (annotations[pc.ANN_RESTORE_SELECT], annotations[pc.ANN_RESTORE_POLICY]) == ("true", "embed")
+    assert pc.validate(built) == [] and pc.build(built, None, restore_policy="embed") == built
+    assert pc.restore_mode(built) == {"restore_from": None, "select": True, "policy": "embed", "fallback": None}
+    assert pc.is_restore_pod(built) and not pc.is_restore_pod(template())
+    assert pc.pod_spec_hash(built) == pc.pod_spec_hash(template())
+    # the agent pins the one it selects: the pod then has both, and is still valid
+    pinned = copy.deepcopy(built)
+    pinned["metadata"]["annotations"][pc.ANN_RESTORE_FROM] = "embed-a"
+    assert pc.validate(pinned) == [] and pc.restore_mode(pinned)["restore_from"] == "embed-a"
+
+
+def test_select_and_pin_do_not_mix() -> None:
+    pinned = pc.build(template(), "embed-a")
+    with pytest.raises(pc.ContractError) as err:
+        pc.build(pinned, None)
+    assert err.value.reasons == ["annotation snapshot.warmstart.io/restore-from of pod template already pins 'embed-a'; "
+                                 "a snapshot selected at restore needs a template without it"]
+    with pytest.raises(pc.ContractError) as err:
+        pc.build(pc.build(template(), None), "embed-a")
+    assert "selects its snapshot at restore" in err.value.reasons[0]
+    with pytest.raises(pc.ContractError) as err:
+        pc.build(template(), "embed-a", restore_policy="embed")
+    assert err.value.reasons == ["restore_policy 'embed' applies only to a snapshot selected at restore, not to one "
+                                 "pinned ('embed-a')"]
+    with pytest.raises(pc.ContractError) as err:
+        pc.build(pc.build(template(), None, restore_policy="a"), None, restore_policy="b")
+    assert "restore-policy of pod template is already 'a', not 'b'" in err.value.reasons[0]
+    bad = pc.build(template(), None)
+    bad["metadata"]["annotations"][pc.ANN_RESTORE_SELECT] = "maybe"
+    assert "annotation snapshot.warmstart.io/restore-select of pod template is 'maybe', not 'true'" in pc.validate(bad)
+
+
+def test_a_cold_start_fallback_uses_the_standby_entrypoint_and_a_probe_that_accepts_cold_start() -> None:
+    built = pc.build(template(), "embed-a", entrypoint=pc.ENTRYPOINT_STANDBY, fallback=pc.FALLBACK_COLD_START)
+    assert built["metadata"]["annotations"][pc.ANN_RESTORE_FALLBACK] == "cold-start"
+    main = built["spec"]["containers"][0]
+    assert main["command"] == ["python3", "/app/server.py"] and main["args"] == ["--port", "8080"]
+    assert {"name": pc.STANDBY_ENV, "value": "1"} in main["env"]
+    assert main["startupProbe"]["exec"]["command"] == [
+        "/bin/sh", "-c", "cat /snapshot-control/restore-complete || cat /snapshot-control/cold-start"]
+    assert pc.validate(built) == [] and pc.restore_mode(built)["fallback"] == "cold-start"
+    # idempotent, also without repeating the fallback (the annotation says it)
+    assert pc.build(built, "embed-a", entrypoint="standby", fallback="cold-start") == built
+    assert pc.build(built, "embed-a", entrypoint="standby") == built
+    opted_out = pc.build(template(), "embed-a", fallback=pc.FALLBACK_NONE)
+    assert opted_out["metadata"]["annotations"][pc.ANN_RESTORE_FALLBACK] == "none"
+    assert opted_out["spec"]["containers"][0]["startupProbe"]["exec"]["command"] == pc.STARTUP_PROBE_COMMAND
+
+
+def test_the_cold_start_fallback_refusals() -> None:
+    with pytest.raises(pc.ContractError) as err:
+        pc.build(template(), "embed-a", fallback="cold-start")
+    assert err.value.reasons == ["fallback cold-start needs entrypoint standby: an inert placeholder cannot start its "
+                                 "app cold (it runs no entrypoint of its own)"]
+    with pytest.raises(pc.ContractError) as err:
+        pc.build(template(), "embed-a", entrypoint="standby", fallback="warm-start")
+    assert err.value.reasons == ["fallback 'warm-start' is not one of none, cold-start"]
+    plain = pc.build(template(), "embed-a", entrypoint="standby")
+    with pytest.raises(pc.ContractError) as err:
+        pc.build(plain, "embed-a", entrypoint="standby", fallback="cold-start")
+    assert "container 'main' of pod template already has another startupProbe" in err.value.reasons
+    with pytest.raises(pc.ContractError) as err:
+        pc.build(pc.build(template(), "embed-a", fallback="none"), "embed-a", entrypoint="standby", fallback="cold-start")
+    assert "annotation snapshot.warmstart.io/restore-fallback of pod template is already 'none', not 'cold-start'" in \
+        err.value.reasons
+    inert = pc.build(template(), "embed-a")
+    inert["metadata"]["annotations"][pc.ANN_RESTORE_FALLBACK] = "cold-start"
+    problems = pc.validate(inert)
+    assert any("container 'main' of pod template is inert: annotation snapshot.warmstart.io/restore-fallback "
+               "cold-start needs the standby entrypoint" in p for p in problems)
+    inert["metadata"]["annotations"][pc.ANN_RESTORE_FALLBACK] = "sometimes"
+    assert ("annotation snapshot.warmstart.io/restore-fallback of pod template is 'sometimes', not one of none, "
+            "cold-start") in pc.validate(inert)
+
+
+def test_the_new_crds_accept_their_examples() -> None:
+    trigger = {"apiVersion": pc.API_VERSION, "kind": pc.KIND_TRIGGER, "metadata": {"name": "now"},
+               "spec": {"targetPod": "embed-0", "policyName": "embed", "containers": ["main"]},
+               "status": {"snapshotCreated": {"name": "now-1a2b3c4d"},
+                          "conditions": [{"type": "Triggered", "status": "True", "reason": "Complete",
+                                          "message": "PodSnapshot default/now-1a2b3c4d is Ready",
+                                          "lastTransitionTime": "2026-12-02T12:00:00Z"}]}}
+    config = {"apiVersion": pc.API_VERSION, "kind": pc.KIND_STORAGE_CONFIG, "metadata": {"name": "shared-s3"},
+              "spec": {"storeUrl": "s3://snapshots/prod", "options": {"endpointUrl": "http://minio:9000",
+                                                                      "region": "eu-1", "concurrency": 8},
+                       "credentialsSecretRef": {"name": "s3", "namespace": "warmstart",
+                                                "keys": {"accessKeyId": "id", "secretAccessKey": "key"}}}}
+    assert violations(schema_of(pc.KIND_TRIGGER), trigger) == []
+    assert violations(schema_of(pc.KIND_STORAGE_CONFIG), config) == []
+    assert violations(schema_of(pc.KIND_TRIGGER), {"spec": {}}) == [".spec.targetPod: required"]
+    assert violations(schema_of(pc.KIND_STORAGE_CONFIG), {"spec": {"storeUrl": "relative"}}) != []
+    policy = example_policy()
+    del policy["spec"]["storeUrl"]
+    policy["spec"]["storageConfigName"] = "shared-s3"
+    assert violations(schema_of(pc.KIND_POLICY), policy) == []
+    root_rules = {k: crds()[k]["spec"]["versions"][0]["schema"]["openAPIV3Schema"].get("x-kubernetes-validations")
+                  for k in (pc.KIND_POLICY, pc.KIND_STORAGE_CONFIG)}
+    assert "has(self.spec.storeUrl) != has(self.spec.storageConfigName)" in root_rules[pc.KIND_POLICY][0]["rule"]
+    assert "credentialsSecretRef" in root_rules[pc.KIND_STORAGE_CONFIG][0]["rule"]
+    status = schema_of(pc.KIND_SNAPSHOT)["properties"]["status"]["properties"]
+    assert {"lastAccessTime", "attempts", "lastAttemptTime", "lastError"} <= set(status)

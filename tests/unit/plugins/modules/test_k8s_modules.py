@@ -105,7 +105,7 @@ def test_crds_role_installs_once_then_unchanged_and_check_mode_absent_keeps_them
     first = playbook("warmstart.snapshot.k8s_crds", *extra, timeout=300)
     assert first.rc == 0, first.messages() or first.stderr[-3000:]
     names = sorted(c["metadata"]["name"] for c in fake_apiserver.store.list("customresourcedefinitions"))
-    assert names == sorted(c["metadata"]["name"] for c in CRDS) and len(names) == 3
+    assert names == sorted(c["metadata"]["name"] for c in CRDS) and len(names) == 5
     applied = results(first)["Apply the warmstart CRDs"]
     assert applied["changed"] and {c["action"] for c in applied["crds"]} == {"created"}
     # the CRDs now serve their kinds
@@ -128,7 +128,9 @@ def test_crds_role_installs_once_then_unchanged_and_check_mode_absent_keeps_them
     actions = {c["name"]: c["action"] for c in results(fix)["Apply the warmstart CRDs"]["crds"]}
     assert actions == {"podsnapshots.snapshot.warmstart.io": "unchanged",
                        "podsnapshotcontents.snapshot.warmstart.io": "unchanged",
-                       "podsnapshotpolicies.snapshot.warmstart.io": "updated"}
+                       "podsnapshotpolicies.snapshot.warmstart.io": "updated",
+                       "podsnapshotmanualtriggers.snapshot.warmstart.io": "unchanged",
+                       "podsnapshotstorageconfigs.snapshot.warmstart.io": "unchanged"}
     fixed = fake_apiserver.store.get("customresourcedefinitions", "podsnapshotpolicies.snapshot.warmstart.io")
     assert len(fixed["spec"]["versions"][0]["additionalPrinterColumns"]) == 4
 
