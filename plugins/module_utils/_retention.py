@@ -11,8 +11,12 @@ module decides, the caller deletes. Rules:
   the others are neither kept nor removed (they do not appear in the plan);
 - ``keep_last`` N per group (group = snapshot name, or the values of the
   ``group_by`` label keys); the newest N stay, 0 = unlimited;
-- ``max_age``: snapshots older than this go (None = no age limit); a snapshot
-  is removed when either rule says so;
+- ``max_age``: snapshots older than this go (None = no age limit);
+- ``last_access_timeout`` (GKE's ``retentionConfig.lastAccessTimeout``):
+  snapshots not restored from for this long go - counted from their
+  ``last_access_at`` (a Kubernetes PodSnapshot's ``status.lastAccessTime``),
+  or from their creation when they were never restored from (None = no
+  limit); a snapshot is removed when any rule says so;
 - unreadable snapshots are reported and removed only with ``remove_broken``;
   never those whose manifest is merely newer than this collection understands;
 - staging directories (and restore work dirs) go once nothing in them has
@@ -120,12 +124,14 @@ class Policy:
     name: Optional[str] = None
     labels: Dict[str, str] = field(default_factory=dict)
     remove_broken: bool = False
+    last_access_timeout: Optional[float] = None
 
 
 def policy(keep_last: Optional[int] = 0, max_age: Duration = None,
            incomplete_older_than: Duration = DEFAULT_INCOMPLETE_OLDER_THAN,
            group_by: Optional[Sequence[str]] = None, name: Optional[str] = None,
-           labels: Optional[Dict[str, Any]] = None, remove_broken: bool = False) -> Policy:
+           labels: Optional[Dict[str, Any]] = None, remove_broken: bool = False,
+           last_access_timeout: Duration = None) -> Policy:
     """A checked :class:`Policy` from module-style options (raises :class:`RetentionError`)."""
     if keep_last is None:
         keep_last = 0
@@ -134,6 +140,9 @@ def policy(keep_last: Optional[int] = 0, max_age: Duration = None,
     age = parse_duration(max_age, "max_age")
     if age is not None and age <= 0:
         raise RetentionError("max_age: 0 would remove every snapshot; omit max_age for no age limit")
+    idle = parse_duration(last_access_timeout, "last_access_timeout")
+    if idle is not None and idle <= 0:
+        raise RetentionError("last_access_timeout: 0 would remove every snapshot; omit it for no limit")
     incomplete = parse_duration(incomplete_older_than, "incomplete_older_than")
     if incomplete is None:
         incomplete = DEFAULT_INCOMPLETE_OLDER_THAN
@@ -153,7 +162,7 @@ def policy(keep_last: Optional[int] = 0, max_age: Duration = None,
     except mf.ManifestError as exc:
         raise RetentionError(str(exc)) from None
     return Policy(keep_last=keep_last, max_age=age, incomplete_older_than=incomplete, group_by=keys,
-                  name=name or None, labels=checked, remove_broken=bool(remove_broken))
+                  name=name or None, labels=checked, remove_broken=bool(remove_broken), last_access_timeout=idle)
 
 
 @dataclass
@@ -197,6 +206,31 @@ def created_ts(doc: Dict[str, Any]) -> float:
     except ValueError:
         return 0.0
     return stamp.replace(tzinfo=datetime.timezone.utc).timestamp()
+
+
+def accessed_ts(doc: Dict[str, Any]) -> Tuple[float, bool]:
+    """When the snapshot was last restored from (epoch seconds, ``last_access_at``) and True; else its creation
+    time (``created_ts``) and False - a snapshot never restored from counts from its creation."""
+    text = doc.get("last_access_at")
+    if isinstance(text, str) and text:
+        stamp = created_ts({"created_at": text})
+        if stamp:
+            return stamp, True
+    return created_ts(doc), False
+
+
+def _idle_reason(doc: Dict[str, Any], pol: Policy, t_now: float) -> Optional[str]:
+    """Why ``last_access_timeout`` removes ``doc`` (None: it does not)."""
+    if pol.last_access_timeout is None:
+        return None
+    since, accessed = accessed_ts(doc)
+    idle = t_now - since
+    if idle <= pol.last_access_timeout:
+        return None
+    limit = format_duration(pol.last_access_timeout)
+    if accessed:
+        return f"not restored from for {format_duration(idle)} (last_access_timeout={limit})"
+    return f"never restored from, created {format_duration(idle)} ago (last_access_timeout={limit})"
 
 
 def newest_first(docs: Sequence[Dict[str, Any]]) -> List[Dict[str, Any]]:
@@ -267,7 +301,7 @@ def _plan_broken(manifests: Sequence[Dict[str, Any]], pol: Policy, out: Plan) ->
 
 
 def _removal_reasons(considered: List[Dict[str, Any]], pol: Policy, t_now: float) -> Dict[str, List[str]]:
-    """Why each snapshot goes (keep_last per group, max_age), by id; absent = kept."""
+    """Why each snapshot goes (keep_last per group, max_age, last_access_timeout), by id; absent = kept."""
     groups: Dict[Tuple[Optional[str], ...], List[Dict[str, Any]]] = {}
     for doc in newest_first(considered):
         groups.setdefault(group_key(doc, pol.group_by), []).append(doc)
@@ -281,6 +315,9 @@ def _removal_reasons(considered: List[Dict[str, Any]], pol: Policy, t_now: float
             age = t_now - created_ts(doc)
             if pol.max_age is not None and age > pol.max_age:
                 why.append(f"older than max_age={format_duration(pol.max_age)} (age {format_duration(age)})")
+            idle = _idle_reason(doc, pol, t_now)
+            if idle:
+                why.append(idle)
             if why:
                 reasons[doc["id"]] = why
     return reasons

@@ -335,3 +335,45 @@ def test_kubernetes_timestamps_order_by_time_not_by_name() -> None:
     assert ret.created_ts(docs[1]) - ret.created_ts(docs[0]) == 5
     decision = ret.plan(docs, [], ret.policy(keep_last=1, group_by=["model"]), now=ret.created_ts(docs[1]) + 60)
     assert [e["id"] for e in decision.remove] == ["embed-r-1-20261203t162427z-5bf50d6b"]
+
+
+# --- last_access_timeout (GKE's retentionConfig.lastAccessTimeout) ---------------------------------
+
+def accessed(doc: Dict[str, Any], ago: Optional[float]) -> Dict[str, Any]:
+    """``doc`` last restored from ``ago`` seconds before NOW (None: never), as a PodSnapshot summary says it."""
+    if ago is not None:
+        stamp = datetime.datetime.fromtimestamp(NOW - ago, datetime.timezone.utc)
+        doc["last_access_at"] = stamp.strftime("%Y-%m-%dT%H:%M:%SZ")
+    return doc
+
+
+def test_last_access_timeout_counts_from_the_last_access_else_from_creation() -> None:
+    docs = [accessed(snap(1, age=10 * DAY), 1 * HOUR),      # old, restored from lately: kept
+            accessed(snap(2, age=10 * DAY), 4 * DAY),       # restored from, but not for 4 days: goes
+            accessed(snap(3, age=4 * DAY), None),           # never restored from, created 4 days ago: goes
+            accessed(snap(4, age=1 * DAY), None)]           # never restored from, created yesterday: kept
+    out = ret.plan(docs, [], ret.policy(last_access_timeout="72h"), now=NOW)
+    reasons = {d["id"]: d["reason"] for d in out.remove}
+    assert set(reasons) == {docs[1]["id"], docs[2]["id"]}
+    assert reasons[docs[1]["id"]] == "not restored from for 4d (last_access_timeout=3d)"
+    assert reasons[docs[2]["id"]] == "never restored from, created 4d ago (last_access_timeout=3d)"
+    assert set(out.kept) == {docs[0]["id"], docs[3]["id"]}
+
+
+def test_last_access_timeout_combines_with_keep_last() -> None:
+    docs = [accessed(snap(1, age=1 * HOUR), None), accessed(snap(2, age=2 * HOUR), 10 * DAY),
+            accessed(snap(3, age=3 * HOUR), 1 * HOUR)]
+    out = ret.plan(docs, [], ret.policy(keep_last=2, last_access_timeout=DAY), now=NOW)
+    reasons = {d["id"]: d["reason"] for d in out.remove}
+    assert reasons == {docs[1]["id"]: "not restored from for 10d (last_access_timeout=1d)",
+                       docs[2]["id"]: "keep_last=2 for name=embed (it is the 3rd newest)"}
+
+
+def test_last_access_timeout_options() -> None:
+    assert ret.policy(last_access_timeout="1d12h").last_access_timeout == 1.5 * DAY
+    assert ret.policy().last_access_timeout is None and ret.policy(last_access_timeout="").last_access_timeout is None
+    with pytest.raises(ret.RetentionError, match="last_access_timeout: 0 would remove every snapshot"):
+        ret.policy(last_access_timeout=0)
+    with pytest.raises(ret.RetentionError, match="last_access_timeout: unknown unit"):
+        ret.policy(last_access_timeout="3 fortnights")
+    assert ret.accessed_ts({"last_access_at": "garbage", "created_at": "2026-12-02T12:00:00Z"}) == (NOW, False)
