@@ -16,7 +16,8 @@ options:
         S3-compatible bucket as V(s3://bucket/prefix) (see O(store_options)).
       - Laid out as C(snapshots/<id>/) (published, with C(manifest.json) written last) and C(tmp/) (staging).
       - An S3 store keeps a node-local, verified cache of what it downloaded or uploaded
-        (O(store_options.cache_dir)); credentials come from the usual AWS variables (E(AWS_ACCESS_KEY_ID),
+        (O(store_options.cache_dir)); credentials come from O(store_options.access_key_id) and
+        O(store_options.secret_access_key) when given, else from the usual AWS variables (E(AWS_ACCESS_KEY_ID),
         E(AWS_SECRET_ACCESS_KEY), E(AWS_PROFILE)) or config files on the node, and are never logged or returned.
     type: str
     default: /var/lib/warmstart/store
@@ -42,6 +43,18 @@ options:
         description: Parallel transfers (multipart parts and byte ranges).
         type: int
         default: 8
+      access_key_id:
+        description:
+          - Access key id to use instead of the node's AWS variables or config files (with
+            O(store_options.secret_access_key)); for example from a C(PodSnapshotStorageConfig)'s credentials
+            Secret, as M(warmstart.snapshot.pod_snapshot_info) returns them.
+        type: str
+      secret_access_key:
+        description: Secret access key that goes with O(store_options.access_key_id). Never logged or returned.
+        type: str
+      session_token:
+        description: Session token of temporary credentials, with O(store_options.access_key_id). Never logged or returned.
+        type: str
 """
 
     CRIU = r"""

@@ -60,6 +60,9 @@ def store_argument_spec() -> Dict[str, Any]:
             profile=dict(type="str"),
             cache_dir=dict(type="path", default="/var/lib/warmstart/cache"),
             concurrency=dict(type="int", default=8),
+            access_key_id=dict(type="str", no_log=False),
+            secret_access_key=dict(type="str", no_log=True),
+            session_token=dict(type="str", no_log=True),
         )),
     )
 

@@ -36,6 +36,7 @@ from ansible_collections.warmstart.snapshot.plugins.module_utils._store import (
     StoreError, local_staging, lock_down, sha256_file, tree_size, walk_files)
 
 DEFAULT_CACHE = "/var/lib/warmstart/cache"
+CREDENTIAL_OPTIONS = ("access_key_id", "secret_access_key", "session_token")  # store_options that are credentials
 PART = 64 << 20           # byte range per download request / multipart part size
 THRESHOLD = 64 << 20      # files above this are uploaded multipart
 Progress = Callable[[int], None]
@@ -98,8 +99,10 @@ class S3Store:
 
     def __init__(self, url: str, endpoint_url: Optional[str] = None, region: Optional[str] = None,
                  profile: Optional[str] = None, cache: str = DEFAULT_CACHE, concurrency: int = 8,
-                 progress: Optional[Progress] = None, client: Any = None) -> None:
+                 progress: Optional[Progress] = None, client: Any = None,
+                 credentials: Optional[Dict[str, str]] = None) -> None:
         self.bucket, self.prefix = parse_url(url)
+        self._credentials = dict(credentials or {})  # never in a message, describe() or a result
         self.root = url.rstrip("/")
         self.endpoint_url = endpoint_url or os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
         self.region = region
@@ -123,7 +126,13 @@ class S3Store:
                 raise StoreError(
                     "an s3:// store needs boto3 for the module's Python on this node "
                     "(node_prep installs it: node_prep_s3_client; or apt-get install python3-boto3)") from None
-            session = boto3.session.Session(profile_name=self.profile, region_name=self.region)
+            keys = self._credentials
+            if keys and not (keys.get("access_key_id") and keys.get("secret_access_key")):
+                raise StoreError("store_options: access_key_id and secret_access_key go together (one is missing)")
+            session = boto3.session.Session(profile_name=None if keys else self.profile, region_name=self.region,
+                                            aws_access_key_id=keys.get("access_key_id"),
+                                            aws_secret_access_key=keys.get("secret_access_key"),
+                                            aws_session_token=keys.get("session_token"))
             self._client = session.client("s3", endpoint_url=self.endpoint_url,
                                           config=Config(max_pool_connections=self.concurrency + 2,
                                                         retries={"max_attempts": 5, "mode": "standard"},

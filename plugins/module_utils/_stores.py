@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any, Dict, Optional
 
-from ansible_collections.warmstart.snapshot.plugins.module_utils._s3store import DEFAULT_CACHE, S3Store
+from ansible_collections.warmstart.snapshot.plugins.module_utils._s3store import CREDENTIAL_OPTIONS, DEFAULT_CACHE, S3Store
 from ansible_collections.warmstart.snapshot.plugins.module_utils._store import FsStore, StoreError
 from ansible_collections.warmstart.snapshot.plugins.module_utils._storeapi import Store
 
@@ -20,12 +20,15 @@ def open_store(spec: Any, options: Optional[Dict[str, Any]] = None) -> Store:
     """A store from a module's ``store`` option: a path, ``s3://bucket/prefix``, or {'type': 'fs', 'path': ...}.
 
     ``options`` (``store_options``) configure an S3 store: endpoint_url, region, profile, cache_dir,
-    concurrency. boto3 is imported only when an S3 store first talks to its bucket.
+    concurrency, and credentials (access_key_id, secret_access_key, session_token) that take the place of the
+    node's AWS variables and config files. boto3 is imported only when an S3 store first talks to its bucket.
     """
     if isinstance(spec, str) and spec.startswith("s3://"):
         o = options or {}
+        credentials = {k: str(o[k]) for k in CREDENTIAL_OPTIONS if o.get(k)}
         return S3Store(spec, endpoint_url=o.get("endpoint_url"), region=o.get("region"), profile=o.get("profile"),
-                       cache=o.get("cache_dir") or DEFAULT_CACHE, concurrency=int(o.get("concurrency") or 8))
+                       cache=o.get("cache_dir") or DEFAULT_CACHE, concurrency=int(o.get("concurrency") or 8),
+                       credentials=credentials or None)
     if isinstance(spec, str):
         return FsStore(spec)
     if isinstance(spec, dict):
