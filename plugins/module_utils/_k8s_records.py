@@ -120,6 +120,7 @@ class _Recording:
         self.stamp = now()
         self.actions: List[str] = []
         self.warnings: List[str] = []
+        self.existing: Optional[JSON] = None  # the PodSnapshot as read first (a request, or an earlier record)
 
     def result(self, snapshot: JSON, content: Optional[JSON], more: Sequence[str] = ()) -> JSON:
         actions = self.actions + list(more)
@@ -164,9 +165,11 @@ def ensure_pod_snapshot(cluster: Cluster, p: Params, check_mode: bool = False) -
 def _source_pod(run: _Recording) -> Tuple[JSON, List[str]]:
     """The source pod, and the containers the snapshot holds (refused: one the pod lacks; Ready without store)."""
     p = run.p
+    run.existing = run.cluster.find(pc.KIND_SNAPSHOT, run.name, run.ns)
     pod = run.cluster.get_pod(run.ns, p["source_pod"])
     pod_containers = [c.get("name") for c in (pod.get("spec") or {}).get("containers") or []]
-    wanted = list(p.get("containers") or [])
+    requested = (((run.existing or {}).get("spec") or {}).get("source") or {}).get("containers") or []
+    wanted = list(p.get("containers") or requested)
     unknown = [c for c in wanted if c not in pod_containers]
     if unknown:
         raise K8sError(f"{run.sref}: Pod {run.ns}/{p['source_pod']} has no container "
@@ -195,7 +198,7 @@ def _ensure_snapshot(run: _Recording, spec: JSON, labels: JSON) -> Tuple[JSON, b
     name, deleted since). An existing PodSnapshot with another spec is refused; its labels are merged in.
     """
     cluster, p = run.cluster, run.p
-    snapshot = cluster.find(pc.KIND_SNAPSHOT, run.name, run.ns)
+    snapshot = run.existing
     if p.get("content_name") and p.get("store"):
         early = cluster.find(pc.KIND_CONTENT, p["content_name"])
         if early is not None:
@@ -206,6 +209,7 @@ def _ensure_snapshot(run: _Recording, spec: JSON, labels: JSON) -> Tuple[JSON, b
         run.actions.append(f"created {run.sref}")
         return (body if run.check_mode else cluster.create(pc.KIND_SNAPSHOT, body, run.ns)), True
     have = snapshot.get("spec") or {}
+    spec = _as_request(spec, have, run)
     differs = [k for k in sorted(spec) if not subset(spec[k], have.get(k))]
     if differs:
         raise K8sError(f"{run.sref} exists with another spec ({', '.join('spec.' + k for k in differs)}: have "
@@ -217,6 +221,23 @@ def _ensure_snapshot(run: _Recording, spec: JSON, labels: JSON) -> Tuple[JSON, b
         if not run.check_mode:
             snapshot = cluster.patch(pc.KIND_SNAPSHOT, run.name, {"metadata": {"labels": labels}}, run.ns)
     return snapshot, False
+
+
+def _as_request(spec: JSON, have: JSON, run: _Recording) -> JSON:
+    """The spec an existing PodSnapshot must have: a request (made by a user, a trigger or the agent) may leave the
+    source pod's uid out - any incarnation of that pod then fills it - but one that names a uid is refused for
+    another incarnation (the pod was deleted and created again)."""
+    want_ref = (spec.get("source") or {}).get("podRef") or {}
+    have_ref = (have.get("source") or {}).get("podRef") or {}
+    if have_ref.get("uid"):
+        if have_ref.get("name") == want_ref.get("name") and have_ref["uid"] != want_ref.get("uid"):
+            raise K8sError(f"{run.sref} asks for a snapshot of Pod {run.ns}/{have_ref.get('name')} uid "
+                           f"{have_ref['uid']}, but that pod now has uid {want_ref.get('uid')} (it was deleted and "
+                           "created again): refusing to snapshot another pod", run.sref)
+        return spec
+    out = copy.deepcopy(spec)
+    out["source"]["podRef"].pop("uid", None)
+    return out
 
 
 def _ensure_content(run: _Recording, pod: JSON, uid: str, cname: str) -> JSON:
@@ -458,7 +479,8 @@ def begin_restore(cluster: Cluster, namespace: str, name: str, message: str = ""
 
     A pod whose restore already ran (any Restored reason but RestoreInProgress, ours or the reference's condition)
     is refused: a restore is never replayed over a pod whose one attempt is spent. Every check (``restore_plan``)
-    comes before the finalizer.
+    comes before the finalizer. A pod that selects its snapshot at restore (``restore-select``) gets the one
+    selected pinned first (``pin_selected``); none fitting is refused with the reasons.
     """
     pod = cluster.get_pod(namespace, name)
     condition = pc.restore_condition(pod)
@@ -467,6 +489,9 @@ def begin_restore(cluster: Cluster, namespace: str, name: str, message: str = ""
                        f"{condition.get('message') or 'no message'}); a new pod is needed", "Pod")
     if (pod.get("metadata") or {}).get("deletionTimestamp"):
         raise K8sError(f"Pod {namespace}/{name} is being deleted", "Pod")
+    pod, _pinned, reasons = pin_selected(cluster, pod, check_mode)
+    if reasons:
+        raise K8sError(f"Pod {namespace}/{name}: no PodSnapshot to restore from", "Pod", reasons=reasons)
     plan = restore_plan(cluster, pod)
     added = cluster.add_finalizer("Pod", name, pc.FINALIZER, namespace, check_mode)
     changed, pod = cluster.set_pod_condition(namespace, name, pc.RESTORE_CONDITION, "False", pc.REASON_IN_PROGRESS,
@@ -532,9 +557,13 @@ def restore_pairs(pod: JSON, snap: JSON) -> List[JSON]:
     return pairs
 
 
+ACCESSED = ("succeeded", "partially_succeeded")  # restore results that count as an access of the snapshot
+
+
 def finish_restore(cluster: Cluster, namespace: str, name: str, outcome: str, message: str = "",
                    check_mode: bool = False) -> JSON:
-    """After the node's restore: the Restored condition for ``outcome``, then the finalizer released."""
+    """After the node's restore: the Restored condition for ``outcome``, the finalizer released, and - for a
+    restore that (partly) succeeded - the PodSnapshot's ``status.lastAccessTime`` (``touch_snapshot``)."""
     status, reason = OUTCOMES[outcome]
     pod = cluster.find("Pod", name, namespace)
     if pod is None:
@@ -544,7 +573,58 @@ def finish_restore(cluster: Cluster, namespace: str, name: str, outcome: str, me
     removed = cluster.remove_finalizer("Pod", name, pc.FINALIZER, namespace, check_mode)
     if removed and not check_mode:
         pod = cluster.find("Pod", name, namespace) or pod
-    return dict(outcome_fields(pod), changed=changed or removed, pod=pod)
+    out = dict(outcome_fields(pod), changed=changed or removed, pod=pod, last_access_time=None, warnings=[])
+    source = pc.restore_annotations(pod)[0].get(pc.ANN_RESTORE_FROM)
+    if outcome in ACCESSED and source:
+        try:
+            out["last_access_time"] = touch_snapshot(cluster, namespace, str(source), check_mode=check_mode)
+        except K8sError as exc:  # the restore is recorded; a snapshot deleted since is the retention's business
+            out["warnings"] = [f"lastAccessTime of PodSnapshot {namespace}/{source} not recorded: {exc}"]
+        out["changed"] = out["changed"] or out["last_access_time"] is not None
+    return out
+
+
+def touch_snapshot(cluster: Cluster, namespace: str, name: str, stamp: Optional[str] = None,
+                   check_mode: bool = False) -> str:
+    """Record that a pod was restored from PodSnapshot ``namespace/name`` now: its ``status.lastAccessTime``
+    (retention's ``lastAccessTimeout`` counts from it). Returns the time written (or that would be)."""
+    when = stamp or now()
+    if check_mode:
+        cluster.get(pc.KIND_SNAPSHOT, name, namespace)
+        return when
+    cluster.patch_status(pc.KIND_SNAPSHOT, name, {"lastAccessTime": when}, namespace)
+    return when
+
+
+def pin_selected(cluster: Cluster, pod: JSON, check_mode: bool = False) -> Tuple[JSON, Optional[str], List[str]]:
+    """For a pod that selects its snapshot at restore (``restore-select``) and has not pinned one yet: select it
+    (``select_for_pod`` with the grouping labels and scope of its ``restore-policy``) and pin it on the pod
+    (restore-from annotation, guarded by the resourceVersion read). ``(pod, snapshot name, reasons)``: the name is
+    None with the reasons when none fits (the pod waits, or falls back); a pinned pod is returned as it is.
+    A concurrent change of the pod (409) is a K8sError with ``conflict``: read it again and decide again."""
+    meta = pod.get("metadata") or {}
+    namespace = str(meta.get("namespace") or "")
+    mode = pc.restore_mode(pod)
+    if mode["restore_from"]:
+        return pod, str(mode["restore_from"]), []
+    if not mode["select"]:
+        return pod, None, [f"Pod {namespace}/{meta.get('name')} is not a restore pod (neither "
+                           f"{pc.ANN_RESTORE_FROM} nor {pc.ANN_RESTORE_SELECT})"]
+    group_by: Sequence[str] = ()
+    scope = pc.SCOPE_WHOLE_POD
+    if mode["policy"]:
+        settings = policy_settings(cluster.get(pc.KIND_POLICY, str(mode["policy"]), namespace))
+        group_by, scope = settings["group_by"], settings["scope"]
+    chosen, _content, reasons = select_for_pod(cluster, pod, namespace, group_by, scope)
+    if chosen is None:
+        return pod, None, reasons
+    name = str(chosen["metadata"]["name"])
+    if check_mode:
+        pinned = copy.deepcopy(pod)
+        pinned["metadata"].setdefault("annotations", {})[pc.ANN_RESTORE_FROM] = name
+        return pinned, name, []
+    patch = {"metadata": {"resourceVersion": meta.get("resourceVersion"), "annotations": {pc.ANN_RESTORE_FROM: name}}}
+    return cluster.patch("Pod", str(meta.get("name")), patch, namespace), name, []
 
 
 # --- summaries and policies -------------------------------------------------------------------
@@ -592,9 +672,14 @@ def snapshot_summary(snap: JSON, content: Optional[JSON]) -> JSON:
     meta = snap.get("metadata") or {}
     status = snap.get("status") or {}
     cspec = (content or {}).get("spec") or {}
+    failed = pc.get_condition(snap, pc.FAILED_CONDITION) or {}
     return {"namespace": meta.get("namespace"), "name": meta.get("name"), "uid": meta.get("uid"),
             "labels": meta.get("labels") or {}, "ready": pc.is_ready(snap),
+            "failed": failed.get("status") == "True",
+            "policy_name": (snap.get("spec") or {}).get("policyName"),
             "created_at": status.get("createdAt") or meta.get("creationTimestamp"),
+            "last_access_time": status.get("lastAccessTime"), "attempts": int(status.get("attempts") or 0),
+            "last_error": status.get("lastError"),
             "content": status.get("boundSnapshotContentName"), "size": status.get("size"),
             "pod_spec_hash": status.get("podSpecHash"),
             "source_pod": (((snap.get("spec") or {}).get("source") or {}).get("podRef") or {}).get("name"),

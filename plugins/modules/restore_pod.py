@@ -51,7 +51,12 @@ description:
     pod whose restore already ran is refused - a restore is never replayed; a new pod is needed.
   - O(action=finish) records the node's O(outcome) in the C(Restored) condition (C(RestoreSucceeded),
     C(RestoreFailed), C(RestorePartiallySucceeded), C(RestoreIncompatible)) with O(condition_message), and removes the
-    finalizer.
+    finalizer. After a restore that succeeded (also partly) it writes the PodSnapshot's C(status.lastAccessTime),
+    which retention by C(lastAccessTimeout) counts from (M(warmstart.snapshot.pod_snapshot_info)).
+  - A pod that selects its snapshot at restore (annotation C(snapshot.warmstart.io/restore-select), from the filter
+    P(warmstart.snapshot.restore_template#filter) without a snapshot) gets, at O(action=begin), the newest compatible
+    Ready PodSnapshot (with the grouping labels and scope of its C(snapshot.warmstart.io/restore-policy) policy)
+    pinned in its C(restore-from) annotation first.
 author:
   - warmstart developers (!UNKNOWN)
 extends_documentation_fragment:
@@ -284,6 +289,13 @@ node:
   returned: when O(action=begin)
   type: str
   sample: gpu-01
+last_access_time:
+  description:
+    - When O(action=finish) recorded a (partly) successful restore - the time written into the PodSnapshot's
+      C(status.lastAccessTime) (what C(retentionConfig.lastAccessTimeout) counts from); null otherwise.
+  returned: when O(action=finish)
+  type: str
+  sample: "2026-12-02T12:44:10Z"
 skip_compat_check:
   description: Whether the pod asks to skip the compatibility check (its C(snapshot-skip-compat-check) annotation).
   returned: when O(action=begin)

@@ -157,3 +157,124 @@ def test_select_checks_a_pinned_pod_spec(fake_apiserver: FakeApiServer) -> None:
     chosen, _content, reasons = kp.select_for_pod(_cluster(fake_apiserver), other, "default",
                                                   scope=pc.SCOPE_ROOTFS_ONLY)
     assert (chosen or {}).get("metadata", {}).get("name") == "snap-a" and reasons == []
+
+
+# --- PodSnapshot requests, lastAccessTime, snapshots selected at restore (issue 21) ---------------------
+
+def _request(server: FakeApiServer, name: str, **source: Any) -> None:
+    """A PodSnapshot request as a user creates it (through the API: the CRD's defaults apply), no status."""
+    spec = {"source": dict({"podRef": {"name": "embed-0"}}, **source)}
+    _cluster(server).create(pc.KIND_SNAPSHOT, {"apiVersion": pc.API_VERSION, "kind": pc.KIND_SNAPSHOT,
+                                               "metadata": {"name": name, "namespace": "default"}, "spec": spec},
+                            "default")
+
+
+def _bind_params(name: str, containers: Optional[list] = None) -> Dict[str, Any]:
+    return {"namespace": "default", "name": name, "source_pod": "embed-0", "containers": containers or [],
+            "scope": "whole-pod", "policy_name": None, "labels": None, "content_name": None,
+            "store": {"url": "/mnt/snapshots", "snapshot_id": "20261203T080000Z-0badcafe"}, "node": None,
+            "source_node": {"hostname": "node-1"}, "size": 7, "created_at": None, "ready": True,
+            "failed_reason": None, "failed_message": None}
+
+
+def test_an_existing_request_is_bound_with_the_uid_backlink(fake_apiserver: FakeApiServer) -> None:
+    _recorded(fake_apiserver)  # CRDs and the source pod embed-0
+    _request(fake_apiserver, "asked", containers=["main"])
+    asked = fake_apiserver.store.get("podsnapshots", "asked", "default", group=pc.GROUP)
+    out = kp.ensure_pod_snapshot(_cluster(fake_apiserver), _bind_params("asked"))
+    snap, content = out["snapshot"], out["content"]
+    assert snap["spec"] == asked["spec"], "the request's spec is kept (no uid added: specs are immutable)"
+    assert pc.is_ready(snap) and snap["status"]["boundSnapshotContentName"] == content["metadata"]["name"]
+    pod_uid = fake_apiserver.store.get("pods", "embed-0", "default")["metadata"]["uid"]
+    assert content["spec"]["snapshotRef"] == {"namespace": "default", "name": "asked", "uid": asked["metadata"]["uid"]}
+    assert content["spec"]["source"]["podRef"]["uid"] == pod_uid
+    assert pc.check_content_binding(snap, content) == []
+    assert kp.restore_pairs({"metadata": {"annotations": {pc.ANN_RESTORE_FROM: "asked"}},
+                             "spec": {"containers": [{"name": "main"}]}}, snap) == [
+        {"source": "main", "container": "main"}]
+    assert not kp.ensure_pod_snapshot(_cluster(fake_apiserver), _bind_params("asked"))["changed"]
+
+
+def test_a_request_for_an_earlier_incarnation_of_the_pod_is_refused(fake_apiserver: FakeApiServer) -> None:
+    _recorded(fake_apiserver)
+    _request(fake_apiserver, "old-uid", podRef={"name": "embed-0", "uid": "0000-gone"})
+    with pytest.raises(_k8s.K8sError, match="that pod now has uid .* \\(it was deleted and created again\\)"):
+        kp.ensure_pod_snapshot(_cluster(fake_apiserver), _bind_params("old-uid"))
+    _request(fake_apiserver, "two", containers=["main"])
+    fake_apiserver.add_pod("embed-0", containers=[SOURCE[0], {"name": "side", "image": "x"}], labels={"app": "embed"})
+    with pytest.raises(_k8s.K8sError, match="exists with another spec"):
+        kp.ensure_pod_snapshot(_cluster(fake_apiserver), _bind_params("two", ["main", "side"]))
+
+
+def test_finish_records_last_access_only_for_a_restore_that_happened(fake_apiserver: FakeApiServer) -> None:
+    _recorded(fake_apiserver)
+    for name in ("r-ok", "r-part", "r-bad", "r-gone"):
+        _restore_pod(fake_apiserver, name)
+    cluster = _cluster(fake_apiserver)
+    assert "lastAccessTime" not in fake_apiserver.store.get("podsnapshots", "snap-a", "default", group=pc.GROUP)["status"]
+    failed = kp.finish_restore(cluster, "default", "r-bad", "failed", "CRIU failed")
+    assert failed["last_access_time"] is None
+    assert "lastAccessTime" not in fake_apiserver.store.get("podsnapshots", "snap-a", "default", group=pc.GROUP)["status"]
+    writes = len(fake_apiserver.writes())
+    dry = kp.finish_restore(cluster, "default", "r-ok", "succeeded", check_mode=True)
+    assert dry["last_access_time"] and len(fake_apiserver.writes()) == writes
+    done = kp.finish_restore(cluster, "default", "r-ok", "succeeded")
+    stored = fake_apiserver.store.get("podsnapshots", "snap-a", "default", group=pc.GROUP)["status"]
+    assert done["last_access_time"] == stored["lastAccessTime"] and done["changed"]
+    assert kp.finish_restore(cluster, "default", "r-part", "partially_succeeded")["last_access_time"]
+    fake_apiserver.store.remove("podsnapshots", "snap-a", "default", group=pc.GROUP)
+    gone = kp.finish_restore(cluster, "default", "r-gone", "succeeded")
+    assert gone["outcome"] == "Succeeded" and gone["last_access_time"] is None
+    assert gone["warnings"] and "lastAccessTime of PodSnapshot default/snap-a not recorded" in gone["warnings"][0]
+
+
+def test_the_summary_says_access_attempts_and_failure(fake_apiserver: FakeApiServer) -> None:
+    snap = _recorded(fake_apiserver)
+    kp.touch_snapshot(_cluster(fake_apiserver), "default", "snap-a", "2026-12-03T08:00:00Z")
+    snap = fake_apiserver.store.get("podsnapshots", "snap-a", "default", group=pc.GROUP)
+    s = kp.snapshot_summary(snap, None)
+    assert (s["last_access_time"], s["attempts"], s["failed"], s["last_error"], s["policy_name"]) == (
+        "2026-12-03T08:00:00Z", 0, False, None, None)
+
+
+def test_a_pod_that_selects_its_snapshot_gets_it_pinned_at_begin(fake_apiserver: FakeApiServer) -> None:
+    _recorded(fake_apiserver)
+    template = {"metadata": {"labels": {"app": "embed"}}, "spec": {"containers": [dict(SOURCE[0])]}}
+    built = pc.build(template, None)
+    assert pc.restore_mode(built) == {"restore_from": None, "select": True, "policy": None, "fallback": None}
+    fake_apiserver.add_pod("r-sel", containers=built["spec"]["containers"], spec=dict(built["spec"]),
+                           labels={"app": "embed"}, annotations=built["metadata"]["annotations"])
+    cluster = _cluster(fake_apiserver)
+    pod = cluster.get_pod("default", "r-sel")
+    writes = len(fake_apiserver.writes())
+    dry, name, reasons = kp.pin_selected(cluster, pod, check_mode=True)
+    assert (name, reasons, len(fake_apiserver.writes())) == ("snap-a", [], writes)
+    assert dry["metadata"]["annotations"][pc.ANN_RESTORE_FROM] == "snap-a"
+    out = kp.begin_restore(cluster, "default", "r-sel")
+    assert out["snapshot"] == "snap-a" and out["outcome"] == "Pending"
+    stored = fake_apiserver.store.get("pods", "r-sel", "default")
+    assert stored["metadata"]["annotations"][pc.ANN_RESTORE_FROM] == "snap-a"
+    assert pc.restore_mode(stored)["select"] and pc.is_restore_pod(stored)
+    # a pinned pod stays pinned
+    assert kp.pin_selected(cluster, stored)[1:] == ("snap-a", [])
+
+
+def test_a_selecting_pod_with_nothing_that_fits_is_refused_with_the_reasons(fake_apiserver: FakeApiServer) -> None:
+    _recorded(fake_apiserver)
+    fake_apiserver.store.put("podsnapshotpolicies", {"metadata": {"name": "by-model", "namespace": "default"},
+                                                     "spec": {"selector": {}, "storeUrl": "/mnt/s",
+                                                              "snapshotGroupingRules": {
+                                                                  "groupByLabelValue": {"labels": ["model"]}}}},
+                             group=pc.GROUP)
+    template = {"metadata": {"labels": {"app": "embed", "model": "other"}},
+                "spec": {"containers": [dict(SOURCE[0])]}}
+    built = pc.build(template, None, restore_policy="by-model")
+    fake_apiserver.add_pod("r-none", containers=built["spec"]["containers"], spec=dict(built["spec"]),
+                           labels={"app": "embed", "model": "other"}, annotations=built["metadata"]["annotations"])
+    with pytest.raises(_k8s.K8sError) as refused:
+        kp.begin_restore(_cluster(fake_apiserver), "default", "r-none")
+    assert "no PodSnapshot to restore from" in refused.value.message and refused.value.reasons
+    pod = fake_apiserver.store.get("pods", "r-none", "default")
+    assert pc.ANN_RESTORE_FROM not in pod["metadata"]["annotations"] and pc.restore_condition(pod) is None
+    plain = fake_apiserver.add_pod("plain-0")
+    assert kp.pin_selected(_cluster(fake_apiserver), plain)[1] is None
