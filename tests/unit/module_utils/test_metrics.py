@@ -93,8 +93,8 @@ def parse(text: str) -> Dict[str, Dict[str, object]]:
         m = SAMPLE_RE.match(line)
         assert m, f"not a sample line: {line!r}"
         name, labels, value = m.group(1), _labels(m.group(2) or ""), _value(m.group(3))
-        fam_name = current if current and name in (current, f"{current}_bucket", f"{current}_sum",
-                                                  f"{current}_count") else name
+        members = (current, f"{current}_bucket", f"{current}_sum", f"{current}_count")
+        fam_name = current if current and name in members else name
         if fam_name != current:
             assert fam_name not in done and fam_name not in families, f"family {fam_name} is split"
             if current:
@@ -194,8 +194,8 @@ def test_counters_add_up_across_calls(mdir: Path) -> None:
         assert mt.record_restore(str(mdir), outcome, {"total": 1.0}, bytes_=100) is None
     text = prom(mdir)
     restores = samples_of(text, "warmstart_restores_total")
-    assert [restores[("warmstart_restores_total", (("outcome", o),))] for o in ("succeeded", "failed",
-                                                                               "incompatible")] == [2, 1, 1]
+    outcomes = ("succeeded", "failed", "incompatible")
+    assert [restores[("warmstart_restores_total", (("outcome", o),))] for o in outcomes] == [2, 1, 1]
     assert samples_of(text, "warmstart_restore_bytes_total")[("warmstart_restore_bytes_total", ())] == 400
     assert samples_of(text, "warmstart_restore_phase_seconds")[
         ("warmstart_restore_phase_seconds_count", (("phase", "total"),))] == 4
@@ -228,8 +228,8 @@ def test_phases_that_are_not_durations_are_skipped(mdir: Path) -> None:
     assert phases == {"dump"}
 
 
-@pytest.mark.parametrize("outcome, phases", [("Succeeded", None), ("a b", None), ("x" * 40, None),
-                                              ("succeeded", {"Bad Phase": 1.0}), ("", None)])
+@pytest.mark.parametrize("outcome, phases", [
+    ("Succeeded", None), ("a b", None), ("x" * 40, None), ("succeeded", {"Bad Phase": 1.0}), ("", None)])
 def test_unbounded_label_values_are_refused_with_a_warning(mdir: Path, outcome: str, phases: object) -> None:
     warning = mt.record_restore(str(mdir), outcome, phases)  # type: ignore[arg-type]
     assert warning and "metrics not recorded" in warning and "short lower-case word" in warning
