@@ -67,9 +67,14 @@ def remove(name: str) -> None:
 
 
 def image() -> str:
-    out = subprocess.run([os.path.join(REPO, "tests", "support", "build_node_image.sh"), "--print-image"],
-                         capture_output=True, text=True, check=True).stdout
-    return out.strip().splitlines()[-1]
+    """The local node image, built first (tests/support/build_node_image.sh) when this container storage lacks it."""
+    script = os.path.join(REPO, "tests", "support", "build_node_image.sh")
+    out = subprocess.run([script, "--print-image"], capture_output=True, text=True, check=True).stdout
+    name = out.strip().splitlines()[-1]
+    if subprocess.run(["podman", "image", "exists", name], check=False).returncode != 0:
+        print(f"bench: building {name} (not in this container storage)", file=sys.stderr)
+        subprocess.run([script], check=True, stdout=subprocess.DEVNULL)
+    return name
 
 
 class Bench:
