@@ -327,7 +327,7 @@ def _guarded(directory: Optional[str], build: Callable[[], Update], now: Optiona
         return None
     try:
         update(directory, build(), now)
-    except (OSError, ValueError) as exc:  # MetricsError is a ValueError
+    except (OSError, ValueError, TypeError) as exc:  # MetricsError is a ValueError; TypeError: a bad argument
         where = getattr(exc, "filename", None) or directory
         return f"metrics not recorded in {where}: {getattr(exc, 'strerror', None) or exc}"
     return None

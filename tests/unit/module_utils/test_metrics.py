@@ -236,6 +236,12 @@ def test_unbounded_label_values_are_refused_with_a_warning(mdir: Path, outcome: 
     assert not (mdir / mt.PROM_FILE).exists()
 
 
+def test_arguments_of_the_wrong_type_are_a_warning_too(mdir: Path) -> None:
+    warning = mt.record_restore(str(mdir), "succeeded", bytes_=None, snapshot_age_s="old",  # type: ignore[arg-type]
+                                snapshot="s")
+    assert warning and warning.startswith("metrics not recorded in ")
+
+
 def test_no_directory_means_metrics_off(tmp_path: Path) -> None:
     assert mt.record_restore(None, "succeeded") is None
     assert mt.record_capture("", "succeeded") is None
