@@ -9,13 +9,13 @@ agent for a policy's source pod that is ready). Invariants:
 
 - The request is decided from the PodSnapshot as the API server has it now: one that is bound, Ready or Failed
   is left alone, so a repeated or replayed event does nothing.
-- One capture at a time per request: a merge patch guarded by the PodSnapshot's resourceVersion sets the
-  annotations ``snapshot.warmstart.io/capture-attempt: <agent> <time>`` and ``capture-attempts: <n>``; of two
-  agents only one captures.
+- One capture at a time per request: ``_k8s_requests.begin_capture`` claims the next attempt (``status.attempts``,
+  a status write guarded by the resourceVersion); of two agents only one captures, and an attempt whose agent
+  stopped counts as failed once it is older than the attempt timeout.
 - The source always keeps running after a failed capture (the checkpoint resumes it on every failure path).
-  A failure is retried - the next event for the request (a resync) tries again - until ``max_attempts``
-  attempts failed; then the request is Failed with the last cause. A request that can never succeed (its source
-  pod is gone or was replaced) is Failed at once.
+  ``_k8s_requests.fail_capture`` records the failure: the next event for the request (a resync) tries again,
+  until ``max_attempts`` attempts failed; then the request is Failed with the last cause. A request that can
+  never succeed (its source pod is gone or was replaced) is Failed at once.
 - A capture that succeeded binds the request: a PodSnapshotContent pointing back to it, the store location,
   the source node, and Ready (``_k8s_records.ensure_pod_snapshot``).
 
@@ -28,15 +28,14 @@ from dataclasses import dataclass
 from typing import Any, Dict, List, Mapping, Optional, Protocol, Tuple
 
 from ansible_collections.warmstart.snapshot.plugins.module_utils import _k8s_records as rec
+from ansible_collections.warmstart.snapshot.plugins.module_utils import _k8s_requests as req
 from ansible_collections.warmstart.snapshot.plugins.module_utils import _podcontract as pc
 from ansible_collections.warmstart.snapshot.plugins.module_utils._errors import WarmstartError
-from ansible_collections.warmstart.snapshot.plugins.module_utils._k8s_client import Cluster, K8sError, now
+from ansible_collections.warmstart.snapshot.plugins.module_utils import _k8s_storage as stg
+from ansible_collections.warmstart.snapshot.plugins.module_utils._k8s_client import Cluster, K8sError
 
 JSON = Dict[str, Any]
 
-ANN_CLAIM = pc.GROUP + "/capture-attempt"
-ANN_ATTEMPTS = pc.GROUP + "/capture-attempts"
-REASON_RETRYING = "CaptureRetrying"
 REASON_FAILED = "CaptureFailed"
 REASON_SOURCE_GONE = "SourcePodGone"
 
@@ -144,28 +143,7 @@ def _container(snapshot: JSON, pod: JSON) -> str:
     return str(wanted[0] if wanted else (names[0] if names else ""))
 
 
-def _attempts(snapshot: JSON) -> int:
-    try:
-        return int(((snapshot.get("metadata") or {}).get("annotations") or {}).get(ANN_ATTEMPTS) or 0)
-    except ValueError:
-        return 0
-
-
 # --- writing -------------------------------------------------------------------------------------
-
-def claim(cluster: Cluster, snapshot: JSON, agent: str, attempt: int) -> bool:
-    """Take attempt ``attempt`` of the request (resourceVersion-guarded); False when another writer won."""
-    meta = snapshot.get("metadata") or {}
-    patch = {"metadata": {"resourceVersion": meta.get("resourceVersion"),
-                          "annotations": {ANN_CLAIM: f"{agent} {now()}", ANN_ATTEMPTS: str(attempt)}}}
-    try:
-        cluster.patch(pc.KIND_SNAPSHOT, str(meta.get("name")), patch, str(meta.get("namespace")))
-    except K8sError as exc:
-        if exc.conflict:
-            return False
-        raise
-    return True
-
 
 def _record(cluster: Cluster, s: CaptureSettings, snapshot: JSON, pod: JSON, **status: Any) -> JSON:
     """``ensure_pod_snapshot`` for the request: in progress, Ready and bound, or Failed."""
@@ -177,14 +155,6 @@ def _record(cluster: Cluster, s: CaptureSettings, snapshot: JSON, pod: JSON, **s
               "created_at": None, "ready": False, "failed_reason": None, "failed_message": None}
     params.update(status)
     return rec.ensure_pod_snapshot(cluster, params)
-
-
-def _retrying(cluster: Cluster, s: CaptureSettings, message: str) -> None:
-    """Say on the request that an attempt failed and another follows (Ready False, CaptureRetrying)."""
-    snap = cluster.get(pc.KIND_SNAPSHOT, s.name, s.namespace)
-    conditions = (snap.get("status") or {}).get("conditions") or []
-    new = pc.set_condition(conditions, pc.READY_CONDITION, "False", REASON_RETRYING, message[:32000], now())
-    cluster.patch_status(pc.KIND_SNAPSHOT, s.name, {"conditions": new}, s.namespace)
 
 
 # --- one request --------------------------------------------------------------------------------
@@ -208,22 +178,14 @@ def capture(cluster: Cluster, s: CaptureSettings, node: Capturer, check_mode: bo
     if check_mode:
         return {"changed": True, "action": "would fail" if problems else "would capture", "snapshot": ref,
                 "reasons": problems}
-    attempt = _attempts(snapshot) + 1
-    if not claim(cluster, snapshot, s.agent, attempt):
-        return {"changed": False, "action": "skipped", "snapshot": ref, "reason": "another agent took it first"}
     if problems or pod is None:
-        _fail(cluster, s, snapshot, problems)
-        return {"changed": True, "action": "failed", "snapshot": ref, "reasons": problems, "attempts": attempt}
-    return _capture(cluster, s, snapshot, pod, node, attempt)
-
-
-def _fail(cluster: Cluster, s: CaptureSettings, snapshot: JSON, problems: List[str]) -> None:
-    """A request whose source is gone: Failed, without a PodSnapshotContent."""
-    conditions = (snapshot.get("status") or {}).get("conditions") or []
-    stamp = now()
-    new = pc.set_condition(conditions, pc.FAILED_CONDITION, "True", REASON_SOURCE_GONE, "; ".join(problems), stamp)
-    new = pc.set_condition(new, pc.READY_CONDITION, "False", REASON_SOURCE_GONE, "; ".join(problems), stamp)
-    cluster.patch_status(pc.KIND_SNAPSHOT, s.name, {"conditions": new}, s.namespace)
+        req.fail_capture(cluster, s.namespace, s.name, REASON_SOURCE_GONE, "; ".join(problems), max_attempts=1)
+        return {"changed": True, "action": "failed", "snapshot": ref, "reasons": problems}
+    claimed = req.begin_capture(cluster, s.namespace, s.name, max_attempts=s.max_attempts)
+    if not claimed["claimed"]:
+        return {"changed": bool(claimed["changed"]), "action": "skipped", "snapshot": ref,
+                "reason": claimed["reason"]}
+    return _capture(cluster, s, snapshot, pod, node, int(claimed["attempt"]))
 
 
 def _policy(cluster: Cluster, s: CaptureSettings, snapshot: JSON) -> JSON:
@@ -233,34 +195,35 @@ def _policy(cluster: Cluster, s: CaptureSettings, snapshot: JSON) -> JSON:
     return rec.policy_settings(policy) if policy else {}
 
 
+def _store(cluster: Cluster, s: CaptureSettings, policy: JSON) -> Tuple[str, JSON]:
+    """Where to capture: the agent's store, else the policy's (storeUrl, or its PodSnapshotStorageConfig and the
+    credentials Secret that names); refused when there is none."""
+    if s.store:
+        return s.store, dict(s.store_options or {})
+    if policy.get("name"):
+        resolved = stg.resolve_store(cluster, s.namespace, policy=str(policy["name"]))
+        return str(resolved["store"]), dict(resolved.get("store_options") or {})
+    raise WarmstartError(f"PodSnapshot {s.namespace}/{s.name}: no store to capture into (it names no policy, and "
+                         "the agent has no store)")
+
+
 def _capture(cluster: Cluster, s: CaptureSettings, snapshot: JSON, pod: JSON, node: Capturer, attempt: int) -> JSON:
-    """Claimed: say in progress, checkpoint on the node, then bind the request or count the failure."""
+    """Claimed: checkpoint on the node, then bind the request or record the failed attempt."""
     ref = f"{s.namespace}/{s.name}"
     policy = _policy(cluster, s, snapshot)
-    store = s.store or policy.get("store_url") or ""
-    c = Capture(s.namespace, s.name, pod, _container(snapshot, pod), store, dict(s.store_options or {}),
-                wait_ready=bool(policy.get("wait_ready", False)), leave_running=bool(policy.get("leave_running", True)),
-                ready_timeout=s.ready_timeout)
-    _record(cluster, s, snapshot, pod)
     try:
-        if not store:
-            raise WarmstartError(f"PodSnapshot {ref}: no store to capture into (no policy store and no agent store)")
+        store, options = _store(cluster, s, policy)
+        c = Capture(s.namespace, s.name, pod, _container(snapshot, pod), store, options,
+                    wait_ready=bool(policy.get("wait_ready", False)),
+                    leave_running=bool(policy.get("leave_running", True)), ready_timeout=s.ready_timeout)
         done = node.checkpoint(c)
     except WarmstartError as exc:
-        return _failed(cluster, s, snapshot, pod, attempt, exc.full_message())
+        failed = req.fail_capture(cluster, s.namespace, s.name, REASON_FAILED, exc.full_message(),
+                                  max_attempts=s.max_attempts)
+        return {"changed": True, "action": "failed" if failed["final"] else "will retry", "snapshot": ref,
+                "reasons": [f"attempt {attempt} of {s.max_attempts}: {exc.full_message()}"], "attempts": attempt}
     _record(cluster, s, snapshot, pod, ready=True, size=done.get("size"), created_at=done.get("created_at"),
             source_node=done.get("source_node"),
             store={"url": store, "snapshot_id": done["id"], "path": done.get("path")})
     return {"changed": True, "action": "captured", "snapshot": ref, "snapshot_id": done["id"], "attempts": attempt,
             "size": done.get("size"), "timings": done.get("timings") or {}, "container": c.container}
-
-
-def _failed(cluster: Cluster, s: CaptureSettings, snapshot: JSON, pod: JSON, attempt: int, error: str) -> JSON:
-    """Attempt ``attempt`` failed (the source kept running): retried later, or Failed after the last one."""
-    ref = f"{s.namespace}/{s.name}"
-    message = f"attempt {attempt} of {s.max_attempts} failed: {error}"
-    if attempt >= s.max_attempts:
-        _record(cluster, s, snapshot, pod, failed_reason=REASON_FAILED, failed_message=message)
-        return {"changed": True, "action": "failed", "snapshot": ref, "reasons": [message], "attempts": attempt}
-    _retrying(cluster, s, message + "; retried on the next event")
-    return {"changed": True, "action": "will retry", "snapshot": ref, "reasons": [message], "attempts": attempt}

@@ -25,6 +25,7 @@ from ansible_collections.warmstart.snapshot.plugins.module_utils import _agent_c
 from ansible_collections.warmstart.snapshot.plugins.module_utils import _container as ctr
 from ansible_collections.warmstart.snapshot.plugins.module_utils import _control as ctl
 from ansible_collections.warmstart.snapshot.plugins.module_utils import _proc as proc
+from ansible_collections.warmstart.snapshot.plugins.module_utils import _k8s_requests as requests
 from ansible_collections.warmstart.snapshot.plugins.module_utils import _metrics as metrics
 from ansible_collections.warmstart.snapshot.plugins.module_utils import _podcontract as pc
 from ansible_collections.warmstart.snapshot.plugins.module_utils import _restorer as rst
@@ -234,12 +235,21 @@ def run_agent_capture(params: Dict[str, Any], check_mode: bool) -> Dict[str, Any
             return {"changed": False, "action": "skipped", "reason": f"{gone} no longer exists"}
         settings.name, created = capture.ask_for(cluster, settings.namespace, pod, policy, check_mode)
         asked = {"snapshot": settings.name, "created": created}
+    elif params.get("trigger"):
+        reconciled = requests.reconcile_trigger(cluster, settings.namespace, params["trigger"], check_mode)
+        if reconciled["phase"] != "pending" or not reconciled.get("snapshot_name"):
+            return {"changed": bool(reconciled["changed"]), "action": "skipped", "trigger": params["trigger"],
+                    "reason": f"the trigger is {reconciled['phase']}", "actions": reconciled["actions"]}
+        settings.name = str(reconciled["snapshot_name"])
+        asked = {"snapshot": settings.name, "trigger": params["trigger"]}
     elif not params.get("name"):
-        raise WarmstartError("agent_capture needs name (a PodSnapshot) or pod and policy")
+        raise WarmstartError("agent_capture needs name (a PodSnapshot), pod and policy, or trigger")
     node = LocalNode(runtime=params.get("runtime") or "auto", criu_path=params.get("criu_path"))
     result = capture.capture(cluster, settings, node, check_mode)
     if asked:
         result["requested"] = asked
+    if params.get("trigger") and not check_mode:  # Triggered Complete / Failed once the request settled
+        result["trigger_phase"] = requests.reconcile_trigger(cluster, settings.namespace, params["trigger"])["phase"]
     if not check_mode and result["action"] in ("captured", "failed", "will retry"):
         outcome = "succeeded" if result["action"] == "captured" else "failed"
         warning = metrics.record_capture(metrics.resolve_dir(params.get("metrics_dir")), outcome,

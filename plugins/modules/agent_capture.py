@@ -14,7 +14,8 @@ description:
     C(manual_trigger) and C(source_ready) events of C(warmstart.snapshot.k8s_events).
   - A PodSnapshot without a bound content is a request (by a user, a PodSnapshotManualTrigger, or the agent). With
     O(name), that request is captured; with O(pod) and O(policy), the request for that policy's source pod is
-    created first (named C(<pod>-<policy>-<hash of the pod uid>), so one per pod incarnation) and captured.
+    created first (named C(<pod>-<policy>-<hash of the pod uid>), so one per pod incarnation) and captured; with
+    O(trigger), the trigger's request.
   - The request is read as the API server has it now; one that is bound, Ready or Failed is left alone. The
     attempt is claimed with a write guarded by the PodSnapshot's resourceVersion (annotations
     C(snapshot.warmstart.io/capture-attempt) and C(capture-attempts)), so of two agents only one captures.
@@ -52,6 +53,11 @@ options:
     type: str
   policy:
     description: The PodSnapshotPolicy that selects O(pod).
+    type: str
+  trigger:
+    description:
+      - A PodSnapshotManualTrigger - its PodSnapshot request is created (as M(warmstart.snapshot.pod_snapshot_trigger)
+        does) and captured, and the trigger's C(Triggered) condition set from the outcome.
     type: str
   node_name:
     description: This node's name; a request whose source pod runs elsewhere is skipped. Default E(NODE_NAME).
@@ -127,9 +133,13 @@ reasons:
   type: list
   elements: str
 requested:
-  description: The request made for O(pod) and O(policy) (C(snapshot), C(created)).
-  returned: with O(pod) and O(policy)
+  description: The request made for O(pod) and O(policy) (C(snapshot), C(created)), or for O(trigger).
+  returned: with O(pod) and O(policy), or O(trigger)
   type: dict
+trigger_phase:
+  description: The trigger's phase after the capture (V(pending), V(complete), V(failed)).
+  returned: with O(trigger)
+  type: str
 """
 
 from ansible.module_utils.basic import AnsibleModule, env_fallback
@@ -147,6 +157,7 @@ def main() -> None:
             name=dict(type="str"),
             pod=dict(type="str"),
             policy=dict(type="str"),
+            trigger=dict(type="str"),
             node_name=dict(type="str", fallback=(env_fallback, ["NODE_NAME"])),
             agent_id=dict(type="str"),
             max_attempts=dict(type="int", default=3),
@@ -157,9 +168,9 @@ def main() -> None:
             criu_path=dict(type="path"),
             metrics_dir=dict(type="path"),
         ),
-        required_one_of=[("name", "pod")],
+        required_one_of=[("name", "pod", "trigger")],
         required_together=[("pod", "policy")],
-        mutually_exclusive=[("name", "pod")],
+        mutually_exclusive=[("name", "pod", "trigger")],
         supports_check_mode=True,
     )
     run_module(module, run_agent_capture)

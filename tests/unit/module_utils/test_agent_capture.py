@@ -84,16 +84,38 @@ def test_a_failed_capture_is_retried_then_failed_after_the_last_attempt(fake_api
     node = FakeCapturer(failures=5)
     first = cap.capture(_cluster(fake_apiserver), _settings(max_attempts=2), node)
     assert (first["action"], first["attempts"]) == ("will retry", 1)
-    ready = pc.get_condition(_snap(fake_apiserver), pc.READY_CONDITION)
-    assert (ready["status"], ready["reason"]) == ("False", cap.REASON_RETRYING)
+    snap = _snap(fake_apiserver)
+    ready, failed = pc.get_condition(snap, pc.READY_CONDITION), pc.get_condition(snap, pc.FAILED_CONDITION)
+    assert (ready["status"], ready["reason"]) == ("False", cap.REASON_FAILED)
     assert "attempt 1 of 2 failed: container main: CRIU dump failed (try 1)" in ready["message"]
+    assert (failed["status"], failed["reason"]) == ("False", "WillRetry")
+    assert snap["status"]["attempts"] == 1
     second = cap.capture(_cluster(fake_apiserver), _settings(max_attempts=2), node)
     assert (second["action"], second["attempts"]) == ("failed", 2)
     failed = pc.get_condition(_snap(fake_apiserver), pc.FAILED_CONDITION)
     assert (failed["status"], failed["reason"]) == ("True", cap.REASON_FAILED)
-    assert "attempt 2 of 2 failed" in failed["message"]
+    assert "(try 2)" in failed["message"] and "attempt 2 of 2; no attempt left" in failed["message"]
     third = cap.capture(_cluster(fake_apiserver), _settings(max_attempts=2), node)
     assert third["action"] == "skipped" and len(node.calls) == 2
+
+
+def test_a_missing_storage_secret_fails_the_attempt_naming_it(fake_apiserver: FakeApiServer) -> None:
+    _setup(fake_apiserver)
+    k8s_cluster = _cluster(fake_apiserver)
+    k8s_cluster.create(pc.KIND_STORAGE_CONFIG, {
+        "apiVersion": pc.API_VERSION, "kind": pc.KIND_STORAGE_CONFIG, "metadata": {"name": "s3-store"},
+        "spec": {"storeUrl": "s3://snapshots/ml", "credentialsSecretRef": {"name": "s3-creds"}}})
+    k8s_cluster.create(pc.KIND_POLICY, {
+        "apiVersion": pc.API_VERSION, "kind": pc.KIND_POLICY, "metadata": {"name": "p", "namespace": "default"},
+        "spec": {"selector": {}, "storageConfigName": "s3-store"}}, "default")
+    k8s_cluster.create(pc.KIND_SNAPSHOT, {"apiVersion": pc.API_VERSION, "kind": pc.KIND_SNAPSHOT,
+                                          "metadata": {"name": "via-policy", "namespace": "default"},
+                                          "spec": {"source": {"podRef": {"name": "embed-0"}}, "policyName": "p"}},
+                       "default")
+    node = FakeCapturer()
+    out = cap.capture(k8s_cluster, _settings("via-policy", store=None, max_attempts=1), node)
+    assert out["action"] == "failed" and "Secret default/s3-creds not found" in out["reasons"][0], out
+    assert not node.calls
 
 
 def test_a_request_whose_source_is_gone_or_replaced_fails_at_once(fake_apiserver: FakeApiServer) -> None:
