@@ -19,6 +19,8 @@ import time
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from ansible_collections.warmstart.snapshot.plugins.module_utils import _k8s_records as rec
+from ansible_collections.warmstart.snapshot.plugins.module_utils import _k8s_requests as req
+from ansible_collections.warmstart.snapshot.plugins.module_utils import _k8s_storage as storage
 from ansible_collections.warmstart.snapshot.plugins.module_utils import _podcontract as pc
 from ansible_collections.warmstart.snapshot.plugins.module_utils import _retention as ret
 from ansible_collections.warmstart.snapshot.plugins.module_utils._errors import WarmstartError
@@ -121,10 +123,15 @@ def _jmespath() -> Any:
 
 def run_pod_snapshot(params: Params, check_mode: bool) -> JSON:
     """The PodSnapshot + PodSnapshotContent records of a snapshot (``state: present``), or their deletion."""
-    if params.get("failed_reason") and params.get("ready"):
+    state = params["state"]
+    if params.get("failed_reason") and params.get("ready") and state == "present":
         raise WarmstartError("failed_reason needs ready=false")
+    if state == "failed" and not params.get("failed_reason"):
+        raise WarmstartError("state=failed needs failed_reason (the CamelCase cause, e.g. CheckpointFailed)")
     cluster = cluster_from(params)
-    if params["state"] == "absent":
+    if state in ("capturing", "failed"):
+        return _capture_attempt(cluster, params, check_mode)
+    if state == "absent":
         out = rec.delete_pod_snapshot(cluster, params["namespace"], params["name"], params.get("content_name"),
                                       check_mode)
         return {"changed": out["changed"], "actions": out["actions"], "pending": out["pending"], "snapshot": None,
@@ -135,13 +142,41 @@ def run_pod_snapshot(params: Params, check_mode: bool) -> JSON:
             "warnings": out["warnings"]}
 
 
+def _capture_attempt(cluster: Cluster, params: Params, check_mode: bool) -> JSON:
+    """``state: capturing`` (claim the next attempt of a request) or ``state: failed`` (record a failed one)."""
+    namespace, name, most = params["namespace"], params["name"], int(params.get("max_attempts") or 1)
+    if params["state"] == "capturing":
+        out = req.begin_capture(cluster, namespace, name, most, float(params.get("attempt_timeout") or
+                                                                     req.DEFAULT_ATTEMPT_TIMEOUT), check_mode)
+        extra: JSON = {"claimed": out["claimed"], "attempt": out["attempt"], "reason": out["reason"]}
+    else:
+        out = req.fail_capture(cluster, namespace, name, params["failed_reason"], params.get("failed_message") or "",
+                               most, check_mode)
+        extra = {"final": out["final"], "attempt": out["attempts"]}
+    snap = out["snapshot"]
+    return dict(extra, changed=out["changed"], max_attempts=most, snapshot=snap, content=None,
+                status=(snap or {}).get("status") or {}, actions=[f"{params['state']}: {name}"] if out["changed"] else [])
+
+
+def run_pod_snapshot_trigger(params: Params, check_mode: bool) -> JSON:
+    """One pass over a PodSnapshotManualTrigger: its PodSnapshot request, then its Triggered condition."""
+    return req.reconcile_trigger(cluster_from(params), params["namespace"], params["name"], check_mode)
+
+
 def run_pod_snapshot_info(params: Params, check_mode: bool = False) -> JSON:  # pylint: disable=unused-argument
-    """PodSnapshots of a namespace with their contents; with keep_last, which grouping retention removes."""
+    """PodSnapshots of a namespace with their contents; with keep_last / last_access_timeout, which retention
+    removes; with policy or storage_config, the store (and its options and credentials) snapshots go to."""
     cluster = cluster_from(params)
     namespace = params.get("namespace") or "default"
     policy: Optional[JSON] = None
     if params.get("policy"):
-        policy = rec.policy_settings(cluster.get(pc.KIND_POLICY, params["policy"], namespace))
+        doc = cluster.get(pc.KIND_POLICY, params["policy"], namespace)
+        policy = dict(rec.policy_settings(doc), storage_config=(doc.get("spec") or {}).get("storageConfigName"))
+    where: JSON = {"store": None, "store_options": {}, "storage_config": None, "credentials_secret": None}
+    if params.get("policy") or params.get("storage_config"):
+        where = storage.resolve_store(cluster, namespace, params.get("policy"), params.get("storage_config"))
+        if policy is not None:
+            policy["store_url"] = where["store"]
     if params.get("name"):
         found = cluster.find(pc.KIND_SNAPSHOT, params["name"], namespace)
         snaps = [found] if found else []
@@ -151,15 +186,24 @@ def run_pod_snapshot_info(params: Params, check_mode: bool = False) -> JSON:  # 
     for snap in snaps:
         bound = (snap.get("status") or {}).get("boundSnapshotContentName")
         summaries.append(rec.snapshot_summary(snap, cluster.find(pc.KIND_CONTENT, bound) if bound else None))
-    expired = _expired(summaries, params["keep_last"], params.get("group_by")) if params.get("keep_last") else []
-    return {"changed": False, "snapshots": summaries, "expired": expired, "policy": policy}
+    idle = params.get("last_access_timeout")
+    expired = (_expired(summaries, params.get("keep_last") or 0, params.get("group_by"), idle)
+               if params.get("keep_last") or idle else [])
+    options = {k: v for k, v in where["store_options"].items()
+               if params.get("include_credentials") or k not in storage.SECRET_OPTIONS}
+    return {"changed": False, "snapshots": summaries, "expired": expired, "policy": policy, "store": where["store"],
+            "store_options": options, "storage_config": where["storage_config"],
+            "credentials_secret": where["credentials_secret"]}
 
 
-def _expired(summaries: List[JSON], keep_last: int, group_by: Optional[List[str]]) -> List[JSON]:
-    """The summaries grouping retention removes: Ready snapshots compete for the ``keep_last`` places of their
-    group (the ``group_by`` label values; without them, one group per source pod)."""
-    pol = ret.policy(keep_last=keep_last, group_by=group_by or None)
-    docs = [{"id": s["name"], "name": s["source_pod"], "labels": s["labels"], "created_at": s["created_at"]}
+def _expired(summaries: List[JSON], keep_last: int, group_by: Optional[List[str]],
+             last_access_timeout: Optional[str] = None) -> List[JSON]:
+    """The summaries retention removes: Ready snapshots compete for the ``keep_last`` places of their group (the
+    ``group_by`` label values; without them, one group per source pod), and go when not restored from (or, never
+    restored from, not created) within ``last_access_timeout``."""
+    pol = ret.policy(keep_last=keep_last, group_by=group_by or None, last_access_timeout=last_access_timeout)
+    docs = [{"id": s["name"], "name": s["source_pod"], "labels": s["labels"], "created_at": s["created_at"],
+             "last_access_at": s.get("last_access_time")}
             for s in summaries if s["ready"]]
     why = {e["id"]: e.get("reason") for e in ret.plan(docs, [], pol).remove}
     return [dict(s, reason=why[s["name"]]) for s in summaries if s["name"] in why]

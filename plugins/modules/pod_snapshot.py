@@ -25,6 +25,20 @@ description:
   - With O(state=absent), deletes the PodSnapshot (that incarnation only, by uid) and then every
     PodSnapshotContent that points back to it. The artifact in the store is left alone
     (M(warmstart.snapshot.cleanup) applies retention there).
+  - A PodSnapshot that exists already as a B(request) - created by a user, a C(PodSnapshotManualTrigger) or the
+    agent with C(spec.source.podRef) and no status - is bound by O(state=present) like any other - its spec is
+    kept (its containers are the default of O(containers)); a request without C(podRef.uid) takes the source pod's
+    current one in the content's backlink, a request that names a uid refuses another incarnation of the pod.
+  - With O(state=capturing), claims the next capture attempt of the request O(namespace)/O(name) - C(status.attempts)
+    plus one, C(status.lastAttemptTime), condition C(Ready) False C(SnapshotInProgress) - in one status write guarded
+    by the resourceVersion it read, so that of two agents one claims it (RV(claimed)). Nothing is claimed, and
+    RV(reason) says why, when the PodSnapshot is Ready or Failed already, or an attempt started less than
+    O(attempt_timeout) seconds ago is still running; an older one did not finish and counts as failed.
+  - With O(state=failed), records that the current attempt failed (O(failed_reason), O(failed_message)) in
+    C(status.lastError). While fewer than O(max_attempts) attempts were made the request stays open for another
+    attempt (C(Ready) False with the reason, C(Failed) False C(WillRetry)) and the source pod is not touched; the
+    last attempt makes it C(Failed) True (RV(final)). The source pod is not read, so a request whose pod is gone can
+    be failed with the reason.
   - The records are returned in every case (RV(snapshot), RV(content), RV(status)).
 author:
   - warmstart developers (!UNKNOWN)
@@ -36,7 +50,7 @@ extends_documentation_fragment:
 attributes:
   check_mode:
     support: full
-    description: Reads the source pod and both records and reports what would be created or changed.
+    description: Reads the source pod and the records and reports what would be created or changed.
   diff_mode:
     description: No diff; RV(actions) lists the changes.
 options:
@@ -49,9 +63,12 @@ options:
     type: str
     required: true
   state:
-    description: Whether the records should exist.
+    description:
+      - V(present) - the records exist (and are bound); V(absent) - they do not.
+      - V(capturing) and V(failed) - a capture attempt of an existing PodSnapshot begins, or failed (see the
+        description).
     type: str
-    choices: [present, absent]
+    choices: [present, absent, capturing, failed]
     default: present
   source_pod:
     description: Name of the pod that was snapshotted; read from the API (its uid, node, containers and spec).
@@ -120,15 +137,30 @@ options:
     type: bool
     default: true
   failed_reason:
-    description: CamelCase reason of a failed snapshot (for example V(CheckpointFailed)); needs O(ready=false).
+    description:
+      - CamelCase reason of a failed snapshot (for example V(CheckpointFailed)); with O(state=present) it needs
+        O(ready=false); O(state=failed) requires it.
     type: str
   failed_message:
     description: What went wrong, for people.
     type: str
+  max_attempts:
+    description:
+      - Capture attempts a request gets, for O(state=capturing) and O(state=failed); the attempt that reaches it
+        makes the request Failed when it fails.
+    type: int
+    default: 1
+  attempt_timeout:
+    description:
+      - Seconds after which an attempt that was claimed (O(state=capturing)) and never recorded counts as failed
+        (its agent stopped), so that the next O(state=capturing) may claim another one.
+    type: int
+    default: 3600
 seealso:
   - module: warmstart.snapshot.restore_pod
   - module: warmstart.snapshot.k8s_crds
   - module: warmstart.snapshot.checkpoint
+  - module: warmstart.snapshot.pod_snapshot_trigger
 """
 
 EXAMPLES = r"""
@@ -157,6 +189,24 @@ EXAMPLES = r"""
     failed_message: "{{ ckpt.msg }}"
   delegate_to: localhost
 
+- name: Claim a capture attempt of a PodSnapshot request (three attempts in all)
+  warmstart.snapshot.pod_snapshot:
+    namespace: inference
+    name: embed-request
+    state: capturing
+    max_attempts: 3
+  register: attempt
+
+- name: Record that this attempt failed (retried while attempts are left)
+  warmstart.snapshot.pod_snapshot:
+    namespace: inference
+    name: embed-request
+    state: failed
+    failed_reason: CheckpointFailed
+    failed_message: "{{ ckpt.msg }}"
+    max_attempts: 3
+  when: attempt.claimed and ckpt is failed
+
 - name: Forget it (the PodSnapshot and its content)
   warmstart.snapshot.pod_snapshot:
     namespace: inference
@@ -177,7 +227,8 @@ content:
   type: dict
   sample: {metadata: {name: inference-embed-20261202-1a2b3c4d}, spec: {store: {url: s3://snapshots/prod}}}
 status:
-  description: The PodSnapshot's status (bound content, podSpecHash, size, createdAt, conditions).
+  description: The PodSnapshot's status (bound content, podSpecHash, size, createdAt, lastAccessTime, attempts,
+    lastAttemptTime, lastError, conditions).
   returned: always
   type: dict
   sample:
@@ -190,6 +241,31 @@ actions:
   type: list
   elements: str
   sample: ["created PodSnapshot inference/embed-20261202", "created PodSnapshotContent inference-embed-20261202-1a2b3c4d"]
+claimed:
+  description: With O(state=capturing) - whether this task claimed an attempt (then capture now).
+  returned: when O(state=capturing)
+  type: bool
+  sample: true
+attempt:
+  description: The attempt claimed (O(state=capturing)) or recorded as failed (O(state=failed)).
+  returned: when O(state) is capturing or failed
+  type: int
+  sample: 2
+max_attempts:
+  description: O(max_attempts).
+  returned: when O(state) is capturing or failed
+  type: int
+  sample: 3
+reason:
+  description: With O(state=capturing) - why no attempt was claimed (null when one was).
+  returned: when O(state=capturing)
+  type: str
+  sample: attempt 1 is in progress since 2026-12-02T12:00:00Z
+final:
+  description: With O(state=failed) - whether the request is Failed now (no attempt left).
+  returned: when O(state=failed)
+  type: bool
+  sample: false
 pending:
   description: Deleted objects that wait for their finalizers.
   returned: when O(state=absent)
@@ -216,7 +292,7 @@ def main() -> None:
             **auth_argument_spec(),
             namespace=dict(type="str", required=True),
             name=dict(type="str", required=True),
-            state=dict(type="str", choices=["present", "absent"], default="present"),
+            state=dict(type="str", choices=["present", "absent", "capturing", "failed"], default="present"),
             source_pod=dict(type="str"),
             containers=dict(type="list", elements="str", default=[]),
             scope=dict(type="str", choices=["whole-pod", "rootfs-only"], default="whole-pod"),
@@ -235,6 +311,8 @@ def main() -> None:
             ready=dict(type="bool", default=True),
             failed_reason=dict(type="str"),
             failed_message=dict(type="str"),
+            max_attempts=dict(type="int", default=1),
+            attempt_timeout=dict(type="int", default=3600),
         ),
         required_if=[("state", "present", ["source_pod"])],
         supports_check_mode=True,

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 DOCUMENTATION = r"""
 module: pod_snapshot_info
-short_description: List PodSnapshots with their contents, and what grouping retention would remove
+short_description: List PodSnapshots with their contents, what retention would remove, and where snapshots go
 version_added: 0.1.0
 description:
   - Reads the PodSnapshots of a namespace (one by O(name), or those matching O(label_selector)) and the
@@ -18,6 +18,19 @@ description:
     PodSnapshotPolicy; without O(group_by), one group per source pod), oldest first. It removes nothing. The
     playbook C(warmstart.snapshot.k8s_snapshot) deletes those records with M(warmstart.snapshot.pod_snapshot)
     and their store snapshots with M(warmstart.snapshot.cleanup).
+  - With O(last_access_timeout) (a policy's C(retentionConfig.lastAccessTimeout), as GKE's) C(expired) also holds
+    the Ready PodSnapshots not restored from within that time - counted from C(status.lastAccessTime), which
+    M(warmstart.snapshot.restore_pod) O(warmstart.snapshot.restore_pod#module:action=finish) writes on each
+    (partly) successful restore, or from their creation when never restored from. Both rules together: a
+    snapshot goes when either says so, and its C(reason) names each.
+  - With O(policy) or O(storage_config), RV(store) and RV(store_options) say where snapshots go - the policy's
+    C(storeUrl), or the C(PodSnapshotStorageConfig) it names in C(storageConfigName) (or O(storage_config)) with
+    its options and the credentials from its C(credentialsSecretRef) Secret (in the Secret's namespace, by default
+    O(namespace)). A policy with both C(storeUrl) and C(storageConfigName), or neither, is refused naming both; a
+    missing storage config, Secret or key is refused naming the Secret, the key and the storage config.
+  - The credentials (C(access_key_id), C(secret_access_key), C(session_token)) are returned in RV(store_options)
+    only with O(include_credentials=true) - run that task with C(no_log: true); without it RV(credentials_secret)
+    names the Secret and nothing of its values is returned.
 author:
   - warmstart developers (!UNKNOWN)
 extends_documentation_fragment:
@@ -50,6 +63,22 @@ options:
     type: list
     elements: str
     default: []
+  last_access_timeout:
+    description:
+      - Expire Ready PodSnapshots not restored from (or, never restored from, not created) within this duration -
+        V(72h), V(90m), V(7d), V(1d12h), or seconds.
+    type: str
+  storage_config:
+    description:
+      - A PodSnapshotStorageConfig to resolve into RV(store) and RV(store_options); with O(policy) as well, the
+        policy must name this one.
+    type: str
+  include_credentials:
+    description:
+      - Return the Secret's credentials in RV(store_options) (for a task that passes them to a store module; set
+        C(no_log) on it). Without it they are left out.
+    type: bool
+    default: false
 """
 
 EXAMPLES = r"""
@@ -63,6 +92,27 @@ EXAMPLES = r"""
 - name: Show what would go
   ansible.builtin.debug:
     msg: "{{ snaps.expired | map(attribute='name') }}"
+
+- name: Snapshots not restored from for three days
+  warmstart.snapshot.pod_snapshot_info:
+    namespace: ml
+    last_access_timeout: 72h
+  register: idle
+
+- name: Where the embed policy stores snapshots, with the credentials of its storage config
+  warmstart.snapshot.pod_snapshot_info:
+    namespace: ml
+    policy: embed
+    include_credentials: true
+  register: where
+  no_log: true
+
+- name: Checkpoint into that store
+  warmstart.snapshot.checkpoint:
+    pod: {namespace: ml, name: embed-0, container: server}
+    store: "{{ where.store }}"
+    store_options: "{{ where.store_options }}"
+  no_log: true
 """
 
 RETURN = r"""
@@ -84,17 +134,48 @@ snapshots:
       source_pod: embed-0
       node: gpu-01
       store: {url: /mnt/snapshots, snapshot_id: 20261202T124302Z-f6ccdab5, path: /mnt/snapshots/snapshots/20261202T124302Z-f6ccdab5}
+      failed: false
+      policy_name: embed
+      last_access_time: "2026-12-03T08:00:00Z"
+      attempts: 1
+      last_error: null
 policy:
   description: With O(policy) - its settings in the terms of the playbook C(warmstart.snapshot.k8s_snapshot).
   returned: always
   type: dict
   sample: {name: embed, selector: "app=embed,tier in (gold)", store_url: /mnt/snapshots, wait_ready: true,
-           leave_running: true, scope: whole-pod, group_by: [model], max_per_group: 3, last_access_timeout: 72h}
+           leave_running: true, scope: whole-pod, group_by: [model], max_per_group: 3, last_access_timeout: 72h,
+           storage_config: null}
 expired:
-  description: With O(keep_last) - the summaries of the PodSnapshots retention removes, each with its C(reason).
+  description:
+    - With O(keep_last) or O(last_access_timeout) - the summaries of the PodSnapshots retention removes, each with
+      its C(reason).
   returned: always
   type: list
   elements: dict
+store:
+  description: With O(policy) or O(storage_config) - the store snapshots go to (a directory or V(s3://bucket/prefix)).
+  returned: always
+  type: str
+  sample: s3://snapshots/prod
+store_options:
+  description:
+    - With O(policy) or O(storage_config) - the store's options as the store modules take them (C(endpoint_url),
+      C(region), C(profile), C(cache_dir), C(concurrency)), and with O(include_credentials) C(access_key_id),
+      C(secret_access_key) and C(session_token) from the Secret.
+  returned: always
+  type: dict
+  sample: {endpoint_url: "http://minio.storage:9000", region: us-east-1}
+storage_config:
+  description: The PodSnapshotStorageConfig the store came from (null for a policy's inline C(storeUrl)).
+  returned: always
+  type: str
+  sample: shared-s3
+credentials_secret:
+  description: C(namespace/name) of the Secret the credentials come from (null without one).
+  returned: always
+  type: str
+  sample: warmstart/s3-credentials
 """
 
 from ansible.module_utils.basic import AnsibleModule
@@ -113,6 +194,9 @@ def main() -> None:
             policy=dict(type="str"),
             keep_last=dict(type="int", default=0),
             group_by=dict(type="list", elements="str", default=[]),
+            last_access_timeout=dict(type="str"),
+            storage_config=dict(type="str"),
+            include_credentials=dict(type="bool", default=False),
         ),
         mutually_exclusive=[("name", "label_selector")],
         supports_check_mode=True,
