@@ -44,9 +44,9 @@ from ansible_collections.warmstart.snapshot.plugins.module_utils import _k8s_rec
 JSON = Dict[str, Any]
 
 ANN_ATTEMPT = pc.GROUP + "/restore-attempt"
-ANN_FALLBACK = pc.GROUP + "/restore-fallback"
-FALLBACK_COLD_START = "cold-start"
-FALLBACKS = ("none", FALLBACK_COLD_START)
+ANN_FALLBACK = pc.ANN_RESTORE_FALLBACK
+FALLBACK_COLD_START = pc.FALLBACK_COLD_START
+FALLBACKS = pc.FALLBACKS
 WAITING = "waiting: "
 CLAIM_TRIES = 3
 
@@ -130,8 +130,8 @@ def decide(pod: JSON, agent: str, node_name: Optional[str]) -> Tuple[str, str]:
         return "skip", "the pod is being deleted"
     if node_name and node != node_name:
         return "skip", f"the pod runs on node {node or '(none yet)'}, not on this agent's node {node_name}"
-    if not pc.restore_annotations(pod)[0].get(pc.ANN_RESTORE_FROM):
-        return "skip", "not a restore pod (no restore-from annotation)"
+    if not pc.is_restore_pod(pod):
+        return "skip", "not a restore pod (neither restore-from nor restore-select)"
     outcome = pc.classify(pod)
     if outcome != "Pending":
         return "skip", f"its restore already ran ({outcome})"
@@ -275,7 +275,13 @@ def _skip(s: Settings, why: str, outcome: Optional[str] = None) -> JSON:
 def _try_restore(cluster: Cluster, s: Settings, pod: JSON, node: Node, check_mode: bool) -> Optional[JSON]:
     """Wait, refuse or restore ``pod``; None when the claim lost to a concurrent change (decide again)."""
     ref = f"{s.namespace}/{s.name}"
-    waiting, snap = wait_reasons(cluster, pod)
+    try:  # a pod that selects its snapshot at restore gets the newest fitting one pinned first
+        pod, pinned, unfit = rec.pin_selected(cluster, pod, check_mode)
+    except K8sError as exc:
+        if exc.conflict:
+            return None
+        raise
+    waiting, snap = (unfit, None) if pinned is None else wait_reasons(cluster, pod)
     if waiting:
         changed = False if check_mode else mark_waiting(cluster, pod, waiting)
         return {"changed": changed, "action": "waiting", "pod": ref, "reasons": waiting, "outcome": "Pending"}

@@ -18,7 +18,7 @@ description:
   - Otherwise the pod's one restore attempt is claimed - the annotation C(snapshot.warmstart.io/restore-attempt)
     and the finalizer C(snapshot.warmstart.io/restore), in one write guarded by the pod's resourceVersion, so of
     two agents only one restores a pod - and the snapshot is restored into the pod's placeholder containers on
-    this node (as M(warmstart.snapshot.restore) with C(into.pod) does: checksums and compatibility first). The
+    this node, as M(warmstart.snapshot.restore) with C(into.pod) does - checksums and compatibility first. The
     outcome goes into the C(Restored) condition and the finalizer is released.
   - A snapshot that cannot go into the pod (another pod spec, a broken binding) is recorded as
     C(RestoreIncompatible) with every reason; nothing is touched.

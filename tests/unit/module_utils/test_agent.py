@@ -247,3 +247,21 @@ def test_the_pod_annotation_decides_the_fallback_before_the_agent_default(
     pod = {"metadata": {"annotations": annotations}}
     assert agent.fallback_of(pod, "none") is expected
     assert agent.fallback_of(pod, "cold-start") is (expected or not annotations)
+
+
+def test_a_pod_that_selects_at_restore_gets_the_newest_fitting_snapshot_pinned(fake_apiserver: FakeApiServer) -> None:
+    template = {"metadata": {"labels": {"app": "embed"}}, "spec": {"containers": copy.deepcopy(SOURCE)}}
+    built = pc.build(template, None)
+    assert pc.restore_mode(built)["select"] and not pc.restore_mode(built)["restore_from"]
+    for crd in yaml.safe_load(CRDS.read_text())["items"]:
+        fake_apiserver.store.put("customresourcedefinitions", crd, group="apiextensions.k8s.io")
+    fake_apiserver.add_pod("r-sel", containers=built["spec"]["containers"], spec=dict(built["spec"]),
+                           labels={"app": "embed"}, annotations=built["metadata"]["annotations"])
+    node = FakeNode()
+    early = agent.restore_pod(_cluster(fake_apiserver), _settings("r-sel"), node)
+    assert early["action"] == "waiting" and not node.restored, "no snapshot fits yet: the pod waits"
+    _snapshot(fake_apiserver)
+    out = agent.restore_pod(_cluster(fake_apiserver), _settings("r-sel"), node)
+    assert (out["action"], out["outcome"], out["snapshot"]) == ("restored", "succeeded", "snap-a")
+    pod = fake_apiserver.store.get("pods", "r-sel", "default")
+    assert pod["metadata"]["annotations"][pc.ANN_RESTORE_FROM] == "snap-a"
