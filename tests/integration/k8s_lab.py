@@ -6,6 +6,7 @@ Used by the Kubernetes end-to-end tests (the k8s playbooks, and the node agent r
 from __future__ import annotations
 
 import threading
+import time
 from typing import Any, Dict, List, Union
 
 from ansible_collections.warmstart.snapshot.plugins.module_utils import _podcontract as pc
@@ -18,6 +19,11 @@ from .container_lab import Pod, ask, wait_file
 NS = "ml"
 POD_LABELS = {"app": "embed", "model": "minilm"}
 COMMAND = ("python3", "/app/app.py")
+
+
+def _stamp() -> str:
+    """Now, as the API server writes times (RFC 3339, UTC, seconds)."""
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
 
 
 def cri_labels(namespace: str, pod: str, container: str) -> Dict[str, str]:
@@ -92,6 +98,7 @@ class Kubelet(threading.Thread):
         super().__init__(daemon=True, name="fake-kubelet")
         self.api, self.lab, self.node = api, lab, node
         self.started: Dict[str, str] = {}  # pod name -> container
+        self.running_at: Dict[str, float] = {}  # pod name -> when its status said Running (epoch s)
         self.stop = threading.Event()
         self.errors: List[str] = []
 
@@ -122,8 +129,9 @@ class Kubelet(threading.Thread):
             stored["spec"]["nodeName"] = self.node
             stored["status"] = {"phase": "Running", "podIP": self.lab.ip(full), "containerStatuses": [{
                 "name": container["name"], "image": container["image"], "containerID": f"{self.lab.scheme}://{cid}",
-                "ready": False, "restartCount": 0, "state": {"running": {"startedAt": "2026-12-02T00:00:00Z"}}}]}
+                "ready": False, "restartCount": 0, "state": {"running": {"startedAt": _stamp()}}}]}
             self.api.store.put("pods", stored, group="")
+            self.running_at[name] = time.time()
 
 
 def source_pod(c: Dict[str, Any], name: str, node: str = "localhost") -> str:
@@ -144,5 +152,3 @@ def source_pod(c: Dict[str, Any], name: str, node: str = "localhost") -> str:
 def template(image: str) -> Dict[str, Any]:
     return {"metadata": {"labels": dict(POD_LABELS)},
             "spec": {"containers": [{"name": "main", "image": image, "command": list(COMMAND)}]}}
-
-

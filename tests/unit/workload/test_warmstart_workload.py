@@ -197,8 +197,8 @@ def test_a_failing_callback_is_reported_and_the_watcher_survives(tmp_path: Path,
     assert "cannot reach the database" in capsys.readouterr().err
 
 
-def test_standby_blocks_until_cold_start_and_only_in_a_standby_pod(tmp_path: Path,
-                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+def test_standby_blocks_until_cold_start_and_only_in_a_standby_pod(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("SNAPSHOT_RESTORE_STANDBY", raising=False)
     assert ws.Control(str(tmp_path)).standby() is False, "not a standby pod: returns at once"
     monkeypatch.setenv("SNAPSHOT_RESTORE_STANDBY", "1")
