@@ -124,8 +124,8 @@ def begin_capture(cluster: Cluster, namespace: str, name: str, max_attempts: int
         snap = dict(snap, status=dict(status, **lapsed))
     if attempts >= max_attempts:
         out["reason"] = f"its {attempts} attempts are spent (max_attempts {max_attempts})"
-        lapsed = _failed_status(snap, attempts, max_attempts, REASON_FAILED, str(status.get("lastError") or
-                                                                                  "no attempt left"), stamp)
+        last = str(status.get("lastError") or "no attempt left")
+        lapsed = _failed_status(snap, attempts, max_attempts, REASON_FAILED, last, stamp)
         return _settle_lapsed(cluster, snap, lapsed, out, check_mode)
     return _claim(cluster, snap, attempts + 1, max_attempts, stamp, out, check_mode)
 

@@ -146,8 +146,8 @@ def _capture_attempt(cluster: Cluster, params: Params, check_mode: bool) -> JSON
     """``state: capturing`` (claim the next attempt of a request) or ``state: failed`` (record a failed one)."""
     namespace, name, most = params["namespace"], params["name"], int(params.get("max_attempts") or 1)
     if params["state"] == "capturing":
-        out = req.begin_capture(cluster, namespace, name, most, float(params.get("attempt_timeout") or
-                                                                     req.DEFAULT_ATTEMPT_TIMEOUT), check_mode)
+        timeout = float(params.get("attempt_timeout") or req.DEFAULT_ATTEMPT_TIMEOUT)
+        out = req.begin_capture(cluster, namespace, name, most, timeout, check_mode)
         extra: JSON = {"claimed": out["claimed"], "attempt": out["attempt"], "reason": out["reason"]}
     else:
         out = req.fail_capture(cluster, namespace, name, params["failed_reason"], params.get("failed_message") or "",

@@ -21,7 +21,7 @@ description:
   - With O(last_access_timeout) (a policy's C(retentionConfig.lastAccessTimeout), as GKE's) C(expired) also holds
     the Ready PodSnapshots not restored from within that time - counted from C(status.lastAccessTime), which
     M(warmstart.snapshot.restore_pod) O(warmstart.snapshot.restore_pod#module:action=finish) writes on each
-    (partly) successful restore, or from their creation when never restored from. Both rules together: a
+    (partly) successful restore, or from their creation when never restored from. With both rules a
     snapshot goes when either says so, and its C(reason) names each.
   - With O(policy) or O(storage_config), RV(store) and RV(store_options) say where snapshots go - the policy's
     C(storeUrl), or the C(PodSnapshotStorageConfig) it names in C(storageConfigName) (or O(storage_config)) with
@@ -29,7 +29,7 @@ description:
     O(namespace)). A policy with both C(storeUrl) and C(storageConfigName), or neither, is refused naming both; a
     missing storage config, Secret or key is refused naming the Secret, the key and the storage config.
   - The credentials (C(access_key_id), C(secret_access_key), C(session_token)) are returned in RV(store_options)
-    only with O(include_credentials=true) - run that task with C(no_log: true); without it RV(credentials_secret)
+    only with O(include_credentials=true) - set C(no_log) on that task; without it RV(credentials_secret)
     names the Secret and nothing of its values is returned.
 author:
   - warmstart developers (!UNKNOWN)

@@ -88,7 +88,9 @@ actions:
   returned: always
   type: list
   elements: str
-  sample: ["created PodSnapshot inference/embed-now-1a2b3c4d (a request)", "recorded snapshotCreated embed-now-1a2b3c4d on PodSnapshotManualTrigger inference/embed-now"]
+  sample:
+    - created PodSnapshot inference/embed-now-1a2b3c4d (a request)
+    - recorded snapshotCreated embed-now-1a2b3c4d on PodSnapshotManualTrigger inference/embed-now
 """
 
 from ansible.module_utils.basic import AnsibleModule

@@ -101,8 +101,8 @@ def test_custom_keys_default_namespace_and_an_optional_token(server: FakeApiServ
 def test_a_directory_store_and_file_urls(server: FakeApiServer) -> None:
     config(server, "nfs", "file:///mnt/nfs/snapshots", {"cacheDir": "/var/cache/w"})
     out = storage.resolve_store(cluster(server), "ml", storage_config="nfs")
-    assert (out["store"], out["store_options"], out["credentials_secret"]) == ("/mnt/nfs/snapshots",
-                                                                              {"cache_dir": "/var/cache/w"}, None)
+    want = ("/mnt/nfs/snapshots", {"cache_dir": "/var/cache/w"}, None)
+    assert (out["store"], out["store_options"], out["credentials_secret"]) == want
     with pytest.raises(_k8s.K8sError, match="is neither an absolute directory"):
         storage.store_url("relative/dir", "X")
     with pytest.raises(_k8s.K8sError, match="is not file:///absolute/path"):

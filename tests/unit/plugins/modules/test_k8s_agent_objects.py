@@ -124,8 +124,8 @@ def test_last_access_retention_and_the_restore_template_filter(server: FakeApiSe
                            "template": {"metadata": {"labels": {"app": "embed"}},
                                         "spec": {"containers": [{"name": "main", "image": "i", "command": ["run"]}]}}}}
     tasks = [
-        {"name": "retention", "warmstart.snapshot.pod_snapshot_info": {"namespace": "default",
-                                                                         "last_access_timeout": "72h"}},
+        {"name": "retention",
+         "warmstart.snapshot.pod_snapshot_info": {"namespace": "default", "last_access_timeout": "72h"}},
         {"name": "template", "ansible.builtin.set_fact": {
             "built": "{{ deployment | warmstart.snapshot.restore_template(policy='embed', fallback='cold-start') }}"},
          "vars": {"deployment": deployment}},
