@@ -59,9 +59,9 @@ def test_the_secrets_credentials_reach_the_bucket(server: FakeApiServer, endpoin
     server.store.put("secrets", {"metadata": {"name": "s3", "namespace": "warmstart"}, "data": {
         "AWS_ACCESS_KEY_ID": base64.b64encode(b"warmstart-test").decode(),
         "AWS_SECRET_ACCESS_KEY": base64.b64encode(SECRET.encode()).decode()}}, group="")
+    options = {"endpointUrl": endpoint, "region": "us-east-1", "cacheDir": str(tmp_path / "cache")}
     server.store.put("podsnapshotstorageconfigs", {"metadata": {"name": "shared"}, "spec": {
-        "storeUrl": f"s3://{bucket}/fleet", "options": {"endpointUrl": endpoint, "region": "us-east-1",
-                                                         "cacheDir": str(tmp_path / "cache")},
+        "storeUrl": f"s3://{bucket}/fleet", "options": options,
         "credentialsSecretRef": {"name": "s3", "namespace": "warmstart"}}}, group=pc.GROUP)
     cluster = _k8s.cluster_from({"kubeconfig": str(server.kubeconfig)})
     where = storage.resolve_store(cluster, "ml", storage_config="shared")
