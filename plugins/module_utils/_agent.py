@@ -137,7 +137,7 @@ def decide(pod: JSON, agent: str, node_name: Optional[str]) -> Tuple[str, str]:
         return "skip", f"its restore already ran ({outcome})"
     attempt = str((meta.get("annotations") or {}).get(ANN_ATTEMPT) or "")
     if attempt:
-        holder = attempt.split(" ")[0]
+        holder = attempt.split(" ", 1)[0]
         if holder != agent:
             return "skip", f"agent {holder} claimed it ({attempt})"
         return "recover", f"this agent claimed it ({attempt}) and did not record the outcome"

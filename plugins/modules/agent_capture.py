@@ -30,6 +30,7 @@ author:
   - warmstart developers (!UNKNOWN)
 extends_documentation_fragment:
   - warmstart.snapshot.k8s_auth
+  - warmstart.snapshot.store.options
   - warmstart.snapshot.store.criu
   - warmstart.snapshot.attributes.node
   - warmstart.snapshot.attributes.no_diff
@@ -81,10 +82,6 @@ options:
   store:
     description: The snapshot store to capture into; default the request's policy's store.
     type: str
-  store_options:
-    description: Settings of an V(s3://) store (as M(warmstart.snapshot.checkpoint)'s O(warmstart.snapshot.checkpoint#module:store_options)).
-    type: dict
-    default: {}
   metrics_dir:
     description: Where the node's Prometheus metrics are kept; default E(WARMSTART_METRICS_DIR); unset means none.
     type: path

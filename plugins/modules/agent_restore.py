@@ -33,6 +33,7 @@ author:
   - warmstart developers (!UNKNOWN)
 extends_documentation_fragment:
   - warmstart.snapshot.k8s_auth
+  - warmstart.snapshot.store.options
   - warmstart.snapshot.store.criu
   - warmstart.snapshot.attributes.node
   - warmstart.snapshot.attributes.no_diff
@@ -76,10 +77,6 @@ options:
   store:
     description: The snapshot store; default the one the PodSnapshotContent names.
     type: str
-  store_options:
-    description: Settings of an V(s3://) store (as M(warmstart.snapshot.restore)'s O(warmstart.snapshot.restore#module:store_options)).
-    type: dict
-    default: {}
   restore_root:
     description: Where restore work dirs go on this node (default as M(warmstart.snapshot.restore)).
     type: path
