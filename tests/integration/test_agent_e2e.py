@@ -1,0 +1,321 @@
+"""The node agent end to end: the real ``ansible-rulebook`` runs extensions/eda/rulebooks/node_agent.yml, whose
+event source (``warmstart.snapshot.k8s_events``) watches a fake API server with the real ``kubernetes`` client,
+and whose rules run the agent playbooks - real CRIU checkpoints and restores of real podman containers.
+
+A fake kubelet (tests/integration/k8s_lab.py) starts a placeholder container for every restore pod that appears;
+a fake ReplicaSet controller here creates pods from a Deployment's restore template when the test scales it.
+Nobody runs ``ansible-playbook`` by hand: everything after a test writes to the API server is the agent's doing.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any, Callable, Dict, Iterator, List, Optional
+
+import pytest
+import yaml
+
+from ansible_collections.warmstart.snapshot.plugins.module_utils import _agent as agent
+from ansible_collections.warmstart.snapshot.plugins.module_utils import _k8s_client as k8s
+from ansible_collections.warmstart.snapshot.plugins.module_utils import _podcontract as pc
+
+from tests.support.fake_apiserver import FakeApiServer
+
+from .ansible_run import REPO, VENV_BIN, playbook
+from .process_lab import free_port
+from .k8s_lab import NS, POD_LABELS, Kubelet, PodmanNode, source_pod, template
+
+pytestmark = pytest.mark.integration
+
+CRDS = REPO / "roles" / "k8s_crds" / "files" / "crds.yaml"
+NODE = "localhost"  # the fake kubelet's node, and the agent's NODE_NAME
+
+
+class Agent:
+    """``ansible-rulebook`` running the node agent, in its own process group, logging to a file."""
+
+    def __init__(self, tmp: Path, env: Dict[str, str], kubeconfig: Path, metrics: Path, port: int) -> None:
+        self.tmp, self.env, self.port = tmp, env, port
+        self.log = tmp / "agent.log"
+        self.proc: Optional[subprocess.Popen[bytes]] = None
+        (tmp / "inventory.yml").write_text(yaml.safe_dump({"all": {"hosts": {"localhost": {
+            "ansible_connection": "local", "ansible_python_interpreter": str(VENV_BIN / "python"),
+            "warmstart_become": False}}}}))
+        (tmp / "vars.yml").write_text(yaml.safe_dump({
+            "warmstart_k8s_auth": {"kubeconfig": str(kubeconfig)}, "warmstart_namespaces": [NS],
+            "warmstart_agent_fallback": "none", "warmstart_resync_seconds": 5, "warmstart_metrics_dir": str(metrics),
+            "warmstart_metrics_port": port, "warmstart_capture_attempts": 2}))
+
+    def start(self) -> "Agent":
+        env = dict(self.env, NODE_NAME=NODE, ANSIBLE_CONFIG=str(REPO / "ansible.cfg"),
+                   PATH=f"{VENV_BIN}:{self.env.get('PATH', os.environ.get('PATH', ''))}")
+        with open(self.log, "ab") as log:
+            self.proc = subprocess.Popen(  # pylint: disable=consider-using-with  # stopped by stop()/kill()
+                [str(VENV_BIN / "ansible-rulebook"), "--rulebook", "warmstart.snapshot.node_agent",
+                 "-i", str(self.tmp / "inventory.yml"), "--vars", str(self.tmp / "vars.yml"), "--env-vars",
+                 "NODE_NAME", "-v"], cwd=self.tmp, env=env, stdout=log, stderr=subprocess.STDOUT,
+                start_new_session=True)
+        return self
+
+    def kill(self) -> None:
+        """SIGKILL the whole agent: the rulebook engine, its running playbook and module."""
+        if self.proc is not None and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(30)
+
+    def output(self) -> str:
+        return self.log.read_text(errors="replace") if self.log.exists() else ""
+
+    def metrics(self) -> str:
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/metrics", timeout=10) as resp:
+            return str(resp.read().decode())
+
+
+def wait_for(what: str, check: Callable[[], Any], timeout: float, agent_: Optional[Agent] = None) -> Any:
+    end = time.monotonic() + timeout
+    while True:
+        value = check()
+        if value:
+            return value
+        if time.monotonic() > end:
+            tail = agent_.output()[-6000:] if agent_ else ""
+            raise AssertionError(f"{what}: not within {timeout} s\n--- agent log ---\n{tail}")
+        time.sleep(0.2)
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Dict[str, Any]]:
+    """A fake cluster with one node (podman), the CRDs, a running source pod, and the agent running."""
+    tmp = tmp_path_factory.mktemp("agent")
+    # the agent's modules need pycriu and the kubernetes client in one interpreter: prepare this one (the venv's),
+    # as an agent image is prepared
+    prep = playbook("warmstart.snapshot.prepare_nodes", "-e",
+                    json.dumps({"ansible_python_interpreter": str(VENV_BIN / "python")}))
+    assert prep.rc == 0, prep.stdout[-4000:] + prep.stderr[-2000:]
+    lab = PodmanNode(tmp)
+    api = FakeApiServer(token="agent-token").start()
+    api.store.put("namespaces", {"metadata": {"name": NS}, "status": {"phase": "Active"}}, group="")
+    for crd in yaml.safe_load(CRDS.read_text())["items"]:
+        api.store.put("customresourcedefinitions", crd, group="apiextensions.k8s.io")
+    kubeconfig = api.write_kubeconfig(tmp / "kubeconfig")
+    kubelet = Kubelet(api, lab, node=NODE)
+    kubelet.start()
+    c: Dict[str, Any] = {"tmp": tmp, "lab": lab, "api": api, "kubelet": kubelet, "kubeconfig": kubeconfig}
+    src = source_pod(c, "embed-0", node=NODE)
+    api.store.put("podsnapshotpolicies", {
+        "apiVersion": pc.API_VERSION, "kind": pc.KIND_POLICY, "metadata": {"name": "embed-store", "namespace": NS},
+        "spec": {"selector": {"matchLabels": {"app": "embed-none"}}, "storeUrl": str(lab.store),
+                 "triggerConfig": {"type": "manual", "postCheckpoint": "resume"}}}, group=pc.GROUP)
+    metrics = tmp / "metrics"
+    run = Agent(tmp, lab.env, kubeconfig, metrics, free_port()).start()
+    c.update(src=src, agent=run, metrics=metrics, before=lab.ask(src), resync=5)
+    try:
+        yield c
+    finally:
+        run.kill()
+        kubelet.stop.set()
+        kubelet.join(5)
+        api.stop()
+        lab.cleanup()
+
+
+def request(c: Dict[str, Any], name: str) -> None:
+    """A user asks for a snapshot of the source pod: a PodSnapshot with no content (through the policy's store)."""
+    k8s.cluster_from({"kubeconfig": str(c["kubeconfig"])}).create(pc.KIND_SNAPSHOT, {
+        "apiVersion": pc.API_VERSION, "kind": pc.KIND_SNAPSHOT, "metadata": {"name": name, "namespace": NS},
+        "spec": {"source": {"podRef": {"name": "embed-0"}, "containers": ["main"]}, "policyName": "embed-store"}}, NS)
+
+
+def snapshot(c: Dict[str, Any], name: str) -> Dict[str, Any]:
+    return c["api"].store.get("podsnapshots", name, NS, group=pc.GROUP) or {}
+
+
+def ready_snapshot(c: Dict[str, Any], name: str) -> Dict[str, Any]:
+    request(c, name)
+    return dict(wait_for(f"PodSnapshot {name} Ready", lambda: pc.is_ready(snapshot(c, name)) and snapshot(c, name),
+                         240, c["agent"]))
+
+
+def replica(c: Dict[str, Any], name: str, snap: str, annotations: Optional[Dict[str, str]] = None,
+            standby: bool = False) -> None:
+    """What a ReplicaSet controller does for a Deployment whose template is a restore template: a pod from it."""
+    built = pc.build(template(c["lab"].image), snap, entrypoint="standby" if standby else "inert")
+    meta = dict(built["metadata"], name=name, namespace=NS, labels=dict(POD_LABELS, role="replica"),
+                ownerReferences=[{"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "embed-rs",
+                                  "uid": "0000-rs", "controller": True}])
+    meta["annotations"] = dict(meta.get("annotations") or {}, **(annotations or {}))
+    c["api"].store.put("pods", {"metadata": meta, "spec": dict(built["spec"], nodeName=NODE),
+                                "status": {"phase": "Pending"}}, group="")
+
+
+def restored_condition(c: Dict[str, Any], name: str) -> Dict[str, Any]:
+    pod = c["api"].store.get("pods", name, NS, group="") or {}
+    return pc.get_condition(pod, pc.RESTORE_CONDITION) or {}
+
+
+def final(c: Dict[str, Any], name: str, timeout: float = 240) -> Dict[str, Any]:
+    """The pod's Restored condition once it is final (not RestoreInProgress)."""
+    return dict(wait_for(f"pod {name} restored", lambda: (restored_condition(c, name).get("reason") not in
+                                                          (None, pc.REASON_IN_PROGRESS)) and restored_condition(c, name),
+                         timeout, c["agent"]))
+
+
+def test_a_podsnapshot_request_becomes_ready(world: Dict[str, Any]) -> None:
+    snap = ready_snapshot(world, "embed-warm")
+    content = world["api"].store.get("podsnapshotcontents", snap["status"]["boundSnapshotContentName"],
+                                     group=pc.GROUP)
+    sid = content["spec"]["store"]["snapshotId"]
+    assert (world["lab"].store / "snapshots" / sid / "manifest.json").is_file()
+    assert content["spec"]["snapshotRef"]["uid"] == snap["metadata"]["uid"]
+    after = world["lab"].ask(world["src"])
+    assert after["token"] == world["before"]["token"] and after["counter"] > world["before"]["counter"], \
+        "the source keeps serving"
+
+
+def warm(world: Dict[str, Any]) -> None:
+    """The Ready snapshot the replicas restore from (asked for once; any test may be the first)."""
+    if not pc.is_ready(snapshot(world, "embed-warm")):
+        ready_snapshot(world, "embed-warm")
+
+
+def test_scaling_the_deployment_restores_every_new_replica_once(world: Dict[str, Any]) -> None:
+    warm(world)
+    latencies: List[float] = []
+    for count in (1, 3):  # scaled from 1 to 3 replicas
+        names = [f"embed-d-{i}" for i in range(count)]
+        for name in names:
+            if world["api"].store.get("pods", name, NS, group="") is None:
+                replica(world, name, "embed-warm")
+        for name in names:
+            cond = final(world, name)
+            assert (cond["status"], cond["reason"]) == ("True", pc.REASON_SUCCEEDED), cond
+    kubelet: Kubelet = world["kubelet"]
+    for name in [f"embed-d-{i}" for i in range(3)]:
+        pod = world["api"].store.get("pods", name, NS, group="")
+        assert pc.FINALIZER not in (pod["metadata"].get("finalizers") or [])
+        assert pod["metadata"]["ownerReferences"][0]["kind"] == "ReplicaSet", "owner references stay"
+        answer = world["lab"].ask(kubelet.started[name])
+        assert answer["token"] == world["before"]["token"] and answer["sha256"] == answer["digest"], answer
+        assert len(answer["restores"]) == 1, f"{name} was restored {len(answer['restores'])} times"
+        complete = world["lab"].control(f"k8s-{name}") / "restore-complete"
+        latencies.append(complete.stat().st_mtime - kubelet.running_at[name])
+    world["latencies"] = latencies
+    print(f"placeholder Running -> restore-complete: {', '.join(f'{s:.2f} s' for s in latencies)}")
+    assert all(0 < s < 120 for s in latencies), latencies
+
+
+def test_the_agent_killed_during_a_restore_never_restores_twice(world: Dict[str, Any]) -> None:
+    run: Agent = world["agent"]
+    warm(world)
+    replica(world, "embed-k-0", "embed-warm")
+    claimed = wait_for("the agent claims embed-k-0", lambda: agent.ANN_ATTEMPT in (
+        (world["api"].store.get("pods", "embed-k-0", NS, group="") or {}).get("metadata", {}).get("annotations")
+        or {}), 240, run)
+    assert claimed
+    run.kill()
+    run.start()
+    cond = final(world, "embed-k-0")
+    full = world["kubelet"].started["embed-k-0"]
+    if cond["reason"] == pc.REASON_SUCCEEDED:
+        answer = world["lab"].ask(full)
+        assert len(answer["restores"]) == 1 and answer["token"] == world["before"]["token"]
+    else:  # killed before the restore could be confirmed: one attempt, spent; the placeholder is killed
+        assert cond["reason"] == pc.REASON_FAILED and "not replayed" in cond["message"], cond
+        assert not world["lab"].lab.running(full)
+    assert run.output().count("embed-k-0: restored") <= 1, "the restore ran at most once"
+
+
+def test_a_pod_whose_snapshot_appears_later_is_restored_when_it_appears(world: Dict[str, Any]) -> None:
+    replica(world, "embed-l-0", "embed-later")
+    waiting = wait_for("embed-l-0 waits", lambda: _waiting(world, "embed-l-0"), 120, world["agent"])
+    assert "PodSnapshot ml/embed-later does not exist yet" in waiting
+    ready_snapshot(world, "embed-later")
+    cond = final(world, "embed-l-0")
+    assert (cond["status"], cond["reason"]) == ("True", pc.REASON_SUCCEEDED), cond
+
+
+def _waiting(world: Dict[str, Any], name: str) -> Optional[str]:
+    message = str(restored_condition(world, name).get("message", ""))
+    return message if message.startswith(agent.WAITING) else None
+
+
+def test_a_corrupt_snapshot_with_fallback_starts_the_pod_cold(world: Dict[str, Any]) -> None:
+    snap = ready_snapshot(world, "embed-bad")
+    content = world["api"].store.get("podsnapshotcontents", snap["status"]["boundSnapshotContentName"],
+                                     group=pc.GROUP)
+    images = world["lab"].store / "snapshots" / content["spec"]["store"]["snapshotId"]
+    pages = max(images.rglob("pages-*.img"), key=lambda p: p.stat().st_size)
+    with open(pages, "r+b") as handle:
+        handle.seek(4096)
+        handle.write(b"\xff" * 64)
+    replica(world, "embed-c-0", "embed-bad", annotations={agent.ANN_FALLBACK: agent.FALLBACK_COLD_START},
+            standby=True)
+    cond = final(world, "embed-c-0")
+    assert cond["reason"] in (pc.REASON_FAILED, pc.REASON_INCOMPATIBLE) and "started cold" in cond["message"], cond
+    full = world["kubelet"].started["embed-c-0"]
+    answer = wait_for("the standby app starts cold and serves", lambda: _try_ask(world, full), 120, world["agent"])
+    assert answer["token"] != world["before"]["token"], "a cold start: its own state, not the snapshot's"
+    assert answer["restores"] == []
+
+
+def _try_ask(world: Dict[str, Any], full: str) -> Optional[Dict[str, Any]]:
+    try:
+        return dict(world["lab"].ask(full))
+    except (OSError, ValueError, AssertionError):
+        return None
+
+
+def test_the_metrics_endpoint_reports_what_happened(world: Dict[str, Any]) -> None:
+    text = wait_for("metrics", lambda: _metrics(world), 30, world["agent"])
+    assert 'warmstart_restores_total{outcome="succeeded"}' in text, text
+    assert 'warmstart_captures_total{outcome="succeeded"}' in text, text
+    count = [line for line in text.splitlines() if line.startswith("warmstart_restore_ready_seconds_count")]
+    assert count and float(count[0].split()[-1]) >= 1, text
+
+
+def _metrics(world: Dict[str, Any]) -> Optional[str]:
+    try:
+        return str(world["agent"].metrics())
+    except OSError:
+        return None
+
+
+def test_a_manual_trigger_captures_and_says_so(world: Dict[str, Any]) -> None:
+    cluster = k8s.cluster_from({"kubeconfig": str(world["kubeconfig"])})
+    cluster.create(pc.KIND_TRIGGER, {"apiVersion": pc.API_VERSION, "kind": pc.KIND_TRIGGER,
+                                     "metadata": {"name": "embed-now", "namespace": NS},
+                                     "spec": {"targetPod": "embed-0", "policyName": "embed-store"}}, NS)
+
+    def triggered() -> Optional[Dict[str, Any]]:
+        trig = world["api"].store.get("podsnapshotmanualtriggers", "embed-now", NS, group=pc.GROUP) or {}
+        cond = pc.get_condition(trig, pc.TRIGGERED_CONDITION)
+        return trig if cond else None
+
+    trig = wait_for("the trigger is Triggered", triggered, 240, world["agent"])
+    cond = pc.get_condition(trig, pc.TRIGGERED_CONDITION)
+    assert (cond["status"], cond["reason"]) == ("True", "Complete"), cond
+    created = trig["status"]["snapshotCreated"]["name"]
+    assert pc.is_ready(snapshot(world, created))
+
+
+def test_a_workload_policy_captures_its_source_once_it_is_ready(world: Dict[str, Any]) -> None:
+    """The source's app wrote ready-for-snapshot long ago; a policy that selects it makes the agent ask and capture."""
+    world["api"].store.put("podsnapshotpolicies", {
+        "apiVersion": pc.API_VERSION, "kind": pc.KIND_POLICY, "metadata": {"name": "embed-auto", "namespace": NS},
+        "spec": {"selector": {"matchLabels": {"app": "embed", "role": "source"}}, "storeUrl": str(world["lab"].store),
+                 "triggerConfig": {"type": "workload", "postCheckpoint": "resume"}}}, group=pc.GROUP)
+
+    def captured() -> List[Dict[str, Any]]:
+        return [s for s in world["api"].store.list("podsnapshots", NS, group=pc.GROUP)
+                if s["spec"].get("policyName") == "embed-auto" and pc.is_ready(s)]
+
+    (snap,) = wait_for("the policy's PodSnapshot Ready", captured, 240, world["agent"])
+    assert snap["spec"]["source"]["podRef"]["name"] == "embed-0"
+    time.sleep(world["resync"] * 2)
+    assert len([s for s in world["api"].store.list("podsnapshots", NS, group=pc.GROUP)
+                if s["spec"].get("policyName") == "embed-auto"]) == 1, "one request per pod incarnation"
