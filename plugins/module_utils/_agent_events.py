@@ -136,8 +136,8 @@ def running_and_ready(pod: JSON) -> bool:
 
 def capture_pending(snapshot: JSON) -> bool:
     """A PodSnapshot that asks for a capture: not bound, neither Ready nor Failed, not being deleted."""
-    return (not _part(snapshot, "status").get("boundSnapshotContentName") and not deleting(snapshot)
-            and not _condition_true(snapshot, pc.READY_CONDITION) and not _condition_true(snapshot, pc.FAILED_CONDITION))
+    done = _condition_true(snapshot, pc.READY_CONDITION) or _condition_true(snapshot, pc.FAILED_CONDITION)
+    return not _part(snapshot, "status").get("boundSnapshotContentName") and not deleting(snapshot) and not done
 
 
 def trigger_pending(trigger: JSON) -> bool:

@@ -178,6 +178,7 @@ class Watcher:
     resource_version: str = ""
     failures: int = 0
     listed: bool = False
+    synced: threading.Event = field(default_factory=threading.Event)  # set once the first list was handed on
 
     @property
     def name(self) -> str:
@@ -218,6 +219,7 @@ class Watcher:
         self._progress(f"listed {len(result.items)} object(s) at resourceVersion {result.resource_version}")
         for type_, obj in changes:
             self._hand_on(type_, obj, origin)
+        self.synced.set()
 
     def _watch(self) -> None:
         started, seen = self.clock(), 0
@@ -228,7 +230,7 @@ class Watcher:
                 if self.stop_event.is_set():
                     return
                 if not seen:
-                    self._progress(f"watching from resourceVersion {self.resource_version}")
+                    self._progress(f"watching from resourceVersion {self.resource_version}", quiet=True)
                 seen += 1
                 self._apply(str(event.get("type") or ""), event.get("object") or {})
         finally:
@@ -274,11 +276,12 @@ class Watcher:
 
     # -- progress and failure ------------------------------------------------------
 
-    def _progress(self, what: str) -> None:
+    def _progress(self, what: str, quiet: bool = False) -> None:
+        """It works: one line when it had failed (and the backoff starts again), else a debug line."""
         if self.failures:
             self.log.warning("k8s watch %s: %s again, after %d failure(s)", self.name, what, self.failures)
             self.failures = 0
-        else:
+        elif not quiet:
             self.log.debug("k8s watch %s: %s", self.name, what)
 
     def _failed(self, exc: WatchError) -> None:

@@ -991,6 +991,8 @@ class WatchStream:
                 next_bookmark = now + interval
             if now >= self.deadline:
                 break
+        with self.fake.store.lock:
+            self.fake.watches.discard(self)  # closed before the client can see the end
         self.handler.wfile.write(b"0\r\n\r\n")
 
     def _send(self, events: List[JSON]) -> None:
@@ -1278,8 +1280,8 @@ class FakeApiServer:
             scope = f'in the namespace "{namespace}"' if namespace else "at the cluster scope"
             raise ApiError(403, "Forbidden", f'{res.qualified} {(name + " ") if name else ""}is forbidden: User '
                            f'"system:serviceaccount:warmstart:agent" cannot {verb} resource "{res.plural}" in API '
-                           f'group "{res.group}" {scope}', {"name": name or "", "group": res.group,
-                                                             "kind": res.plural})
+                           f'group "{res.group}" {scope}',
+                           {"name": name or "", "group": res.group, "kind": res.plural})
         reason = {500: "InternalError", 503: "ServiceUnavailable", 429: "TooManyRequests"}.get(code, "Unknown")
         raise ApiError(code, reason, f"fake apiserver: injected {code} {reason}")
 

@@ -84,9 +84,8 @@ def policy(name: str, ns: str = "ml", selector: Any = None, trigger_type: Option
     spec: JSON = {"selector": {"matchLabels": {"app": "embed"}} if selector is None else selector}
     if trigger_type:
         spec["triggerConfig"] = {"type": trigger_type}
-    return {"apiVersion": pc.API_VERSION, "kind": "PodSnapshotPolicy", "metadata": {"name": name, "namespace": ns,
-                                                                                     "uid": f"uid-{name}"},
-            "spec": spec}
+    meta = {"name": name, "namespace": ns, "uid": f"uid-{name}"}
+    return {"apiVersion": pc.API_VERSION, "kind": "PodSnapshotPolicy", "metadata": meta, "spec": spec}
 
 
 def brief(events: List[JSON]) -> List[Tuple[str, str, Optional[str], str]]:
@@ -405,8 +404,8 @@ def test_a_policy_added_later_finds_the_ready_pods_and_one_event_per_policy() ->
     events, _c, _p = agent()
     events.observe("Pod", "ADDED", source("a"))
     events.observe("Pod", "ADDED", source("b", labels={"app": "chat"}))
-    assert brief(events.observe("PodSnapshotPolicy", "ADDED", policy("p"))) == [("source_ready", "ml/p", NODE,
-                                                                                  "added")]
+    assert brief(events.observe("PodSnapshotPolicy", "ADDED", policy("p"))) == [
+        ("source_ready", "ml/p", NODE, "added")]
     assert brief(events.observe("PodSnapshotPolicy", "ADDED", policy("q", selector={}))) == [
         ("source_ready", "ml/q", NODE, "added"), ("source_ready", "ml/q", NODE, "added")]
     assert events.observe("PodSnapshotPolicy", "DELETED", policy("q")) == []

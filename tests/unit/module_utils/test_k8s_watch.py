@@ -92,8 +92,10 @@ class Scripted:
         self.stopped = True
 
 
-def run(lists: List[Step], watches: List[Step], **kwargs: Any) -> Tuple[List[Tuple[str, str, str]], Scripted,
-                                                                           Stop, kw.Watcher]:
+Seen = List[Tuple[str, str, str]]
+
+
+def run(lists: List[Step], watches: List[Step], **kwargs: Any) -> Tuple[Seen, Scripted, Stop, kw.Watcher]:
     """Run a watcher over a script; the (type, name@rv, origin) handed on, the client, the stop event, the watcher."""
     stop = Stop()
     client = Scripted(stop, lists, watches)
@@ -120,6 +122,13 @@ def test_lists_then_watches_from_the_lists_resource_version() -> None:
     assert client.calls[:2] == [("list",), ("watch", "10")]
     assert sorted(watcher.known) == [("default", "a"), ("default", "c")] and watcher.resource_version == "13"
     assert stop.waits == []  # no failure, no wait
+    assert watcher.synced.is_set()
+
+
+def test_synced_only_after_a_first_list() -> None:
+    forbidden = kw.WatchError("403 Forbidden", 403)
+    _seen, _client, _stop, watcher = run([forbidden], [])
+    assert not watcher.synced.is_set()
 
 
 def test_a_dropped_connection_resumes_from_the_last_event_or_bookmark_without_listing() -> None:
@@ -230,9 +239,10 @@ def test_diff_synthesises_deleted_then_added_and_modified() -> None:
 
 def test_paths_and_descriptions() -> None:
     assert kw.PODS.path() == "/api/v1/pods" and kw.PODS.path("ml") == "/api/v1/namespaces/ml/pods"
-    assert kw.MANUAL_TRIGGERS.path("ml") == "/apis/snapshot.warmstart.io/v1alpha1/namespaces/ml/podsnapshotmanualtriggers"
-    assert kw.Target(kw.POLICIES, "ml", "app=x").describe() == ("podsnapshotpolicies.snapshot.warmstart.io "
-                                                                 "(namespace ml, app=x)")
+    assert kw.MANUAL_TRIGGERS.path("ml") == ("/apis/snapshot.warmstart.io/v1alpha1/namespaces/ml/"
+                                            "podsnapshotmanualtriggers")
+    described = kw.Target(kw.POLICIES, "ml", "app=x").describe()
+    assert described == "podsnapshotpolicies.snapshot.warmstart.io (namespace ml, app=x)"
 
 
 class ApiException(Exception):

@@ -440,7 +440,7 @@ def test_watch_streams_every_write_after_the_list(fake_apiserver: FakeApiServer,
 
 
 def test_watch_without_resource_version_starts_with_the_current_objects(fake_apiserver: FakeApiServer,
-                                                                       core: Any) -> None:
+                                                                        core: Any) -> None:
     fake_apiserver.add_pod("a")
     fake_apiserver.add_pod("b", namespace="other")
     seen = _events(watch.Watch().stream(core.list_pod_for_all_namespaces, timeout_seconds=1), 10)
@@ -638,7 +638,7 @@ def test_answer_errors_403_names_the_verb_and_resource_then_heals(fake_apiserver
 
 
 def test_go_offline_refuses_connections_until_back_on_the_same_port(fake_apiserver: FakeApiServer,
-                                                                   core: Any) -> None:
+                                                                    core: Any) -> None:
     url = fake_apiserver.url
     fake_apiserver.go_offline(seconds=0.5)
     with pytest.raises(urllib3.exceptions.MaxRetryError):
