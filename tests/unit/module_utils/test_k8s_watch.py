@@ -239,8 +239,8 @@ def test_diff_synthesises_deleted_then_added_and_modified() -> None:
 
 def test_paths_and_descriptions() -> None:
     assert kw.PODS.path() == "/api/v1/pods" and kw.PODS.path("ml") == "/api/v1/namespaces/ml/pods"
-    assert kw.MANUAL_TRIGGERS.path("ml") == ("/apis/snapshot.warmstart.io/v1alpha1/namespaces/ml/"
-                                            "podsnapshotmanualtriggers")
+    triggers = "/apis/snapshot.warmstart.io/v1alpha1/namespaces/ml/podsnapshotmanualtriggers"
+    assert kw.MANUAL_TRIGGERS.path("ml") == triggers
     described = kw.Target(kw.POLICIES, "ml", "app=x").describe()
     assert described == "podsnapshotpolicies.snapshot.warmstart.io (namespace ml, app=x)"
 
