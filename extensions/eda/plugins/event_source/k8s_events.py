@@ -181,13 +181,9 @@ _make_collection_importable()
 # pylint: disable=wrong-import-position
 from ansible_collections.warmstart.snapshot.plugins.module_utils import _agent_events as ae  # noqa: E402
 from ansible_collections.warmstart.snapshot.plugins.module_utils import _k8s_watch as kw  # noqa: E402
+from ansible_collections.warmstart.snapshot.plugins.module_utils import _metrics  # noqa: E402
 from ansible_collections.warmstart.snapshot.plugins.module_utils._k8s_client import (  # noqa: E402
     AUTH_ENV, Cluster, connect)
-
-try:
-    from ansible_collections.warmstart.snapshot.plugins.module_utils import _metrics  # noqa: E402
-except ImportError:
-    _metrics = None
 # pylint: enable=wrong-import-position
 
 AUTH_KEYS = tuple(AUTH_ENV)
@@ -356,6 +352,7 @@ class Agent:
                     return
 
     async def run(self) -> None:
+        self.metrics = self._serve_metrics()  # first: a port already taken fails the source at once
         LOG.info("k8s_events: watching %s on %s", ", ".join(w.target.describe() for w in self.watchers),
                  self.cluster.host)
         for watcher in self.watchers:
@@ -366,7 +363,6 @@ class Agent:
         await self._wait_synced()
         for event in self.state.start():
             await self.queue.put(event)
-        self.metrics = self._serve_metrics()
         while True:
             if self.settings.resync_seconds <= 0:
                 await asyncio.Event().wait()  # no resync: wait to be cancelled
@@ -384,15 +380,13 @@ class Agent:
                         SYNC_WAIT_SECONDS, ", ".join(late))
 
     def _serve_metrics(self) -> Any:
+        """With metrics_port: the textfile collector directory's *.prom files at /metrics (``_metrics.serve``)."""
         if not self.settings.metrics_port:
             return None
-        serve = getattr(_metrics, "serve", None)
-        if serve is None:
-            # TODO(lead): _metrics.serve(dir, host, port) comes from H3; until it exists no endpoint is served.
-            LOG.warning("k8s_events: metrics_port %s asked for, but this collection's _metrics has no serve(): "
-                        "no /metrics endpoint", self.settings.metrics_port)
-            return None
-        return serve(self.settings.metrics_dir, self.settings.metrics_host, self.settings.metrics_port)
+        server = _metrics.serve(self.settings.metrics_dir or "", self.settings.metrics_host,
+                                self.settings.metrics_port)
+        LOG.info("k8s_events: serving %s at %s", self.settings.metrics_dir, getattr(server, "url", "?"))
+        return server
 
     def stop(self, join_seconds: float = 5.0) -> None:
         """Stop every watch (closing open streams) and the metrics server; wait a little for the threads."""
@@ -400,11 +394,8 @@ class Agent:
             watcher.stop()
         for thread in self.threads:
             thread.join(join_seconds / max(1, len(self.threads)))
-        for name in ("shutdown", "close", "stop"):
-            method = getattr(self.metrics, name, None)
-            if callable(method):
-                method()
-                break
+        if self.metrics is not None:
+            self.metrics.close()
 
 
 async def main(queue: Any, args: Dict[str, Any]) -> None:

@@ -3,12 +3,13 @@ how it finds the collection's module_utils when ansible-rulebook runs it by path
 from __future__ import annotations
 
 import asyncio
-import logging
 import os
 import runpy
 import shutil
+import socket
 import subprocess
 import sys
+import urllib.request
 from pathlib import Path
 from typing import Any, Dict, List
 
@@ -133,27 +134,24 @@ class _Agent:
         self.settings = settings
 
 
-def test_metrics_served_through_metrics_serve_when_it_exists(plugin: Dict[str, Any],
-                                                             caplog: pytest.LogCaptureFixture) -> None:
-    serve_metrics = plugin["Agent"]._serve_metrics
-    module_globals = serve_metrics.__globals__
-    settings = plugin["parse"]({"metrics_dir": "/var/lib/m", "metrics_port": 9464, "metrics_host": "127.0.0.1"})
-    calls: List[Any] = []
-
-    class WithServe:
-        @staticmethod
-        def serve(directory: str, host: str, port: int) -> str:
-            calls.append((directory, host, port))
-            return "server"
-
-    saved = module_globals["_metrics"]
+def test_metrics_port_serves_the_textfile_directory(plugin: Dict[str, Any], tmp_path: Path) -> None:
+    """metrics_port: _metrics.serve's endpoint shows the directory's *.prom files; metrics_dir alone serves nothing."""
+    (tmp_path / "warmstart.prom").write_text("# TYPE warmstart_restores_total counter\n"
+                                             'warmstart_restores_total{outcome="succeeded"} 2\n')
+    settings = plugin["parse"]({"metrics_dir": str(tmp_path), "metrics_port": 1, "metrics_host": "127.0.0.1"})
+    settings.metrics_port = 0  # parse wants a real port; 0 = let the kernel pick one, for the test
+    assert plugin["Agent"]._serve_metrics(_Agent(settings)) is None  # no port: nothing served
+    settings.metrics_port = _free_port()
+    server = plugin["Agent"]._serve_metrics(_Agent(settings))
     try:
-        module_globals["_metrics"] = WithServe()
-        assert serve_metrics(_Agent(settings)) == "server" and calls == [("/var/lib/m", "127.0.0.1", 9464)]
-        module_globals["_metrics"] = None  # no _metrics.serve (yet): a warning, no endpoint, no failure
-        caplog.set_level(logging.WARNING, logger="warmstart.k8s_events")
-        assert serve_metrics(_Agent(settings)) is None
-        assert "has no serve()" in caplog.text
-        assert serve_metrics(_Agent(plugin["parse"]({"metrics_dir": "/m"}))) is None  # a directory alone: no port
+        with urllib.request.urlopen(server.url, timeout=5) as resp:  # noqa: S310 - loopback
+            body = resp.read().decode()
+        assert 'warmstart_restores_total{outcome="succeeded"} 2' in body
     finally:
-        module_globals["_metrics"] = saved
+        server.close()
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
