@@ -64,10 +64,10 @@ REASON_SNAPSHOT_READY, REASON_RELIST, REASON_DELETED = "snapshot-ready", "relist
 
 KIND_POD = "Pod"
 KIND_SNAPSHOT = pc.KIND_SNAPSHOT
-KIND_TRIGGER = "PodSnapshotManualTrigger"
+KIND_TRIGGER = pc.KIND_TRIGGER
 KIND_POLICY = pc.KIND_POLICY
-ANN_RESTORE_SELECT = pc.GROUP + "/restore-select"  # a restore pod whose snapshot the agent selects when it runs
-TRIGGERED_CONDITION = "Triggered"
+ANN_RESTORE_SELECT = pc.ANN_RESTORE_SELECT  # a restore pod whose snapshot the agent selects when it runs
+TRIGGERED_CONDITION = pc.TRIGGERED_CONDITION
 
 
 class EventsError(WarmstartError, ValueError):

@@ -70,7 +70,7 @@ class Resource:
 
 PODS = Resource("", "v1", "pods", "Pod")
 POD_SNAPSHOTS = Resource(pc.GROUP, pc.VERSION, "podsnapshots", pc.KIND_SNAPSHOT)
-MANUAL_TRIGGERS = Resource(pc.GROUP, pc.VERSION, "podsnapshotmanualtriggers", "PodSnapshotManualTrigger")
+MANUAL_TRIGGERS = Resource(pc.GROUP, pc.VERSION, "podsnapshotmanualtriggers", pc.KIND_TRIGGER)
 POLICIES = Resource(pc.GROUP, pc.VERSION, "podsnapshotpolicies", pc.KIND_POLICY)
 
 
