@@ -5,7 +5,28 @@
 from __future__ import annotations
 
 
-_STORE_OPTIONS = r"""  store_options:
+class ModuleDocFragment:
+    """Options shared by the modules that use a snapshot store (and CRIU: the CRIU fragment)."""
+
+    DOCUMENTATION = r"""
+options:
+  store:
+    description:
+      - Snapshot store - an absolute directory on this node (local disk or a shared mount such as NFS), or an
+        S3-compatible bucket as V(s3://bucket/prefix) (see O(store_options)).
+      - Laid out as C(snapshots/<id>/) (published, with C(manifest.json) written last) and C(tmp/) (staging).
+      - An S3 store keeps a node-local, verified cache of what it downloaded or uploaded
+        (O(store_options.cache_dir)); credentials come from O(store_options.access_key_id) and
+        O(store_options.secret_access_key) when given, else from the usual AWS variables (E(AWS_ACCESS_KEY_ID),
+        E(AWS_SECRET_ACCESS_KEY), E(AWS_PROFILE)) or config files on the node, and are never logged or returned.
+    type: str
+    default: /var/lib/warmstart/store
+"""
+
+    # store_options (with every module that takes store, and alone where the store comes from the cluster)
+    OPTIONS = r"""
+options:
+  store_options:
     description: Settings of an V(s3://) store.
     type: dict
     default: {}
@@ -40,28 +61,6 @@ _STORE_OPTIONS = r"""  store_options:
         description: Session token of temporary credentials, with O(store_options.access_key_id). Never logged or returned.
         type: str
 """
-
-
-class ModuleDocFragment:
-    """Options shared by the modules that use a snapshot store (and CRIU: the CRIU fragment)."""
-
-    DOCUMENTATION = r"""
-options:
-  store:
-    description:
-      - Snapshot store - an absolute directory on this node (local disk or a shared mount such as NFS), or an
-        S3-compatible bucket as V(s3://bucket/prefix) (see O(store_options)).
-      - Laid out as C(snapshots/<id>/) (published, with C(manifest.json) written last) and C(tmp/) (staging).
-      - An S3 store keeps a node-local, verified cache of what it downloaded or uploaded
-        (O(store_options.cache_dir)); credentials come from O(store_options.access_key_id) and
-        O(store_options.secret_access_key) when given, else from the usual AWS variables (E(AWS_ACCESS_KEY_ID),
-        E(AWS_SECRET_ACCESS_KEY), E(AWS_PROFILE)) or config files on the node, and are never logged or returned.
-    type: str
-    default: /var/lib/warmstart/store
-""" + _STORE_OPTIONS
-
-    # store_options alone, for modules whose store defaults to what the cluster says (the agent modules)
-    OPTIONS = "\noptions:\n" + _STORE_OPTIONS
 
     CRIU = r"""
 options:

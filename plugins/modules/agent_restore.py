@@ -23,10 +23,10 @@ description:
   - A snapshot that cannot go into the pod (another pod spec, a broken binding) is recorded as
     C(RestoreIncompatible) with every reason; nothing is touched.
   - A failed restore kills the placeholder (the kubelet restarts it; a new pod is needed), unless the pod asks
-    for a cold start (annotation C(snapshot.warmstart.io/restore-fallback=cold-start), or O(fallback)): then the
+    for a cold start (annotation C(snapshot.warmstart.io/restore-fallback=cold-start), or O(fallback)) - then the
     placeholder keeps running and C(cold-start) is written into its snapshot-control dir, where a standby-aware
     entrypoint (C(SNAPSHOT_RESTORE_STANDBY=1)) starts the app cold; the condition's message says so.
-  - A pod this agent claimed but did not record (the agent was killed or restarted) is never restored again: the
+  - A pod this agent claimed but did not record (the agent was killed or restarted) is never restored again; the
     outcome is read from the node - C(restore-complete) in the control dir is success, anything else is a
     failure and the placeholder is killed (or started cold); a restore still running is waited for.
 author:
@@ -148,6 +148,10 @@ recorded:
   description: Whether the outcome was written to the pod (a failure to write it is in RV(record_error)).
   returned: when refused, restored or recovered
   type: bool
+record_error:
+  description: Why the outcome could not be written to the pod (the API server refused or was unreachable).
+  returned: when RV(recorded) is false
+  type: str
 """
 
 from ansible.module_utils.basic import AnsibleModule, env_fallback

@@ -27,6 +27,7 @@ author:
   - warmstart developers (!UNKNOWN)
 extends_documentation_fragment:
   - warmstart.snapshot.store
+  - warmstart.snapshot.store.options
   - warmstart.snapshot.attributes.node
   - warmstart.snapshot.attributes.no_diff
   - warmstart.snapshot.attributes

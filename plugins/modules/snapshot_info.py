@@ -20,6 +20,7 @@ author:
   - warmstart developers (!UNKNOWN)
 extends_documentation_fragment:
   - warmstart.snapshot.store
+  - warmstart.snapshot.store.options
   - warmstart.snapshot.attributes.info
   - warmstart.snapshot.attributes.node
   - warmstart.snapshot.attributes
