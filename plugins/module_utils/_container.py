@@ -30,6 +30,8 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Tuple
 
 from ansible_collections.warmstart.snapshot.plugins.module_utils import _control as ctl
+from ansible_collections.warmstart.snapshot.plugins.module_utils import _cuda as cu
+from ansible_collections.warmstart.snapshot.plugins.module_utils import _gpuplace as gpl
 from ansible_collections.warmstart.snapshot.plugins.module_utils import _namespaces as nsu
 from ansible_collections.warmstart.snapshot.plugins.module_utils import _proc as proc
 from ansible_collections.warmstart.snapshot.plugins.module_utils import _progress as prog
@@ -40,7 +42,8 @@ from ansible_collections.warmstart.snapshot.plugins.module_utils import _safefs 
 from ansible_collections.warmstart.snapshot.plugins.module_utils import _snapshot as snap
 from ansible_collections.warmstart.snapshot.plugins.module_utils import _store as st
 from ansible_collections.warmstart.snapshot.plugins.module_utils import _tcp as tcpm
-from ansible_collections.warmstart.snapshot.plugins.module_utils._compat import describe_node, incompatibilities
+from ansible_collections.warmstart.snapshot.plugins.module_utils._compat import (
+    GpuNode, describe_node, gpu_incompatibilities, incompatibilities)
 from ansible_collections.warmstart.snapshot.plugins.module_utils._containerinfo import ContainerInfo
 from ansible_collections.warmstart.snapshot.plugins.module_utils._criu import CriuError, find_criu
 from ansible_collections.warmstart.snapshot.plugins.module_utils._criu_rpc import (
@@ -294,6 +297,7 @@ class Destination:
     ext_mnt: Optional[Dict[str, str]] = None
     control_host: Optional[str] = None
     notes: List[str] = field(default_factory=list)
+    gpu_pairs: Optional[List[Tuple[str, str]]] = None   # the snapshot's GPUs -> the placeholder's (GPU snapshots)
 
 
 def check_destination(runtime: Runtime, target: Dict[str, Any], dest: str, skip_image_check: bool) -> Tuple[Destination, List[str]]:
@@ -585,12 +589,26 @@ def _unpin(r: _Restore) -> None:
             pass
 
 
+def _resume_gpu(r: _Restore, gpu_node: GpuNode) -> None:
+    """The restored tree's CUDA processes get their GPU state back, onto the placeholder's GPUs, and run."""
+    gpu = r.doc.get("gpu")
+    if not gpu:
+        return
+    prog.phase(f"cuda restore in {r.info.name}")
+    backend, why = gpu_node.backend()
+    try:
+        r.out["cuda"] = gpl.resume(r.pid, gpu, backend, why, r.d.gpu_pairs, r.timings)
+    except cu.CudaError as exc:
+        raise snap.SnapshotError(f"cuda restore failed: {exc}") from None
+
+
 def restore_one(criu: str, snap_dir: str, doc: Dict[str, Any], d: Destination, options: CriuOptions,
-                restore_root: str, kill_on_failure: bool) -> Dict[str, Any]:
+                restore_root: str, kill_on_failure: bool, gpu_node: Optional[GpuNode] = None) -> Dict[str, Any]:
     """Restore one source container into one checked placeholder; never raises for a restore failure.
 
-    Phases: pin the placeholder, prepare it, CRIU, finish; any failure rolls back (``_roll_back``), and the
-    pins are always closed.
+    Phases: pin the placeholder, prepare it, CRIU (no CRIU plugin loaded for a GPU snapshot), the GPU state
+    (every CUDA process restored onto ``d.gpu_pairs``, then all unlocked), finish (restore-complete); any
+    failure rolls back (``_roll_back``), and the pins are always closed.
     """
     if d.info is None:
         raise snap.SnapshotError(f"placeholder {d.name} was not checked")
@@ -599,7 +617,9 @@ def restore_one(criu: str, snap_dir: str, doc: Dict[str, Any], d: Destination, o
     try:
         _pin(r)
         _prepare(r)
-        _run_criu(r, criu, _restore_options(r, options))
+        with snap.criu_plugins_off(bool(doc.get("gpu"))):
+            _run_criu(r, criu, _restore_options(r, options))
+        _resume_gpu(r, gpu_node or GpuNode())
         _finish(r, t_start)
     except WarmstartError as exc:
         _roll_back(r, str(exc), exc.log_tail, kill_on_failure)
@@ -612,7 +632,8 @@ def restore_one(criu: str, snap_dir: str, doc: Dict[str, Any], d: Destination, o
 
 
 def _select(store: Store, snapshot_id: Optional[str], name: Optional[str], labels: Optional[Dict[str, str]],
-            node: Dict[str, Any], skip_compat: bool, verify: bool, fetch: bool = True) -> Dict[str, Any]:
+            node: Dict[str, Any], skip_compat: bool, verify: bool, fetch: bool = True,
+            gpu_node: Optional[GpuNode] = None, cuda: str = "auto") -> Dict[str, Any]:
     """The snapshot to restore, after every check of the snapshot itself; reads only.
 
     A snapshot that does not fit this node (none compatible, compatibility, checksums, not a container
@@ -628,19 +649,38 @@ def _select(store: Store, snapshot_id: Optional[str], name: Optional[str], label
     targets = doc.get("targets") or []
     if not targets or any(t.get("kind") != "container" for t in targets):
         problems.append("snapshot: it is not a container snapshot (restore a process snapshot without into)")
-    if doc.get("gpu"):
-        pids = ", ".join(str(p.get("ns_pid")) for p in doc["gpu"].get("pids") or [])
-        problems.append(f"gpu: the snapshot holds the GPU state of CUDA process(es) {pids}; restoring GPU state into "
-                        "placeholder containers is not supported yet")
+    if doc.get("gpu") or cuda == "required":  # the node's side; each placeholder's GPUs are checked on their own
+        node_side = dict(doc["gpu"], gpus=[]) if doc.get("gpu") else None
+        problems += gpu_incompatibilities(node_side, gpu_node or GpuNode(), cuda, hard_only=skip_compat)
     if problems:
         raise snap.SnapshotError(f"refusing to restore snapshot {doc['id']} ({doc['name']}) on this node",
                                  reasons=problems, outcome="incompatible")
     return doc
 
 
+@dataclass
+class _GpuCheck:
+    """A GPU snapshot's check of each placeholder: the GPUs it was given must take the snapshot's."""
+
+    gpu: Optional[Dict[str, Any]]
+    node: GpuNode
+    skip_compat: bool
+
+    def check(self, d: Destination, problems: List[str]) -> Tuple[Destination, List[str]]:
+        if not self.gpu or d.info is None:
+            return d, problems
+        gpus, why = self.node.gpus()
+        if not gpus and self.gpu.get("gpus") and not self.skip_compat:
+            used = ", ".join(str(g.get("uuid")) for g in self.gpu["gpus"])
+            return d, problems + [f"gpu: the snapshot used GPU(s) {used}, this node has none that warmstart can see "
+                                  f"({why}), placeholder {d.info.name} none either"]
+        d.gpu_pairs, more = gpl.placeholder_pairs(d.info.pid, d.info.name, self.gpu, gpus)
+        return d, problems + ([] if self.skip_compat else more)
+
+
 def _restore_exclusive(runtime: Runtime, criu: str, store: Any, doc: Dict[str, Any], d: Destination,
                        opts: CriuOptions, restore_root: str, kill_on_failure: bool,
-                       skip_image_check: bool) -> Dict[str, Any]:
+                       skip_image_check: bool, gpu: Optional[_GpuCheck] = None) -> Dict[str, Any]:
     """One restore into a placeholder at a time: its lock held from a fresh inertness check to the end."""
     refused = {"container": d.name, "source": d.source["name"], "result": "refused"}
     try:
@@ -649,9 +689,11 @@ def _restore_exclusive(runtime: Runtime, criu: str, store: Any, doc: Dict[str, A
         return dict(refused, error=f"refusing to restore into {d.name}: {exc}", reasons=[str(exc)])
     try:
         d, problems = check_destination(runtime, d.source, d.name, skip_image_check)  # another restore may have won
+        d, problems = gpu.check(d, problems) if gpu else (d, problems)
         if problems:
             return dict(refused, error=f"refusing to restore into {d.name}: " + "; ".join(problems), reasons=problems)
-        return restore_one(criu, store.local_dir(doc["id"]), doc, d, opts, restore_root, kill_on_failure)
+        return restore_one(criu, store.local_dir(doc["id"]), doc, d, opts, restore_root, kill_on_failure,
+                           gpu.node if gpu else None)
     finally:
         os.close(lock)
 
@@ -661,8 +703,13 @@ def restore_into(store: Store, into: Any, snapshot_id: Optional[str] = None, nam
                  skip_image_check: bool = False, kill_on_failure: bool = True, runtime_name: str = "podman",
                  options: Optional[CriuOptions] = None, criu_path: Optional[str] = None,
                  restore_root: str = snap.DEFAULT_RESTORE_ROOT, check_mode: bool = False,
-                 tcp: Optional[str] = None) -> Dict[str, Any]:
+                 tcp: Optional[str] = None, cuda: str = "auto", gpu_node: Optional[GpuNode] = None) -> Dict[str, Any]:
     """Restore a container snapshot into placeholder containers; per-destination results.
+
+    ``cuda`` (auto | required | off) as for a process restore. A snapshot with GPU state needs this node's CUDA
+    checkpoint backend and driver (checked once), and each placeholder given GPUs that take the snapshot's
+    (``_gpuplace``: its visible devices and device nodes; refused naming both lists); after CRIU every CUDA
+    process is restored onto them and unlocked before restore-complete.
 
     ``tcp``: ``keep`` or ``close`` the snapshot's established TCP connections (None: ``close``, a placeholder's
     network namespace is not the dump's; see ``_tcp``); each destination's result says which and why.
@@ -685,14 +732,16 @@ def restore_into(store: Store, into: Any, snapshot_id: Optional[str] = None, nam
         criu = find_criu(criu_path)
         if not criu:
             raise CriuError("no CRIU found on this node; prepare it with warmstart.snapshot.node_prep")
+        gpu_node = gpu_node or GpuNode()
         doc = _select(store, snapshot_id, name, labels, describe_node(criu), skip_compat, verify,
-                      fetch=not check_mode)
+                      fetch=not check_mode, gpu_node=gpu_node, cuda=cuda)
         sources = {t["name"]: t for t in doc["targets"]}
         pairs = parse_container_map(into, list(sources))
         runtime = get_runtime(runtime_name)
-        checked = [check_destination(runtime, sources[src], dst, skip_image_check) for src, dst in pairs]
+        gpu = _GpuCheck(doc.get("gpu"), gpu_node, skip_compat)
+        checked = [gpu.check(*check_destination(runtime, sources[src], dst, skip_image_check)) for src, dst in pairs]
         results = [_destination(runtime, criu, store, doc, d, problems, options, restore_root, kill_on_failure,
-                                skip_image_check, check_mode, tcp) for d, problems in checked]
+                                skip_image_check, check_mode, tcp, gpu) for d, problems in checked]
     except WarmstartError as exc:
         raise exc.with_details(outcome=exc.details.get("outcome", "failed"))
     return {"id": doc["id"], "name": doc["name"], "outcome": _outcome(results), "destinations": results,
@@ -701,7 +750,7 @@ def restore_into(store: Store, into: Any, snapshot_id: Optional[str] = None, nam
 
 def _destination(runtime: Runtime, criu: str, store: Any, doc: Dict[str, Any], d: Destination, problems: List[str],
                  options: Optional[CriuOptions], restore_root: str, kill_on_failure: bool, skip_image_check: bool,
-                 check_mode: bool, tcp: Optional[str] = None) -> Dict[str, Any]:
+                 check_mode: bool, tcp: Optional[str] = None, gpu: Optional[_GpuCheck] = None) -> Dict[str, Any]:
     """One destination's result: refused (its check failed), would restore (check mode), or its restore; the
     last two say what the restore does with the snapshot's TCP connections (``_tcp``)."""
     recorded = (d.source.get("criu") or {}).get("options", {}).get("tcp")
@@ -714,7 +763,8 @@ def _destination(runtime: Runtime, criu: str, store: Any, doc: Dict[str, Any], d
         return {"container": d.name, "source": d.source["name"], "result": "would restore", "notes": d.notes,
                 "tcp": plan.result()}
     opts = dataclasses.replace(options or CriuOptions.from_manifest(d.source["criu"]["options"]), tcp=plan.criu_tcp)
-    done = _restore_exclusive(runtime, criu, store, doc, d, opts, restore_root, kill_on_failure, skip_image_check)
+    done = _restore_exclusive(runtime, criu, store, doc, d, opts, restore_root, kill_on_failure, skip_image_check,
+                              gpu)
     return done if done["result"] == "refused" else dict(done, tcp=plan.result())
 
 

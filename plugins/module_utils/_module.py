@@ -203,7 +203,8 @@ def _restore_into(p: Params, check_mode: bool) -> Result:
         _store(p), spec, snapshot_id=p["snapshot"], name=p["name"], labels=p["labels"], verify=p["verify"],
         skip_compat=p["skip_compat_check"], skip_image_check=into["skip_image_check"],
         kill_on_failure=into["kill_placeholder_on_failure"], runtime_name=into["runtime"],
-        criu_path=p["criu_path"], restore_root=p["restore_root"], check_mode=check_mode, tcp=p.get("tcp"))
+        criu_path=p["criu_path"], restore_root=p["restore_root"], check_mode=check_mode, tcp=p.get("tcp"),
+        cuda=p.get("cuda") or "auto")
     done = [d["container"] for d in result["destinations"] if d["result"] in ("succeeded", "would restore")]
     if result["outcome"] != "succeeded":
         raise _into_failed(result, len(done))

@@ -34,6 +34,7 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Protocol, Tupl
 
 from ansible_collections.warmstart.snapshot.plugins.module_utils import _control as ctl
 from ansible_collections.warmstart.snapshot.plugins.module_utils import _cuda as cu
+from ansible_collections.warmstart.snapshot.plugins.module_utils import _gpuplace as gpl
 from ansible_collections.warmstart.snapshot.plugins.module_utils import _lazy as lz
 from ansible_collections.warmstart.snapshot.plugins.module_utils import _manifest as mf
 from ansible_collections.warmstart.snapshot.plugins.module_utils import _progress as prog
@@ -166,6 +167,10 @@ def find_cuda(plan: CudaPlan, root: int) -> None:
         raise SnapshotError(f"cuda: cannot tell which processes of pid {root}'s tree use CUDA: {exc}; "
                             "nothing was touched") from None
     shown = ", ".join(map(str, tree[:16])) + (f" and {len(tree) - 16} more" if len(tree) > 16 else "")
+    shared = gpl.shared_memory_problems(plan.pids)  # before anything is locked: see _gpuplace
+    if shared:
+        raise SnapshotError(f"cuda: the CUDA processes of pid {root}'s tree share GPU memory; nothing was touched",
+                            reasons=shared)
     if plan.pids:
         plan.reason = f"CUDA process(es) {', '.join(map(str, plan.pids))} checkpointed through {plan.backend.describe()}"
     elif plan.mode == "required":
