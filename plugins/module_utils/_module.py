@@ -25,6 +25,7 @@ import shlex
 import time
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
+from ansible_collections.warmstart.snapshot.plugins.module_utils import _accel as acc
 from ansible_collections.warmstart.snapshot.plugins.module_utils import _cleanup as cln
 from ansible_collections.warmstart.snapshot.plugins.module_utils import _container as ctr
 from ansible_collections.warmstart.snapshot.plugins.module_utils import _cuda as cu
@@ -37,6 +38,7 @@ from ansible_collections.warmstart.snapshot.plugins.module_utils import _retenti
 from ansible_collections.warmstart.snapshot.plugins.module_utils import _snapshot as snap
 from ansible_collections.warmstart.snapshot.plugins.module_utils import _workload as wl
 from ansible_collections.warmstart.snapshot.plugins.module_utils._adapter import with_context
+from ansible_collections.warmstart.snapshot.plugins.module_utils._compat import GpuNode
 from ansible_collections.warmstart.snapshot.plugins.module_utils._criu_rpc import CriuOptions
 from ansible_collections.warmstart.snapshot.plugins.module_utils._errors import WarmstartError
 from ansible_collections.warmstart.snapshot.plugins.module_utils._manifest import ManifestError
@@ -110,6 +112,17 @@ def _store(p: Params) -> Store:
 
 # --- checkpoint -------------------------------------------------------------------
 
+def _accelerator(p: Params) -> Tuple[str, str, Optional[GpuNode]]:
+    """``(accelerator, cuda mode, node)`` from ``accelerator`` and its alias ``cuda``; node None = this node's CUDA.
+
+    V(ascend) runs the engine's accelerator path with the NPU agents' backend (``_accel.ascend_gpu_node``).
+    """
+    chosen, mode = acc.resolve(p.get("accelerator"), p.get("cuda"))
+    if chosen == "ascend":
+        return chosen, "required", acc.ascend_gpu_node()
+    return chosen, mode, None
+
+
 def checkpoint(p: Params, check_mode: bool) -> Result:
     """The checkpoint module: resolve the target, snapshot it; a failure carries ``target`` (empty until resolved)."""
     target_info: Dict[str, Any] = {}
@@ -119,10 +132,13 @@ def checkpoint(p: Params, check_mode: bool) -> Result:
         target_info.update(pid=target.pid, name=target.name, workload=target.workload,
                            container=target.name if target.capture else None, control_dir=target.control_dir)
         name = p["name"] or target.workload or (target.name if target.capture else "process")
+        chosen, cuda, node = _accelerator(p)
+        if chosen == "ascend" and target.capture:
+            raise acc.AcceleratorError("accelerator: ascend snapshots processes only, not containers or pods")
         result = snap.checkpoint(store, target, name, p["labels"], criu_options(p), leave_running=p["leave_running"],
                                  wait_ready=p["wait_ready"], ready_timeout=p["ready_timeout"],
                                  criu_path=p["criu_path"], pod=_pod_record(p.get("pod"), target),
-                                 cuda=p.get("cuda") or "auto",
+                                 cuda=cuda, gpu_node=node,
                                  cuda_lock_timeout=p.get("cuda_lock_timeout", cu.DEFAULT_LOCK_TIMEOUT_MS),
                                  check_mode=check_mode)
     except (WarmstartError, OSError) as exc:
@@ -165,7 +181,7 @@ def restore(p: Params, check_mode: bool) -> Result:
     """
     try:
         refuse_empty(p, "snapshot", "name")
-        result = _restore_into(p, check_mode) if p.get("into") else _restore_process(p, check_mode)
+        result = _restore_into(_into_params(p), check_mode) if p.get("into") else _restore_process(p, check_mode)
     except (WarmstartError, OSError) as exc:
         err = with_context(exc, outcome="failed")
         details = err.details if isinstance(err, WarmstartError) else {}
@@ -177,10 +193,19 @@ def restore(p: Params, check_mode: bool) -> Result:
     return result
 
 
+def _into_params(p: Params) -> Params:
+    """``p`` with ``cuda`` resolved from ``accelerator`` (its alias) for a restore into placeholders."""
+    chosen, cuda = _accelerator(p)[:2]
+    if chosen == "ascend":
+        raise acc.AcceleratorError("accelerator: ascend restores process snapshots only, not into placeholders")
+    return dict(p, cuda=cuda)
+
+
 def _restore_process(p: Params, check_mode: bool) -> Result:
+    cuda, node = _accelerator(p)[1:]
     result = snap.restore(_store(p), snapshot_id=p["snapshot"], name=p["name"], labels=p["labels"],
                           verify=p["verify"], skip_compat=p["skip_compat_check"], criu_path=p["criu_path"],
-                          restore_root=p["restore_root"], cuda=p.get("cuda") or "auto",
+                          restore_root=p["restore_root"], cuda=cuda, gpu_node=node,
                           lazy=bool(p.get("lazy")), lazy_wait=bool(p.get("lazy_wait")),
                           lazy_timeout=float(p.get("lazy_timeout") or lz.DEFAULT_TIMEOUT),
                           page_server=p.get("page_server"), control_roots=p.get("control_roots"),

@@ -22,6 +22,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Dict, Iterable, List, Optional, Sequence, Union
 
+from ansible_collections.warmstart.snapshot.plugins.module_utils._ascend import npu_inventory
 from ansible_collections.warmstart.snapshot.plugins.module_utils._criu import criu_info, criu_version, find_criu
 from ansible_collections.warmstart.snapshot.plugins.module_utils._gpu import gpu_inventory
 from ansible_collections.warmstart.snapshot.plugins.module_utils._version import parse_version, version_at_least
@@ -330,6 +331,7 @@ def collect(
     os_info = read_os_release(root)
     criu = criu_info(criu_path, features=probe_features)
     gpus, gpu_reason = gpu_inventory(nvml)
+    npus, npu_facts = npu_inventory(root)
     return {
         "hostname": socket.gethostname(),
         "kernel": kernel_facts(uname.release, kernel_min_version),
@@ -340,6 +342,9 @@ def collect(
         "runtimes": container_runtimes(),
         "gpus": gpus,
         "gpu_reason": gpu_reason,
+        "npus": npus,
+        "npu_driver_version": npu_facts["driver_version"],
+        "npu_reason": npu_facts["reason"],
         "snapshot_root": disk_space(snapshot_root),
         "os": os_info,
         "fingerprint": make_fingerprint(uname.machine, uname.release, cpu, criu["version"], os_info),

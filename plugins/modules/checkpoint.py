@@ -153,6 +153,19 @@ options:
         (C(checkpoint-requested)) before a GPU snapshot.
     type: int
     default: 300
+  accelerator:
+    description:
+      - Which accelerator's device state to snapshot with the tree. V(auto) when neither this nor O(cuda) is given.
+      - V(auto) and V(cuda) - NVIDIA GPUs, as O(cuda=auto) and O(cuda=required).
+      - V(ascend) - Huawei Ascend NPUs (CANN's C(aclrtSnapShotProcess*) API). CANN acts on the calling process
+        only, so every NPU process of the tree must serve warmstart's snapshot agent (it calls
+        C(_ascend.serve) of this collection's module_utils); the agents lock and back up their device state before
+        the dump and restore and unlock it afterwards when the source keeps running or anything fails. A process
+        that loads C(libascendcl.so) without an agent, or a tree without NPU processes, fails before anything is
+        touched. Proven against a fake C(libascendcl.so) only, not on Ascend hardware.
+      - V(off) - no accelerator state, as O(cuda=off).
+    type: str
+    choices: [auto, cuda, ascend, "off"]
   cuda:
     description:
       - GPU state of the tree, through the CUDA checkpoint driver API (NVIDIA driver >= 570, CUDA 12.8) or the
@@ -163,6 +176,8 @@ options:
         RV(snapshot.cuda) (C(reason)).
       - V(required) - the same, but fail before anything is touched when the node has no NVIDIA driver, the driver
         is too old, or no process of the tree is a CUDA process.
+      - The older spelling of O(accelerator) (V(required) = O(accelerator=cuda)); V(auto) when neither is given.
+        Given both, they must agree.
       - V(off) - never look at GPU state (a CUDA process then fails in CRIU, or is left to CRIU's own cuda plugin).
       - A workload that registered pre-checkpoint hooks (C(checkpoint-hooks) in its control directory) is asked to
         quiesce first (C(checkpoint-requested)), and told C(checkpoint-done) when it keeps running.
@@ -170,7 +185,6 @@ options:
         act a second time.
     type: str
     choices: [auto, required, "off"]
-    default: auto
   cuda_lock_timeout:
     description:
       - Milliseconds the CUDA lock waits for running GPU work to finish (V(0) waits without limit). When it
@@ -354,7 +368,8 @@ def main() -> None:
             timeout=dict(type="int", default=0),
             wait_ready=dict(type="bool", default=False),
             ready_timeout=dict(type="int", default=300),
-            cuda=dict(type="str", choices=["auto", "required", "off"], default="auto"),
+            accelerator=dict(type="str", choices=["auto", "cuda", "ascend", "off"]),
+            cuda=dict(type="str", choices=["auto", "required", "off"]),
             cuda_lock_timeout=dict(type="int", default=30000),
         ),
         mutually_exclusive=[("pid", "pidfile", "workload", "container", "pod")],

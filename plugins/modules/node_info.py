@@ -265,6 +265,33 @@ node:
       returned: always
       type: str
       sample: "NVML unavailable: NVML Shared Library Not Found"
+    npus:
+      description:
+        - Huawei Ascend NPUs seen as device nodes C(/dev/davinci<N>), without loading any Ascend library; empty when
+          there are none (see RV(node.npu_reason)).
+      returned: always
+      type: list
+      elements: dict
+      contains:
+        index:
+          description: The N of C(/dev/davinci<N>).
+          returned: always
+          type: int
+        path:
+          description: The device node.
+          returned: always
+          type: str
+      sample: [{index: 0, path: /dev/davinci0}]
+    npu_driver_version:
+      description: C(Version=) of the Ascend driver's C(/usr/local/Ascend/driver/version.info); null when absent.
+      returned: always
+      type: str
+      sample: 24.1.rc2
+    npu_reason:
+      description: Why RV(node.npus) is empty or RV(node.npu_driver_version) null; null when both were found.
+      returned: always
+      type: str
+      sample: "no /dev/davinci<N> device nodes; no Ascend driver version file (/usr/local/Ascend/driver/version.info)"
     snapshot_root:
       description: Space on the filesystem of O(snapshot_root).
       returned: always

@@ -94,6 +94,17 @@ options:
     type: list
     elements: path
     default: [/var/lib/warmstart, /run/warmstart, /tmp]
+  accelerator:
+    description:
+      - Which accelerator's device state the snapshot holds. V(auto) when neither this nor O(cuda) is given.
+      - V(auto) and V(cuda) - NVIDIA GPUs, as O(cuda=auto) and O(cuda=required).
+      - V(ascend) - a snapshot taken with O(warmstart.snapshot.checkpoint#module:accelerator=ascend) - after the CRIU
+        restore every NPU process's agent restores and unlocks its device state (CANN restores onto the same device
+        ids), then C(restore-complete) is written. Process snapshots only. Proven against a fake C(libascendcl.so)
+        only, not on Ascend hardware.
+      - V(off) - as O(cuda=off).
+    type: str
+    choices: [auto, cuda, ascend, "off"]
   cuda:
     description:
       - GPU state of a snapshot that holds some (taken with M(warmstart.snapshot.checkpoint) O(warmstart.snapshot.checkpoint#module:cuda)).
@@ -106,9 +117,10 @@ options:
       - V(required) - the same, and refuse a snapshot without GPU state.
       - V(off) - refuse a snapshot that holds GPU state (restored without it, its CUDA processes would stay locked).
       - O(skip_compat_check) skips the driver and GPU model checks, not the others.
+      - The older spelling of O(accelerator) (V(required) = O(accelerator=cuda)); V(auto) when neither is given.
+        Given both, they must agree.
     type: str
     choices: [auto, required, "off"]
-    default: auto
   lazy:
     description:
       - Resume the restored tree at once and stream its memory in afterwards (CRIU lazy pages over userfaultfd).
@@ -447,7 +459,8 @@ def main() -> None:
             restore_root=dict(type="path", default="/var/lib/warmstart/restore"),
             workloads_root=dict(type="path", default="/var/lib/warmstart/workloads"),
             control_roots=dict(type="list", elements="path", default=["/var/lib/warmstart", "/run/warmstart", "/tmp"]),
-            cuda=dict(type="str", choices=["auto", "required", "off"], default="auto"),
+            accelerator=dict(type="str", choices=["auto", "cuda", "ascend", "off"]),
+            cuda=dict(type="str", choices=["auto", "required", "off"]),
             lazy=dict(type="bool", default=False),
             lazy_wait=dict(type="bool", default=False),
             lazy_timeout=dict(type="int", default=600),

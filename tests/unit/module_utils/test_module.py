@@ -369,3 +369,33 @@ def test_metrics_that_cannot_be_written_are_a_warning(store: st.FsStore, tmp_pat
     monkeypatch.setattr(snap, "restore", refuse)
     out = failed(_module.restore, restore_params(store, tmp_path, name="e", metrics_dir=str(tmp_path / "file" / "m")))
     assert out["msg"] == "no" and out["warnings"][0].startswith("metrics not recorded in ")
+
+
+# --- accelerator (and its alias cuda) ----------------------------------------------
+
+def test_checkpoint_accelerator_maps_onto_the_engine(store: st.FsStore, tmp_path: Path, pid: int,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    seen: Dict[str, Any] = {}
+
+    def fake(store_: Any, target: Any, name: str, labels: Any, options: Any, **kwargs: Any) -> Dict[str, Any]:
+        seen.update(kwargs)
+        return {"id": "20261203T120000Z-0a1b2c3d"}
+
+    monkeypatch.setattr(snap, "checkpoint", fake)
+    for accelerator, cuda, mode in (("cuda", None, "required"), (None, "off", "off"), ("auto", "auto", "auto")):
+        _module.checkpoint(checkpoint_params(store, tmp_path, pid=pid, accelerator=accelerator, cuda=cuda), False)
+        assert seen["cuda"] == mode and seen["gpu_node"] is None
+    _module.checkpoint(checkpoint_params(store, tmp_path, pid=pid, accelerator="ascend", cuda=None), False)
+    assert seen["cuda"] == "required"
+    assert "CANN snapshot API" in seen["gpu_node"].backend()[1]
+
+
+def test_accelerator_and_cuda_that_disagree_are_refused_naming_both(store: st.FsStore, tmp_path: Path,
+                                                                    pid: int) -> None:
+    out = failed(_module.checkpoint, checkpoint_params(store, tmp_path, pid=pid, accelerator="ascend", cuda="required"))
+    assert out["msg"].startswith("accelerator: ascend and cuda: required disagree")
+    out = failed(_module.restore, restore_params(store, tmp_path, accelerator="off", cuda="required"))
+    assert "accelerator: off and cuda: required disagree" in out["msg"]
+    into = {"container": "x", "container_map": None, "pod": None}
+    out = failed(_module.restore, restore_params(store, tmp_path, accelerator="ascend", cuda=None, into=into))
+    assert "accelerator: ascend restores process snapshots only" in out["msg"]

@@ -345,7 +345,7 @@ def test_collect_from_fake_root(tmp_path: Path) -> None:
     )
     assert set(node) == {
         "hostname", "kernel", "arch", "cpu", "criu", "cgroup_version", "runtimes",
-        "gpus", "gpu_reason", "snapshot_root", "os", "fingerprint",
+        "gpus", "gpu_reason", "npus", "npu_driver_version", "npu_reason", "snapshot_root", "os", "fingerprint",
     }
     assert node["kernel"] == {"release": os.uname().release, "ok": False, "min": "99.0"}
     assert node["arch"] == os.uname().machine
@@ -368,6 +368,21 @@ def test_collect_skips_feature_probes(tmp_path: Path) -> None:
                    nvml=NoGpuNvml(), snapshot_root=str(tmp_path))
     assert node["criu"]["features"] == {}
     assert node["snapshot_root"]["exists"] is True
+
+
+def test_collect_reports_ascend_npus_from_the_root(tmp_path: Path) -> None:
+    root = make_root(tmp_path)
+    (root / "dev").mkdir(exist_ok=True)
+    for name in ("davinci0", "davinci1", "davinci_manager"):
+        (root / "dev" / name).write_text("")
+    version = root / "usr/local/Ascend/driver/version.info"
+    version.parent.mkdir(parents=True)
+    version.write_text("Version=24.1.rc2\n")
+    node = collect(criu_path=str(fake_criu(tmp_path)), probe_features=False, root=root, nvml=NoGpuNvml(),
+                   snapshot_root=str(tmp_path))
+    assert node["npus"] == [{"index": 0, "path": "/dev/davinci0"}, {"index": 1, "path": "/dev/davinci1"}]
+    assert node["npu_driver_version"] == "24.1.rc2"
+    assert node["npu_reason"] is None
 
 
 def test_collect_rejects_bad_input(tmp_path: Path) -> None:
