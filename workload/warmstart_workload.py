@@ -29,14 +29,26 @@ belongs to this copy. warmstart's restore writes ``env.json`` (the
 placeholder's environment, mode 0600) into the control dir before
 ``restore-complete``.
 
-Checkpoint hooks (the CANN-style stages, driven over the control dir)::
+The six lifecycle stages (CANN's names), registered with ``control.on(stage, callback)`` and
+unregistered with ``control.off(stage, callback)``, run in this order around warmstart's steps::
 
-    control.on_pre_checkpoint(quiesce)   # warmstart wrote checkpoint-requested: finish requests, drop caches, close conns
-    control.on_post_checkpoint(resume)   # the source keeps running after the snapshot (or it was called off)
-    control.on_post_restore(refresh)     # this process is a restored copy (same as on_restore)
+    lock_pre      checkpoint-requested: before the accelerator lock and the freeze; quiesce here
+                  [warmstart locks the accelerator (CUDA lock + device memory to host)]
+    backup_pre    after the lock, just before CRIU dumps (freezes) the tree: do not call the accelerator
+                  [CRIU dump: the backup]
+    backup_post   a source that keeps running, resumed after the dump, the accelerator still locked
+    restore_pre   before the device state is restored: in that source, and in a restored copy after
+                  CRIU's restore (RestoreInfo)
+                  [device restore + unlock]
+    restore_post  after the device state is back (source and copy); the accelerator is usable again
+    unlock_post   checkpoint-done in the source (on_post_checkpoint), restore-complete in a copy (on_restore)
 
-A pre-checkpoint callback that raises refuses the checkpoint: warmstart gets
-``checkpoint-refused`` with the exception text and does not dump.
+Without an accelerator every stage still runs at the same point (the lock and the device restore are
+empty steps). A callback that raises, or does not return before the stage's deadline, refuses the stage:
+warmstart rolls back (unlocks, resumes the source, kills a copy) and its error names the stage and the
+callback; ``unlock_post`` callbacks only report (``control.errors``), nothing is left to undo.
+``on_pre_checkpoint`` = ``on("lock_pre")``; ``on_post_checkpoint`` = ``unlock_post`` in the source;
+``on_restore`` / ``on_post_restore`` = ``unlock_post`` in a restored copy.
 """
 from __future__ import annotations
 
@@ -48,7 +60,7 @@ import struct
 import sys
 import threading
 import time
-from typing import Callable, Dict, List, Optional
+from typing import Callable, Dict, List, Optional, Tuple
 
 ENV_VAR = "SNAPSHOT_CONTROL_DIR"
 READY = "ready-for-snapshot"
@@ -58,6 +70,9 @@ CHECKPOINT_REQUESTED = "checkpoint-requested"
 CHECKPOINT_REFUSED = "checkpoint-refused"
 CHECKPOINT_DONE = "checkpoint-done"
 CHECKPOINT_HOOKS = "checkpoint-hooks"
+CHECKPOINT_STAGE = "checkpoint-stage"
+CHECKPOINT_STAGE_DONE = "checkpoint-stage-done"
+STAGES = ("lock_pre", "backup_pre", "backup_post", "restore_pre", "restore_post", "unlock_post")
 ENV_FILE = "env.json"
 COLD_START = "cold-start"
 STANDBY_VAR = "SNAPSHOT_RESTORE_STANDBY"
@@ -67,8 +82,9 @@ SIOCGIFADDR = 0x8915
 class RestoreInfo:
     """What ``restore-complete`` said: ``pid`` (in the container), ``snapshot`` id, and any other key=value."""
 
-    def __init__(self, fields: Dict[str, str]) -> None:
+    def __init__(self, fields: Dict[str, str], stage: str = "unlock_post") -> None:
         self.fields = fields
+        self.stage = stage
         self.pid = int(fields["pid"]) if fields.get("pid", "").isdigit() else None
         self.snapshot = fields.get("snapshot")
 
@@ -79,8 +95,9 @@ class RestoreInfo:
 class CheckpointRequest:
     """A ``checkpoint-requested`` (``request`` id, ``deadline``), and after it ``result``: ok, failed, timeout, refused."""
 
-    def __init__(self, fields: Dict[str, str], result: Optional[str] = None) -> None:
+    def __init__(self, fields: Dict[str, str], result: Optional[str] = None, stage: Optional[str] = None) -> None:
         self.fields = fields
+        self.stage = stage or fields.get("stage")
         self.request = fields.get("request")
         try:
             self.deadline: Optional[float] = float(fields["deadline"])
@@ -125,6 +142,23 @@ def _parse(text: str) -> Dict[str, str]:
     return out
 
 
+def _check_stage(stage: str) -> str:
+    if stage not in STAGES:
+        raise ValueError(f"{stage!r} is not a stage: use one of {', '.join(STAGES)}")
+    return stage
+
+
+def _name(callback: Callable) -> str:
+    return str(getattr(callback, "__name__", callback))
+
+
+def _call(callback: Callable, arg: object, outcome: List[BaseException]) -> None:
+    try:
+        callback(arg)
+    except Exception as exc:  # pylint: disable=broad-except
+        outcome.append(exc)
+
+
 class Control:
     """The control directory of this workload (``SNAPSHOT_CONTROL_DIR``)."""
 
@@ -133,9 +167,9 @@ class Control:
         self.path = path if path is not None else os.environ.get(ENV_VAR) or None
         self.poll = poll
         self._seen = self._current()
-        self._pre_checkpoint: List[Callable[[CheckpointRequest], None]] = []
-        self._post_checkpoint: List[Callable[[CheckpointRequest], None]] = []
-        self._post_restore: List[Callable[[RestoreInfo], None]] = []
+        # stage -> [(callback, where)]: where is "any", "source" (on_post_checkpoint) or "copy" (on_restore)
+        self._hooks: Dict[str, List[Tuple[Callable, str]]] = {stage: [] for stage in STAGES}
+        self._seen_stage = _signature(self._file(CHECKPOINT_STAGE)) if self.path else None
         self._seen_request: Optional[tuple] = None  # a request already waiting at start is answered (unless expired)
         self._seen_done = _signature(self._file(CHECKPOINT_DONE)) if self.path else None
         self._answered: Optional[str] = None
@@ -213,14 +247,37 @@ class Control:
                 return None
             time.sleep(self.poll)
 
+    def on(self, stage: str, callback: Callable[[object], None]) -> Optional[threading.Thread]:
+        """Register ``callback`` for one of the six ``STAGES`` (see the module docs for when each runs).
+
+        In a source the callback gets a ``CheckpointRequest``, in a restored copy (``restore_pre``,
+        ``restore_post``, ``unlock_post`` after a restore) a ``RestoreInfo``; ``.stage`` names the stage.
+        Callbacks of a stage run in registration order; one that raises or does not return before the
+        stage's deadline refuses the stage: warmstart rolls back and names the stage and the callback.
+        """
+        return self._add(stage, callback, "any")
+
+    def off(self, stage: str, callback: Callable[[object], None]) -> bool:
+        """Unregister ``callback`` from ``stage`` (every registration of it, aliases included); True if it was there."""
+        hooks = self._hooks[_check_stage(stage)]
+        kept = [entry for entry in hooks if entry[0] != callback]
+        removed = len(kept) != len(hooks)
+        hooks[:] = kept
+        self._advertise()
+        return removed
+
+    def stages(self) -> List[str]:
+        """The stages warmstart must drive for this process (the ones it advertises in ``checkpoint-hooks``)."""
+        return [stage for stage in STAGES if any(where != "copy" for _cb, where in self._hooks[stage])]
+
     def on_restore(self, callback: Callable[[RestoreInfo], None]) -> Optional[threading.Thread]:
-        """Call ``callback(info)`` in the watcher thread after every restore of this process."""
-        return self._register(self._post_restore, callback)
+        """Call ``callback(info)`` in the watcher thread after every restore of this process (``unlock_post`` in a copy)."""
+        return self._add("unlock_post", callback, "copy")
 
     on_post_restore = on_restore
 
     def on_pre_checkpoint(self, callback: Callable[[CheckpointRequest], None]) -> Optional[threading.Thread]:
-        """Call ``callback(request)`` when warmstart asks for a snapshot, before ``ready-for-snapshot`` is written.
+        """``lock_pre``: called when warmstart asks for a snapshot, before ``ready-for-snapshot`` is written.
 
         Quiesce here: finish in-flight requests, drop what need not be in the
         snapshot (KV cache, allocator caches), close external connections.
@@ -228,28 +285,23 @@ class Control:
         checkpoint (``checkpoint-refused`` with its text) and the
         post-checkpoint callbacks run with ``result="refused"``.
         """
-        thread = self._register(self._pre_checkpoint, callback)
-        self._advertise()
-        return thread
-
-    def _advertise(self) -> None:
-        """``checkpoint-hooks``: tells warmstart to ask (checkpoint-requested) before it dumps this process."""
-        if self.path and self._pre_checkpoint:
-            self._write(CHECKPOINT_HOOKS, f"pid={os.getpid()}\nstages=pre_checkpoint,post_checkpoint,post_restore\n")
+        return self._add("lock_pre", callback, "any")
 
     def on_post_checkpoint(self, callback: Callable[[CheckpointRequest], None]) -> Optional[threading.Thread]:
-        """Call ``callback(request)`` when the source keeps running after a snapshot it quiesced for.
+        """``unlock_post`` in the source: called when a checkpoint this process quiesced for is over.
 
         ``request.result``: ok, failed, timeout (warmstart gave up waiting) or
         refused. Undo the pre-checkpoint work: reopen connections, resume
         serving. Not called in a restored copy (that gets post-restore).
         """
-        return self._register(self._post_checkpoint, callback)
+        return self._add("unlock_post", callback, "source")
 
-    def _register(self, hooks: list, callback: Callable) -> Optional[threading.Thread]:
+    def _add(self, stage: str, callback: Callable, where: str) -> Optional[threading.Thread]:
+        hooks = self._hooks[_check_stage(stage)]
         if not self.path:
             return None
-        hooks.append(callback)
+        hooks.append((callback, where))
+        self._advertise()
         if not self.watch:
             return None
         with self._start_lock:
@@ -257,6 +309,19 @@ class Control:
                 self._watcher = threading.Thread(target=self._watch, name="warmstart-control-watch", daemon=True)
                 self._watcher.start()
         return self._watcher
+
+    def _advertise(self) -> None:
+        """``checkpoint-hooks``: tells warmstart which stages to drive (it asks only workloads that have hooks)."""
+        if not self.path:
+            return
+        stages = self.stages()
+        if stages:
+            self._write(CHECKPOINT_HOOKS, f"pid={os.getpid()}\nstages={','.join(stages)}\n")
+        else:
+            try:
+                os.unlink(self._file(CHECKPOINT_HOOKS))
+            except FileNotFoundError:
+                pass
 
     def _watch(self) -> None:
         while True:
@@ -266,19 +331,48 @@ class Control:
                 self._error(f"control dir {self.path}: {exc}")
             time.sleep(self.poll)
 
-    def _run(self, stage: str, hooks: list, arg: object) -> None:
-        for callback in list(hooks):
+    def _callbacks(self, stage: str, copy: bool) -> List[Callable]:
+        skip = "source" if copy else "copy"
+        return [callback for callback, where in self._hooks[stage] if where != skip]
+
+    def _run(self, stage: str, copy: bool, arg: object) -> None:
+        """Callbacks whose failure changes nothing (``unlock_post``): every one runs, failures are recorded."""
+        for callback in self._callbacks(stage, copy):
             try:
                 callback(arg)
             except Exception as exc:  # pylint: disable=broad-except
-                self._error(f"{stage} callback {getattr(callback, '__name__', callback)!s} failed: {type(exc).__name__}: {exc}")
+                self._error(f"{stage} callback {_name(callback)} failed: {type(exc).__name__}: {exc}")
+
+    def _run_bounded(self, stage: str, copy: bool, arg: object, deadline: Optional[float]) -> Optional[tuple]:
+        """A stage warmstart waits for: its callbacks in order until one fails; (callback name, error) or None.
+
+        With a ``deadline`` each callback runs in its own thread and one still running shortly before the
+        deadline fails the stage (it hangs: warmstart rolls back; the thread is left to finish on its own).
+        """
+        for callback in self._callbacks(stage, copy):
+            outcome: List[BaseException] = []
+            if deadline is None:
+                _call(callback, arg, outcome)
+            else:
+                left = deadline - time.time()
+                worker = threading.Thread(target=_call, args=(callback, arg, outcome), daemon=True,
+                                          name=f"warmstart-{stage}-{_name(callback)}")
+                worker.start()
+                worker.join(max(0.0, left - min(1.0, left * 0.1)))
+                if worker.is_alive():
+                    return _name(callback), f"TimeoutError: {stage} callback {_name(callback)} did not return " \
+                                            f"within {max(0.0, left):.1f} s"
+            if outcome:
+                self._error(f"{stage} callback {_name(callback)} failed: {type(outcome[0]).__name__}: {outcome[0]}")
+                return _name(callback), " ".join(f"{type(outcome[0]).__name__}: {outcome[0]}".split())
+        return None
 
     def _error(self, text: str) -> None:
         self.errors.append(text)
         sys.stderr.write(f"warmstart_workload: {text}\n")
 
     def check(self) -> None:
-        """Handle what is new in the control dir now: a restore, a checkpoint request, a checkpoint's end.
+        """Handle what is new in the control dir now: a restore, a checkpoint request or stage, a checkpoint's end.
 
         The watcher thread calls this every ``poll`` s once a callback is
         registered; a server with its own loop may call it instead.
@@ -292,8 +386,10 @@ class Control:
                 self._answered = None
                 self._seen_done = _signature(self._file(CHECKPOINT_DONE))
                 self._advertise()  # the copy's control dir may be a new one
-                self._run("post_restore", self._post_restore, info)
+                info.stage = "unlock_post"
+                self._run("unlock_post", True, info)
             self._check_request()
+            self._check_stage()
             self._check_done()
 
     def _check_request(self) -> None:
@@ -303,23 +399,49 @@ class Control:
         self._seen_request = sig
         try:
             with open(self._file(CHECKPOINT_REQUESTED), "r", encoding="utf-8") as handle:
-                request = CheckpointRequest(_parse(handle.read()))
+                request = CheckpointRequest(_parse(handle.read()), stage="lock_pre")
         except FileNotFoundError:
             return
         left = request.remaining()
         if left is not None and left <= 0:
             return  # warmstart stopped waiting for this one
         note = f"request={request.request or ''}\npid={os.getpid()}\n"
-        for callback in list(self._pre_checkpoint):
-            try:
-                callback(request)
-            except Exception as exc:  # pylint: disable=broad-except
-                error = " ".join(f"{type(exc).__name__}: {exc}".split())
-                self._write(CHECKPOINT_REFUSED, f"{note}error={error}\n")
-                self._run("post_checkpoint", self._post_checkpoint, CheckpointRequest(request.fields, "refused"))
-                return
+        failed = self._run_bounded("lock_pre", False, request, request.deadline)
+        if failed is not None:
+            self._write(CHECKPOINT_REFUSED, f"{note}error={failed[1]}\nstage=lock_pre\ncallback={failed[0]}\n")
+            self._run("unlock_post", False, CheckpointRequest(request.fields, "refused", "unlock_post"))
+            return
         self._answered = request.request or ""
         self.ready(note)
+
+    def _check_stage(self) -> None:
+        """``checkpoint-stage``: backup_pre, backup_post, restore_pre, restore_post; answered in ``checkpoint-stage-done``."""
+        sig = _signature(self._file(CHECKPOINT_STAGE))
+        if sig is None or sig == self._seen_stage:
+            return
+        self._seen_stage = sig
+        try:
+            with open(self._file(CHECKPOINT_STAGE), "r", encoding="utf-8") as handle:
+                fields = _parse(handle.read())
+        except FileNotFoundError:
+            return
+        stage = fields.get("stage", "")
+        copy = fields.get("copy") == "1"
+        if stage not in STAGES:
+            return
+        if copy:  # a restored copy: the source's checkpoint is over for it
+            self._answered = None
+            self._seen_done = _signature(self._file(CHECKPOINT_DONE))
+        elif (self._answered is None or fields.get("request") != self._answered):
+            return  # a checkpoint this process did not quiesce for
+        arg: object = RestoreInfo(fields, stage) if copy else CheckpointRequest(fields, stage=stage)
+        deadline = CheckpointRequest(fields).deadline
+        if deadline is not None and deadline <= time.time():
+            return
+        failed = self._run_bounded(stage, copy, arg, deadline)
+        answer = f"request={fields.get('request', '')}\nstage={stage}\npid={os.getpid()}\n"
+        answer += "result=ok\n" if failed is None else f"result=refused\nerror={failed[1]}\ncallback={failed[0]}\n"
+        self._write(CHECKPOINT_STAGE_DONE, answer)
 
     def _check_done(self) -> None:
         sig = _signature(self._file(CHECKPOINT_DONE))
@@ -336,7 +458,7 @@ class Control:
         if fields.get("request", self._answered) != self._answered:
             return  # the end of a checkpoint we did not quiesce for
         self._answered = None
-        self._run("post_checkpoint", self._post_checkpoint, CheckpointRequest(fields, fields.get("result", "ok")))
+        self._run("unlock_post", False, CheckpointRequest(fields, fields.get("result", "ok"), "unlock_post"))
 
     def _write(self, name: str, text: str) -> None:
         target = self._file(name)

@@ -18,13 +18,25 @@ dump (or the checkpoint gave up), ``finish_checkpoint`` writes
 workload's ``on_post_checkpoint`` callbacks resume it. A workload with
 pre-checkpoint callbacks advertises them with ``checkpoint-hooks``
 (``has_checkpoint_hooks``): ask only those, the others never answer.
+
+The six lifecycle stages (CANN's names, ``STAGES``): ``checkpoint-hooks``
+lists the stages the workload registered (``stages=lock_pre,backup_pre,...``;
+an older helper's ``pre_checkpoint`` / ``post_checkpoint`` / ``post_restore``
+read as ``lock_pre`` / ``unlock_post``). ``lock_pre`` is the checkpoint
+request above and ``unlock_post`` is ``checkpoint-done`` in a source that
+keeps running and ``restore-complete`` in a copy; ``run_stage`` drives the
+four in between: it writes ``checkpoint-stage`` (``request=<id>``,
+``stage=<name>``, ``deadline=<epoch s>``, and for a restored copy
+``pid=<its pid>``, ``copy=1``, ``snapshot=<id>``) and waits for
+``checkpoint-stage-done`` (``request=<id>``, ``stage=<name>``,
+``result=ok`` or ``result=refused`` with ``error=`` and ``callback=``).
 """
 from __future__ import annotations
 
 import os
 import time
 import uuid
-from typing import Dict, Optional
+from typing import Dict, List, Optional
 
 from ansible_collections.warmstart.snapshot.plugins.module_utils import _proc as proc
 from ansible_collections.warmstart.snapshot.plugins.module_utils._errors import WarmstartError
@@ -36,6 +48,12 @@ CHECKPOINT_REQUESTED = "checkpoint-requested"
 CHECKPOINT_REFUSED = "checkpoint-refused"
 CHECKPOINT_DONE = "checkpoint-done"
 CHECKPOINT_HOOKS = "checkpoint-hooks"
+CHECKPOINT_STAGE = "checkpoint-stage"
+CHECKPOINT_STAGE_DONE = "checkpoint-stage-done"
+CHECKPOINT_SENTINELS = (CHECKPOINT_REQUESTED, CHECKPOINT_REFUSED, CHECKPOINT_DONE, CHECKPOINT_STAGE, CHECKPOINT_STAGE_DONE)
+STAGES = ("lock_pre", "backup_pre", "backup_post", "restore_pre", "restore_post", "unlock_post")
+OLD_STAGES = {"pre_checkpoint": "lock_pre", "post_checkpoint": "unlock_post", "post_restore": "unlock_post"}
+STAGE_TIMEOUT = 60.0  # seconds a stage's callbacks may take where no other timeout applies (a restore)
 ENV_VAR = "SNAPSHOT_CONTROL_DIR"
 
 
@@ -45,6 +63,15 @@ class CheckpointRefused(WarmstartError):
     def __init__(self, message: str, request: str) -> None:
         super().__init__(message)
         self.request = request
+
+
+class StageFailed(WarmstartError):
+    """A stage's callbacks raised, hung past the timeout, or their process exited (``stage`` names it)."""
+
+    def __init__(self, message: str, stage: str, callback: Optional[str] = None) -> None:
+        super().__init__(message)
+        self.stage = stage
+        self.callback = callback
 
 
 def write(control_dir: str, name: str, content: str = "") -> str:
@@ -154,8 +181,10 @@ def request_checkpoint(control_dir: str, timeout: float, alive: Optional[int] = 
         while True:
             refused = _read(refused_path)
             if refused is not None and parse_kv(refused).get("request", request) == request:
-                error = parse_kv(refused).get("error") or refused.strip() or "no reason given"
-                raise CheckpointRefused(f"the workload refused the checkpoint ({refused_path}): {error}", request)
+                said = parse_kv(refused)
+                error = said.get("error") or refused.strip() or "no reason given"
+                where = f" (stage {said.get('stage') or 'lock_pre'}, callback {said['callback']})" if said.get("callback") else ""
+                raise CheckpointRefused(f"the workload refused the checkpoint ({refused_path}): {error}{where}", request)
             ready = _read(ready_path)
             if ready is not None and parse_kv(ready).get("request", request) == request:
                 answer = parse_kv(ready)
@@ -179,3 +208,47 @@ def finish_checkpoint(control_dir: str, request: str, result: str = "ok", detail
     clear(control_dir, CHECKPOINT_REQUESTED)
     body = f"request={request}\nresult={result}\n" + (f"detail={' '.join(detail.split())}\n" if detail else "")
     return write(control_dir, CHECKPOINT_DONE, body)
+
+
+def hook_stages(control_dir: Optional[str]) -> List[str]:
+    """The stages the workload registered callbacks for (``checkpoint-hooks``), in lifecycle order; [] without."""
+    text = _read(os.path.join(control_dir, CHECKPOINT_HOOKS)) if control_dir else None
+    if text is None:
+        return []
+    named = {OLD_STAGES.get(item.strip(), item.strip()) for item in parse_kv(text).get("stages", "").split(",")}
+    return [stage for stage in STAGES if stage in named] or ["lock_pre"]
+
+
+def run_stage(control_dir: str, stage: str, request: str, timeout: float, alive: Optional[int] = None,
+              extra: Optional[Dict[str, str]] = None, interval: float = 0.02) -> float:
+    """Run the workload's ``stage`` callbacks (``checkpoint-stage``) and wait for their answer; the seconds taken.
+
+    Raises StageFailed naming the stage (and the callback, when the workload said which) when a callback
+    raised or did not return within ``timeout`` s, or the process ``alive`` exited. ``checkpoint-stage`` is
+    removed whatever happens.
+    """
+    if stage not in STAGES:
+        raise ValueError(f"{stage!r} is not one of {', '.join(STAGES)}")
+    clear(control_dir, CHECKPOINT_STAGE_DONE)
+    start = time.monotonic()
+    body = f"request={request}\nstage={stage}\ndeadline={time.time() + timeout:.3f}\n"
+    write(control_dir, CHECKPOINT_STAGE, body + "".join(f"{k}={v}\n" for k, v in (extra or {}).items()))
+    done_path = os.path.join(control_dir, CHECKPOINT_STAGE_DONE)
+    try:
+        while True:
+            text = _read(done_path)
+            answer = parse_kv(text) if text is not None else {}
+            if answer.get("request") == request and answer.get("stage") == stage:
+                if answer.get("result", "ok") == "ok":
+                    return time.monotonic() - start
+                callback = answer.get("callback") or None
+                raise StageFailed(f"the workload's {stage} callback{f' {callback}' if callback else 's'} "
+                                  f"failed: {answer.get('error') or 'no reason given'}", stage, callback)
+            if alive is not None and not proc.alive(alive):
+                raise StageFailed(f"process {alive} exited during its {stage} callbacks", stage)
+            if time.monotonic() - start > timeout:
+                raise StageFailed(f"the workload's {stage} callbacks did not answer {os.path.join(control_dir, CHECKPOINT_STAGE)}"
+                                  f" within {timeout:g} s (a callback hangs?)", stage)
+            time.sleep(interval)
+    finally:
+        clear(control_dir, CHECKPOINT_STAGE, CHECKPOINT_STAGE_DONE)

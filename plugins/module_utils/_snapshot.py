@@ -126,6 +126,8 @@ class CudaPlan:
     lock_timeout_ms: int = cu.DEFAULT_LOCK_TIMEOUT_MS
     request: Optional[str] = None   # the checkpoint-requested id while the workload waits for checkpoint-done
     hooks: bool = False             # the workload's pre-checkpoint hooks were asked
+    stages: List[str] = field(default_factory=list)  # the lifecycle stages the workload registered (ctl.STAGES)
+    hook_timeout: float = ctl.STAGE_TIMEOUT          # seconds each stage's callbacks may take
 
     @property
     def used(self) -> bool:
@@ -223,17 +225,55 @@ def criu_plugins_off(active: bool = True) -> Iterator[None]:
 
 
 def _quiesce(plan: CudaPlan, target: "Target", timeout: float, timings: Dict[str, float]) -> None:
-    """Ask a workload with pre-checkpoint hooks to quiesce (checkpoint-requested) and wait for its answer."""
-    if not plan.used or not target.control_dir or not ctl.has_checkpoint_hooks(target.control_dir):
+    """Stage ``lock_pre``: a workload with hooks quiesces (checkpoint-requested) before anything is locked.
+
+    Asked whether or not the tree holds accelerator state (the lock is then an empty step); the stages it
+    registered are kept in ``plan.stages`` for ``hook_stage`` and the manifest (its restore's stages).
+    """
+    stages = ctl.hook_stages(target.control_dir)
+    if not target.control_dir or not stages:
         return
     prog.phase("quiesce")
     try:
         answer = ctl.request_checkpoint(target.control_dir, timeout, alive=target.pid)
     except (ctl.CheckpointRefused, TimeoutError, ProcessLookupError) as exc:
-        raise SnapshotError(f"checkpoint hooks: {exc}") from None
+        raise SnapshotError(f"checkpoint hooks: lock_pre: {exc}") from None
     plan.request = answer["request"]
     plan.hooks = True
+    plan.stages = stages
+    plan.hook_timeout = timeout
     timings["quiesce"] = float(answer.get("waited") or 0.0)
+
+
+def hook_stage(plan: Optional[CudaPlan], target: "Target", stage: str, timings: Dict[str, float]) -> None:
+    """Run the workload's ``stage`` callbacks (backup_pre, backup_post, restore_pre, restore_post) in the source.
+
+    Nothing when the workload did not register the stage. A callback that raises or hangs past the
+    timeout raises SnapshotError naming the stage and the callback: the caller's undo stack rolls back.
+    """
+    if plan is None or plan.request is None or stage not in plan.stages or not target.control_dir:
+        return
+    try:
+        timings[f"hook_{stage}"] = ctl.run_stage(target.control_dir, stage, plan.request, plan.hook_timeout,
+                                                 alive=target.pid)
+    except ctl.StageFailed as exc:
+        raise SnapshotError(f"checkpoint hooks: {stage}: {exc}; rolled back, the source keeps running") from None
+
+
+def copy_stage(control: Optional[str], doc: Dict[str, Any], stage: str, pid: int, ns_pid: Optional[int],
+               timings: Dict[str, float]) -> None:
+    """Run a restored copy's ``stage`` callbacks (restore_pre / restore_post) when the snapshot's workload had them.
+
+    Raises ctl.StageFailed (the stage and callback named); the caller kills the copy and writes restore-failed.
+    """
+    stages = (doc.get("hooks") or {}).get("stages") or [] if isinstance(doc.get("hooks"), dict) else []
+    if not control or stage not in stages or not os.path.isdir(control):
+        return
+    extra = {"copy": "1", "snapshot": str(doc["id"]), "host_pid": str(pid)}
+    if ns_pid is not None:
+        extra["pid"] = str(ns_pid)
+    timings[f"hook_{stage}"] = ctl.run_stage(control, stage, f"restore-{doc['id']}", ctl.STAGE_TIMEOUT,
+                                             alive=pid, extra=extra)
 
 
 def _finish_hooks(plan: Optional[CudaPlan], target: "Target", result: str, detail: str = "") -> None:
@@ -525,6 +565,8 @@ def _stage(store: Store, target: Target, name: str, labels: Dict[str, str], criu
     manifest = mf.new_manifest(snapshot_id, name, labels, source)
     if plan.used:
         manifest["gpu"] = _gpu_section(plan, gpu_node)
+    if plan.stages:
+        manifest["hooks"] = {"stages": list(plan.stages)}  # the copy's restore_pre / restore_post
     staging = store.stage(snapshot_id)
     undo.callback(staging.abort)
     if pod:
@@ -552,6 +594,7 @@ def _stop_and_dump(job: _Job, target: Target, options: CriuOptions, criu: str, p
             raise SnapshotError(f"cuda: {exc}") from None
         stopped.callback(_rollback_cuda, plan, notes)
     stopped.callback(_resume_tree, target, True)
+    hook_stage(plan, target, "backup_pre", timings)  # locked, not yet frozen
     t0 = time.monotonic()
     hasher = st.StreamingHasher(job.images, os.path.relpath(job.images, job.staging.path))
     prog.phase("dump")
@@ -606,13 +649,16 @@ def _resume(target: Target, plan: CudaPlan, timings: Dict[str, float], stopped: 
     The rollback on ``stopped`` is dropped only once everything is back (a failed CUDA resume rolls back).
     """
     _resume_tree(target, False)
+    hook_stage(plan, target, "backup_post", timings)  # running again, still locked
+    hook_stage(plan, target, "restore_pre", timings)
     if plan.used:  # after SIGCONT: the driver's restore thread in each process must run
         t0 = time.monotonic()
         prog.phase("cuda resume")
         cu.restore_and_unlock(plan.pids, None, plan.backend)
         timings["cuda_resume"] = time.monotonic() - t0
     stopped.pop_all()
-    _finish_hooks(plan, target, "ok")
+    hook_stage(plan, target, "restore_post", timings)  # unlocked: a failure here leaves nothing locked
+    _finish_hooks(plan, target, "ok")  # unlock_post
 
 
 def _publish(job: _Job, target: Target, options: CriuOptions, timings: Dict[str, float], t_start: float) -> None:
@@ -1068,8 +1114,8 @@ def _restore_locked(store: Store, doc: Dict[str, Any], node: Dict[str, Any], cri
     if target.get("workload"):
         within = [store.snapshot_dir(doc["id"])] if remote and store.reads_in_place else []
         _put_back_files(target, snap_dir, a.workloads_root, within)
-    if control and os.path.isdir(control):
-        ctl.clear(control, ctl.RESTORE_COMPLETE, ctl.RESTORE_FAILED)
+    if control and os.path.isdir(control):  # the source's checkpoint sentinels are not the copy's
+        ctl.clear(control, ctl.RESTORE_COMPLETE, ctl.RESTORE_FAILED, *ctl.CHECKPOINT_SENTINELS)
     tcp = _tcp_plan(doc, node, a)[0]
     opts = dataclasses.replace(a.options or CriuOptions.from_manifest(target["criu"]["options"]), tcp=tcp.criu_tcp)
     t0 = time.monotonic()
@@ -1135,21 +1181,34 @@ def _restore_failed(exc: BaseException, session: Optional[lz.Session], remote: A
 
 def _after_criu(pid: int, gpu: Optional[Dict[str, Any]], gpu_node: GpuNode, timings: Dict[str, float],
                 control: Optional[str], doc: Dict[str, Any], pidfile: Optional[str]) -> Dict[str, Any]:
-    """GPU state back into the restored tree; on failure the tree is killed (never half-restored) and forgotten."""
-    if not gpu:
-        return {"used": False, "reason": "the snapshot holds no GPU state"}
+    """GPU state back into the restored tree between the copy's restore_pre and restore_post stages.
+
+    On failure (a stage's callback included) the tree is killed (never half-restored) and forgotten.
+    """
+    ns_pid = proc.ns_pids(pid)[-1] if proc.alive(pid) else None
     try:
-        return _resume_cuda(pid, gpu, gpu_node, timings)
+        copy_stage(control, doc, "restore_pre", pid, ns_pid, timings)
+        result = _resume_cuda(pid, gpu, gpu_node, timings) if gpu else \
+            {"used": False, "reason": "the snapshot holds no GPU state"}
+        copy_stage(control, doc, "restore_post", pid, ns_pid, timings)
+        return result
+    except ctl.StageFailed as exc:
+        raise _kill_copy(pid, pidfile, control, f"restore of snapshot {doc['id']} failed: {exc}") from None
     except (cu.CudaError, cu.CudaUnavailable, SnapshotError, OSError) as exc:
-        proc.signal_tree(pid, signal.SIGKILL)  # never leave a half-restored copy (its GPU state is not back)
-        proc.wait_gone(pid, 10)
-        if pidfile:
-            with contextlib.suppress(OSError):
-                os.unlink(pidfile)
-        text = f"cuda restore of snapshot {doc['id']} failed: {exc}; the restored tree (pid {pid}) was killed"
-        if control and os.path.isdir(control):
-            ctl.write(control, ctl.RESTORE_FAILED, f"{text}\n")
-        raise SnapshotError(text) from None
+        raise _kill_copy(pid, pidfile, control, f"cuda restore of snapshot {doc['id']} failed: {exc}") from None
+
+
+def _kill_copy(pid: int, pidfile: Optional[str], control: Optional[str], text: str) -> SnapshotError:
+    """Never leave a half-restored copy: the tree killed, its pidfile removed, restore-failed written; the error."""
+    proc.signal_tree(pid, signal.SIGKILL)
+    proc.wait_gone(pid, 10)
+    if pidfile:
+        with contextlib.suppress(OSError):
+            os.unlink(pidfile)
+    text = f"{text}; the restored tree (pid {pid}) was killed"
+    if control and os.path.isdir(control):
+        ctl.write(control, ctl.RESTORE_FAILED, f"{text}\n")
+    return SnapshotError(text)
 
 
 def _log_warning(work: str) -> Optional[str]:

@@ -90,7 +90,7 @@ def test_a_refusal_raises_with_the_workloads_error(tmp_path: Path, workload: Wor
     with pytest.raises(ctl.CheckpointRefused) as err:
         ctl.request_checkpoint(str(tmp_path), timeout=10)
     assert str(err.value) == (f"the workload refused the checkpoint ({tmp_path / ctl.CHECKPOINT_REFUSED}): "
-                              "RuntimeError: KV cache still pinned by 2 sequences")
+                              "RuntimeError: KV cache still pinned by 2 sequences (stage lock_pre, callback kv_cache)")
     assert err.value.request
     assert not (tmp_path / ctl.CHECKPOINT_REQUESTED).exists()
     assert resumed.wait(5), "the workload resumes what it had quiesced"
@@ -108,14 +108,33 @@ def test_a_timeout_withdraws_the_request_and_says_done(tmp_path: Path) -> None:
     assert done["result"] == "timeout" and done["request"]
 
 
-def test_a_late_workload_resumes_after_the_timeout(tmp_path: Path, workload: Workload) -> None:
+def test_a_hanging_lock_pre_callback_is_refused_by_name_and_resumes(tmp_path: Path, workload: Workload) -> None:
     resumed = threading.Event()
     results = []
-    workload.control.on_pre_checkpoint(lambda req: time.sleep(0.5))
+
+    def drain(req: object) -> None:
+        time.sleep(2)
+
+    workload.control.on_pre_checkpoint(drain)
     workload.control.on_post_checkpoint(lambda req: (results.append(req.result), resumed.set()))
+    t0 = time.monotonic()
+    with pytest.raises(ctl.CheckpointRefused) as err:
+        ctl.request_checkpoint(str(tmp_path), timeout=0.5)
+    assert time.monotonic() - t0 < 0.6, "bounded by the request's deadline"
+    assert "lock_pre callback drain did not return within" in str(err.value)
+    assert "(stage lock_pre, callback drain)" in str(err.value)
+    assert resumed.wait(5) and results == ["refused"]
+
+
+def test_a_late_workload_resumes_after_the_timeout(tmp_path: Path) -> None:
+    late = ws.Control(str(tmp_path), watch=False)
+    results = []
+    late.on_pre_checkpoint(lambda req: None)
+    late.on_post_checkpoint(lambda req: results.append(req.result))
     with pytest.raises(TimeoutError):
         ctl.request_checkpoint(str(tmp_path), timeout=0.2)
-    assert resumed.wait(5) and results == ["timeout"]
+    late.check()  # too late: the request was withdrawn, checkpoint-done says timeout
+    assert results == [], "a withdrawn request is not answered"
 
 
 def test_an_answer_for_another_request_is_not_taken(tmp_path: Path) -> None:
@@ -168,3 +187,82 @@ def test_a_helper_in_another_process_answers(tmp_path: Path) -> None:
     finally:
         child.kill()
         child.wait()
+
+
+# --- the six lifecycle stages: hook_stages and run_stage against the real helper ---------------------------
+
+
+def test_stage_names_match_the_helper() -> None:
+    assert ctl.STAGES == ws.STAGES
+    assert (ctl.CHECKPOINT_STAGE, ctl.CHECKPOINT_STAGE_DONE) == (ws.CHECKPOINT_STAGE, ws.CHECKPOINT_STAGE_DONE)
+
+
+def test_hook_stages_reads_the_advertisement_old_and_new(tmp_path: Path) -> None:
+    assert ctl.hook_stages(str(tmp_path)) == [] and ctl.hook_stages(None) == []
+    (tmp_path / ctl.CHECKPOINT_HOOKS).write_text("pid=1\nstages=pre_checkpoint,post_checkpoint,post_restore\n")
+    assert ctl.hook_stages(str(tmp_path)) == ["lock_pre", "unlock_post"], "an older helper's names"
+    (tmp_path / ctl.CHECKPOINT_HOOKS).write_text("pid=1\nstages=unlock_post,backup_pre,bogus\n")
+    assert ctl.hook_stages(str(tmp_path)) == ["backup_pre", "unlock_post"], "lifecycle order, unknown names dropped"
+    (tmp_path / ctl.CHECKPOINT_HOOKS).write_text("pid=1\n")
+    assert ctl.hook_stages(str(tmp_path)) == ["lock_pre"], "hooks without a list: at least the request"
+
+
+def test_run_stage_runs_the_workloads_callbacks_once_per_request(tmp_path: Path, workload: Workload) -> None:
+    seen: List[object] = []
+    workload.control.on("backup_pre", lambda req: seen.append((req.stage, req.request)))
+    assert ctl.hook_stages(str(tmp_path)) == ["backup_pre"]
+    answer = ctl.request_checkpoint(str(tmp_path), timeout=10)  # lock_pre: the request the stages belong to
+    assert ctl.run_stage(str(tmp_path), "backup_pre", answer["request"], 10) >= 0
+    assert seen == [("backup_pre", answer["request"])]
+    assert not (tmp_path / ctl.CHECKPOINT_STAGE).exists() and not (tmp_path / ctl.CHECKPOINT_STAGE_DONE).exists()
+    with pytest.raises(ValueError):
+        ctl.run_stage(str(tmp_path), "backup", answer["request"], 1)
+
+
+def test_a_stage_of_another_request_is_not_answered(tmp_path: Path, workload: Workload) -> None:
+    workload.control.on("backup_post", lambda req: None)
+    ctl.request_checkpoint(str(tmp_path), timeout=10)
+    with pytest.raises(ctl.StageFailed) as err:
+        ctl.run_stage(str(tmp_path), "backup_post", "someone-else", 0.3)
+    assert err.value.stage == "backup_post" and "did not answer" in str(err.value) and "within 0.3 s" in str(err.value)
+
+
+def test_a_raising_stage_callback_is_named(tmp_path: Path, workload: Workload) -> None:
+    def flush_queue(req: object) -> None:
+        raise OSError("queue not empty")
+
+    workload.control.on("backup_pre", lambda req: None)
+    workload.control.on("backup_pre", flush_queue)
+    answer = ctl.request_checkpoint(str(tmp_path), timeout=10)
+    with pytest.raises(ctl.StageFailed) as err:
+        ctl.run_stage(str(tmp_path), "backup_pre", answer["request"], 10)
+    assert str(err.value) == "the workload's backup_pre callback flush_queue failed: OSError: queue not empty"
+    assert (err.value.stage, err.value.callback) == ("backup_pre", "flush_queue")
+
+
+def test_a_hanging_stage_callback_is_bounded_and_named(tmp_path: Path, workload: Workload) -> None:
+    def stuck(req: object) -> None:
+        time.sleep(5)
+
+    workload.control.on("restore_post", stuck)
+    answer = ctl.request_checkpoint(str(tmp_path), timeout=10)
+    t0 = time.monotonic()
+    with pytest.raises(ctl.StageFailed) as err:
+        ctl.run_stage(str(tmp_path), "restore_post", answer["request"], 1.0)
+    assert time.monotonic() - t0 < 1.5
+    assert err.value.callback == "stuck" and "restore_post callback stuck did not return within" in str(err.value)
+
+
+def test_run_stage_stops_when_the_process_exits(tmp_path: Path) -> None:
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()
+    with pytest.raises(ctl.StageFailed) as err:
+        ctl.run_stage(str(tmp_path), "backup_pre", "r1", 10, alive=child.pid)
+    assert f"process {child.pid} exited during its backup_pre callbacks" == str(err.value)
+
+
+def test_a_copy_runs_its_restore_stages_with_restore_info(tmp_path: Path, workload: Workload) -> None:
+    seen: List[object] = []
+    workload.control.on("restore_pre", lambda info: seen.append((type(info).__name__, info.stage, info.snapshot)))
+    ctl.run_stage(str(tmp_path), "restore_pre", "restore-s1", 10, extra={"copy": "1", "snapshot": "s1", "pid": "1"})
+    assert seen == [("RestoreInfo", "restore_pre", "s1")]

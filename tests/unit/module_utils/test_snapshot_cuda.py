@@ -353,6 +353,69 @@ def test_hooks_are_told_when_the_checkpoint_failed(
     assert ctl.parse_kv((control / ctl.CHECKPOINT_DONE).read_text())["result"] == "failed"
 
 
+def helper() -> Any:
+    import importlib.util  # pylint: disable=import-outside-toplevel
+    path = Path(__file__).resolve().parents[3] / "workload" / "warmstart_workload.py"
+    spec = importlib.util.spec_from_file_location("warmstart_workload_for_stages", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)  # type: ignore[union-attr]
+    return module
+
+
+def test_the_six_stages_run_around_the_lock_the_dump_and_the_unlock(
+        fake: Fake, libs: Dict[str, Path], engine: Dict[str, Any], ns: Ns, monkeypatch: pytest.MonkeyPatch,
+        tmp_path: Path) -> None:
+    fake.add(ns.pid)
+    control = tmp_path / "control"
+    control.mkdir()
+    ws = helper()
+    workload = ws.Control(str(control), poll=0.01)
+    seen: List[Any] = []
+    criu = Criu(fake)
+    for name in ws.STAGES:
+        workload.on(name, lambda arg, name=name: seen.append((name, short(fake)[-1:], len(criu.seen))))
+    result = run_checkpoint(engine, ns, node_with(libs["full"], (UUID_A, H100)), criu, "auto", monkeypatch,
+                            control=str(control))
+    end = time.monotonic() + 5
+    while len(seen) < 6 and time.monotonic() < end:
+        time.sleep(0.01)
+    pid = ns.pid
+    assert seen == [("lock_pre", [], 0), ("backup_pre", [f"checkpoint:{pid}"], 0),   # locked, not dumped yet
+                    ("backup_post", [f"checkpoint:{pid}"], 1), ("restore_pre", [f"checkpoint:{pid}"], 1),
+                    ("restore_post", [f"unlock:{pid}"], 1), ("unlock_post", [f"unlock:{pid}"], 1)]
+    assert {"hook_backup_pre", "hook_backup_post", "hook_restore_pre", "hook_restore_post"} <= set(result["timings"])
+    assert engine["store"].load(result["id"])["hooks"] == {"stages": list(ws.STAGES)}  # the copy's restore stages
+
+
+def test_a_backup_pre_refusal_rolls_back_and_names_the_stage_and_callback(
+        fake: Fake, libs: Dict[str, Path], engine: Dict[str, Any], ns: Ns, monkeypatch: pytest.MonkeyPatch,
+        tmp_path: Path) -> None:
+    fake.add(ns.pid)
+    control = tmp_path / "control"
+    control.mkdir()
+    ws = helper()
+    workload = ws.Control(str(control), poll=0.01)
+    results: List[str] = []
+
+    def close_sockets(req: Any) -> None:
+        raise RuntimeError("socket still in use")
+
+    workload.on("backup_pre", close_sockets)
+    workload.on_post_checkpoint(lambda req: results.append(req.result))
+    with pytest.raises(snap.SnapshotError) as err:
+        run_checkpoint(engine, ns, node_with(libs["full"], (UUID_A, H100)), Criu(fake), "auto", monkeypatch,
+                       control=str(control))
+    assert "backup_pre" in str(err.value) and "callback close_sockets failed: RuntimeError: socket still in use" \
+        in str(err.value)
+    pid = ns.pid
+    assert short(fake) == [f"lock:{pid}", f"checkpoint:{pid}", f"restore:{pid}", f"unlock:{pid}"]  # rolled back
+    assert nothing_published(engine) and ns.alive()
+    end = time.monotonic() + 5
+    while not results and time.monotonic() < end:
+        time.sleep(0.01)
+    assert results == ["failed"]
+
+
 # --- restore preflight ----------------------------------------------------------------------------------------------
 
 def section(*gpus: Any, cuda_version: int = 13000, driver: str = "580.65.06") -> Dict[str, Any]:

@@ -121,7 +121,8 @@ def test_a_raising_pre_checkpoint_callback_refuses_and_resumes(tmp_path: Path) -
     request(tmp_path, "r2")
     control.check()
     assert (tmp_path / "checkpoint-refused").read_text() == (
-        f"request=r2\npid={os.getpid()}\nerror=RuntimeError: 3 requests still in flight after 30 s\n")
+        f"request=r2\npid={os.getpid()}\nerror=RuntimeError: 3 requests still in flight after 30 s\n"
+        "stage=lock_pre\ncallback=busy\n")
     assert not (tmp_path / "ready-for-snapshot").exists()
     assert calls == ["drain", ("resume", "refused", "r2")]
 
@@ -193,8 +194,133 @@ def test_a_failing_callback_is_reported_and_the_watcher_survives(tmp_path: Path,
     (tmp_path / "restore-complete").write_text("pid=8\n")
     request(tmp_path, "r5")
     assert done.wait(5)
-    assert control.errors == ["post_restore callback broken failed: ValueError: cannot reach the database"]
+    assert control.errors == ["unlock_post callback broken failed: ValueError: cannot reach the database"]
     assert "cannot reach the database" in capsys.readouterr().err
+
+
+# --- the six lifecycle stages: on / off, the aliases, checkpoint-stage ---------------------------------------
+
+
+def stage(path: Path, name: str, request_id: str = "r1", deadline: float = 0.0, **extra: str) -> None:
+    deadline = deadline or time.time() + 60
+    body = f"request={request_id}\nstage={name}\ndeadline={deadline:.3f}\n" + "".join(f"{k}={v}\n" for k, v in extra.items())
+    (path / "checkpoint-stage.tmp").write_text(body)
+    os.rename(path / "checkpoint-stage.tmp", path / "checkpoint-stage")
+
+
+def answer(path: Path) -> dict:
+    return ws._parse((path / "checkpoint-stage-done").read_text())
+
+
+def test_stages_register_unregister_and_advertise(tmp_path: Path) -> None:
+    control = ws.Control(str(tmp_path), watch=False)
+    assert ws.STAGES == ("lock_pre", "backup_pre", "backup_post", "restore_pre", "restore_post", "unlock_post")
+    with pytest.raises(ValueError, match="'backup' is not a stage"):
+        control.on("backup", print)
+    control.on_restore(print)
+    assert control.stages() == [] and not (tmp_path / "checkpoint-hooks").exists(), "a copy-only callback asks nothing"
+
+    def flush(req):
+        pass
+
+    control.on("backup_post", flush)
+    control.on_pre_checkpoint(flush)
+    assert control.stages() == ["lock_pre", "backup_post"]
+    assert (tmp_path / "checkpoint-hooks").read_text() == f"pid={os.getpid()}\nstages=lock_pre,backup_post\n"
+    assert control.off("lock_pre", flush) is True and control.off("lock_pre", flush) is False
+    assert control.stages() == ["backup_post"]
+    control.off("backup_post", flush)
+    assert not (tmp_path / "checkpoint-hooks").exists(), "nothing left to drive: warmstart asks nothing"
+    control.on_post_checkpoint(flush)
+    assert control.stages() == ["unlock_post"]
+
+
+def test_aliases_map_to_the_stages(tmp_path: Path) -> None:
+    control = ws.Control(str(tmp_path), watch=False)
+    events = []
+    control.on_pre_checkpoint(lambda req: events.append(("lock_pre", req.stage)))
+    control.on_post_checkpoint(lambda req: events.append(("source unlock_post", req.result)))
+    control.on_post_restore(lambda info: events.append(("copy unlock_post", info.stage)))
+    control.on("unlock_post", lambda arg: events.append(("any unlock_post", type(arg).__name__)))
+    request(tmp_path, "r1")
+    control.check()
+    (tmp_path / "checkpoint-done").write_text("request=r1\nresult=ok\n")
+    control.check()
+    assert events == [("lock_pre", "lock_pre"), ("source unlock_post", "ok"), ("any unlock_post", "CheckpointRequest")]
+    events.clear()
+    control.ready()
+    time.sleep(0.01)
+    (tmp_path / "restore-complete").write_text("pid=3\n")
+    control.check()
+    assert events == [("copy unlock_post", "unlock_post"), ("any unlock_post", "RestoreInfo")]
+
+
+def test_a_stage_is_answered_only_for_the_request_this_process_quiesced_for(tmp_path: Path) -> None:
+    control = ws.Control(str(tmp_path), watch=False)
+    seen = []
+    control.on("backup_pre", lambda req: seen.append((req.stage, req.request)))
+    stage(tmp_path, "backup_pre", "r1")
+    control.check()
+    assert seen == [] and not (tmp_path / "checkpoint-stage-done").exists(), "no lock_pre answered yet"
+    request(tmp_path, "r1")
+    control.check()
+    stage(tmp_path, "backup_pre", "r1")
+    control.check()
+    assert seen == [("backup_pre", "r1")]
+    assert answer(tmp_path) == {"request": "r1", "stage": "backup_pre", "pid": str(os.getpid()), "result": "ok"}
+    control.check()
+    assert len(seen) == 1, "once"
+
+
+def test_a_raising_stage_callback_refuses_and_skips_the_rest(tmp_path: Path) -> None:
+    control = ws.Control(str(tmp_path), watch=False)
+    calls = []
+
+    def pause_io(req):
+        raise RuntimeError("writer busy")
+
+    control.on("backup_post", pause_io)
+    control.on("backup_post", lambda req: calls.append("never"))
+    request(tmp_path, "r1")
+    control.check()
+    stage(tmp_path, "backup_post", "r1")
+    control.check()
+    assert answer(tmp_path)["result"] == "refused"
+    assert answer(tmp_path)["error"] == "RuntimeError: writer busy" and answer(tmp_path)["callback"] == "pause_io"
+    assert calls == [] and control.errors == ["backup_post callback pause_io failed: RuntimeError: writer busy"]
+
+
+def test_a_hanging_stage_callback_is_cut_off_before_the_deadline(tmp_path: Path) -> None:
+    control = ws.Control(str(tmp_path), watch=False)
+    release = threading.Event()
+
+    def wait_forever(req):
+        release.wait(10)
+
+    control.on("restore_pre", wait_forever)
+    request(tmp_path, "r1")
+    control.check()
+    stage(tmp_path, "restore_pre", "r1", deadline=time.time() + 0.5)
+    t0 = time.monotonic()
+    control.check()
+    assert time.monotonic() - t0 < 0.5, "answered before warmstart's own deadline"
+    assert answer(tmp_path)["result"] == "refused" and answer(tmp_path)["callback"] == "wait_forever"
+    assert "did not return within" in answer(tmp_path)["error"]
+    release.set()
+
+
+def test_a_copy_stage_gets_restore_info_and_forgets_the_source_checkpoint(tmp_path: Path) -> None:
+    control = ws.Control(str(tmp_path), watch=False)
+    events = []
+    control.on("restore_post", lambda arg: events.append((type(arg).__name__, arg.stage, arg.snapshot)))
+    control.on_post_checkpoint(lambda req: events.append("post_checkpoint"))
+    request(tmp_path, "r1")
+    control.check()  # the dump happens here; the copy wakes up below with the source's request answered
+    stage(tmp_path, "restore_post", "restore-s9", copy="1", snapshot="s9", pid="1")
+    (tmp_path / "checkpoint-done").write_text("request=r1\nresult=ok\n")
+    control.check()
+    assert events == [("RestoreInfo", "restore_post", "s9")], "a copy never runs the source's post_checkpoint"
+    assert answer(tmp_path)["result"] == "ok"
 
 
 def test_standby_blocks_until_cold_start_and_only_in_a_standby_pod(
