@@ -12,7 +12,10 @@ process of the app's tree is a CUDA process (``FAKE_CUDA_ADOPT``). Proven with r
   memory (its token and SHA256) and both workers alive;
 - a checkpoint failure in one process (the second worker) rolls back all three: running again, nothing
   published; a failure of the unlock after the restore kills the copy and the placeholder and writes
-  ``restore-failed``, never ``restore-complete``.
+  ``restore-failed``, never ``restore-complete``;
+- a workload that exported "device memory" as a file descriptor (the fake's ``cuMemExportToShareableHandle``,
+  opening the container's ``/dev/nvidiactl``) before forking its workers is refused before anything is locked,
+  the reasons naming the processes that share it.
 """
 from __future__ import annotations
 
@@ -31,6 +34,11 @@ pytestmark = pytest.mark.integration
 LIBDIR = "/usr/local/fakecuda"
 START = (f"import ctypes; ctypes.CDLL('{LIBDIR}/libcuda.so.1'); "
          "exec(compile(open('/app/app.py').read(), '/app/app.py', 'exec'))")
+# The app exports "device memory" as a file descriptor before it forks its workers: all three hold it.
+EXPORTING = (f"import ctypes; lib = ctypes.CDLL('{LIBDIR}/libcuda.so.1'); fd = ctypes.c_int(-1); "
+             "assert lib.cuMemExportToShareableHandle(ctypes.byref(fd), ctypes.c_ulonglong(1), 1, "
+             "ctypes.c_ulonglong(0)) == 0 and fd.value >= 0; "
+             "exec(compile(open('/app/app.py').read(), '/app/app.py', 'exec'))")
 
 
 @pytest.fixture(scope="module")
@@ -52,9 +60,9 @@ def fake(pod: Pod, tmp_path: Path) -> Dict[str, Any]:
     return {"lib": lib, "state": state, "log": log, "env": env}
 
 
-def run(pod: Pod, fake: Dict[str, Any], name: str, *cmd: str, init: bool = True, **env: str) -> str:
+def run(pod: Pod, fake: Dict[str, Any], name: str, *cmd: str, init: bool = True, device: str = "", **env: str) -> str:
     full = f"{name}-{pod.tag}"
-    args = ["run", "-d", "--name", full] + (["--init"] if init else [])
+    args = ["run", "-d", "--name", full] + (["--init"] if init else []) + (["--device", device] if device else [])
     args += ["-v", f"{pod.app}:/app:ro", "-v", f"{pod.control(name)}:/snapshot-control",
              "-v", f"{fake['lib'].parent}:{LIBDIR}:ro", "-e", "SNAPSHOT_CONTROL_DIR=/snapshot-control"]
     for key, value in env.items():
@@ -64,8 +72,8 @@ def run(pod: Pod, fake: Dict[str, Any], name: str, *cmd: str, init: bool = True,
     return full
 
 
-def source(pod: Pod, fake: Dict[str, Any], name: str) -> str:
-    full = run(pod, fake, name, "python3", "-c", START, APP_WORKERS="2", APP_MIB="8")
+def source(pod: Pod, fake: Dict[str, Any], name: str, start: str = START, device: str = "") -> str:
+    full = run(pod, fake, name, "python3", "-c", start, device=device, APP_WORKERS="2", APP_MIB="8")
     wait_file(pod.control(name) / "ready-for-snapshot", 60)
     return full
 
@@ -172,3 +180,20 @@ def test_an_unlock_failure_after_the_restore_kills_copy_and_placeholder(pod: Pod
     assert [c.split(":")[0] for c in changes(fake["log"])][:3] == ["restore"] * 3
     assert (pod.control("gunlph") / "restore-failed").exists()
     assert not (pod.control("gunlph") / "restore-complete").exists()
+
+
+def test_cuda_memory_shared_between_processes_is_refused_before_anything_is_locked(pod: Pod,
+                                                                                   fake: Dict[str, Any]) -> None:
+    src = source(pod, fake, "gipc", start=EXPORTING, device="/dev/null:/dev/nvidiactl")
+    tree = app_tree(pod, src)
+    before = ask(pod.ip(src))
+    res = pod.play([task(pod.checkpoint("checkpoint", container=src, cuda="auto", expect_fail=True), fake["env"])],
+                   "gpu-ipc", ok=False)["checkpoint"]
+    assert res.get("failed") and "share GPU memory; nothing was touched" in res["msg"], res
+    reasons = " ".join(res.get("reasons") or [res["msg"]])
+    assert "share one open /dev/nvidiactl" in reasons and "spawn" in reasons
+    assert sum(f"pid {p} " in reasons for p in tree) >= 2
+    assert changes(fake["log"]) == []  # nothing was locked
+    assert all(p not in states(fake["state"]) or states(fake["state"])[p] == "running" for p in tree)
+    assert not any(json_has(s, src) for s in (pod.store / "snapshots").glob("*"))
+    assert ask(pod.ip(src))["token"] == before["token"]

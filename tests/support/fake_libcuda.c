@@ -26,6 +26,7 @@
  *                    /proc/<pid>/cmdline (NULs read as spaces) contains <text>
  *                    is a CUDA process in <state>; it is listed from its first
  *                    state change on (integration tests: a restored copy's new pid).
+ *   FAKE_CUDA_DEVICE the device file cuMemExportToShareableHandle opens (default /dev/nvidiactl).
  *   FAKE_CUDA_REQUIRE_INIT=1   checkpoint calls return 3 (NOT_INITIALIZED)
  *                    until cuInit(0) was called in this process.
  *
@@ -486,6 +487,37 @@ CUresult cuInit(unsigned int flags)
 		initialized = 1;
 	log_line("call=init flags=%u result=%d", flags, result);
 	return result;
+}
+
+/*
+ * CUDA memory shared between processes, as a workload that loads this fake calls it:
+ * cuMemExportToShareableHandle (POSIX file descriptor handle type) opens FAKE_CUDA_DEVICE (default
+ * /dev/nvidiactl) and hands back that descriptor, as the driver hands back one of its device file;
+ * cuIpcGetMemHandle fills the 64-byte handle with the caller's pid. Both are logged.
+ */
+CUresult cuMemExportToShareableHandle(void *handle, unsigned long long mem, int type, unsigned long long flags)
+{
+	const char *device = getenv("FAKE_CUDA_DEVICE");
+	int fd;
+
+	if (!handle || type != 1 || flags != 0)
+		return INVALID_VALUE;
+	fd = open(device && *device ? device : "/dev/nvidiactl", O_RDWR | O_CLOEXEC);
+	if (fd < 0)
+		return 999;
+	*(int *)handle = fd;
+	log_line("call=mem_export pid=%d mem=%llu fd=%d result=0", (int)getpid(), mem, fd);
+	return SUCCESS;
+}
+
+CUresult cuIpcGetMemHandle(void *handle, unsigned long long ptr)
+{
+	if (!handle)
+		return INVALID_VALUE;
+	memset(handle, 0, 64);
+	snprintf((char *)handle, 64, "fake-ipc:%d:%llu", (int)getpid(), ptr);
+	log_line("call=ipc_get_mem_handle pid=%d ptr=%llu result=0", (int)getpid(), ptr);
+	return SUCCESS;
 }
 
 CUresult cuDriverGetVersion(int *version)
