@@ -523,7 +523,10 @@ def find_cuda_pids(pids: Iterable[int], backend: Optional[Backend] = None, nvml:
 
 
 def _not_cuda(exc: CudaError) -> bool:
-    if exc.result in (INVALID_VALUE, None, RESULT_NAMES[INVALID_VALUE]):
+    """Whether a driver error for a pid means "that process holds no CUDA state": INVALID_VALUE on most drivers;
+    NOT_INITIALIZED on others (seen with driver 580 on an H200: the target never initialised CUDA - the caller's
+    own cuInit has been done by then, ``DriverBackend._call``)."""
+    if exc.result in (INVALID_VALUE, NOT_INITIALIZED, None, RESULT_NAMES[INVALID_VALUE], RESULT_NAMES[NOT_INITIALIZED]):
         return True
     return isinstance(exc.result, str) and exc.result.startswith("exit status")
 

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import argparse
 import glob
-import importlib.util
+import importlib
 import json
 import os
 import shutil
@@ -82,14 +82,13 @@ for line in sys.stdin:
 
 
 def load_cuda_binding() -> Any:
-    """plugins/module_utils/_cuda.py by path: it imports only the standard library."""
-    path = REPO / "plugins" / "module_utils" / "_cuda.py"
-    spec = importlib.util.spec_from_file_location("warmstart_cuda", path)
-    if spec is None or spec.loader is None:
-        raise ImportError(f"cannot load {path}")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    """plugins/module_utils/_cuda.py, imported by its collection name from this checkout (standard library only,
+    no Ansible needed): a temporary ``ansible_collections/warmstart/snapshot`` link to the checkout goes on
+    sys.path."""
+    top = str(collection_path(Path(tempfile.mkdtemp(prefix="warmstart-device-binding-"))))
+    if top not in sys.path:
+        sys.path.insert(0, top)
+    return importlib.import_module("ansible_collections.warmstart.snapshot.plugins.module_utils._cuda")
 
 
 class Report:
@@ -431,7 +430,10 @@ def criu_step(report: Report, python: str, mib: int) -> None:
                      f"restored host pid {out['restore']['pid']}: sha256 {after['sha256'][:16]} (before "
                      f"{before['sha256'][:16]}), kernel sum {after['kernel_sum']:.9g}, pid in its namespace {after['pid']}")
     except Exception as exc:  # pylint: disable=broad-except
-        report.check(False, "criu+cuda snapshot", f"{type(exc).__name__}: {exc}")
+        logs = sorted(Path(roots["workloads_root"]).glob("*/std*.log"))
+        tails = "; ".join(f"{p.name}: " + " | ".join(p.read_text(errors="replace").strip().splitlines()[-8:])
+                          for p in logs if p.stat().st_size)
+        report.check(False, "criu+cuda snapshot", f"{type(exc).__name__}: {exc}" + (f" [{tails}]" if tails else ""))
     finally:
         try:
             _workload.ensure(roots["workloads_root"], "gpu", "stopped", [])

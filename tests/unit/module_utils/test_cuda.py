@@ -375,6 +375,14 @@ def test_find_cuda_pids_adds_nvml_processes(fake: Fake, drv: DriverBackend) -> N
     assert find_cuda_pids([100, 101, 102], None, nvml=FakeNvml([[102]])) == [102], "NVML alone without a backend"
 
 
+def test_find_cuda_pids_takes_not_initialized_for_a_process_without_cuda(
+        fake: Fake, drv: DriverBackend, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Driver 580 on an H200 (tests/device) answers a pid that never initialised CUDA with NOT_INITIALIZED."""
+    fake.add(101)
+    monkeypatch.setenv("FAKE_CUDA_FAIL", "get_restore_tid:100=3")
+    assert find_cuda_pids([100, 101], drv, nvml=FakeNvml([])) == [101]
+
+
 def test_find_cuda_pids_raises_on_a_broken_driver(fake: Fake, drv: DriverBackend, monkeypatch: pytest.MonkeyPatch) -> None:
     fake.add(101)
     monkeypatch.setenv("FAKE_CUDA_FAIL", "get_restore_tid:101=999")
