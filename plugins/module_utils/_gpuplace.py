@@ -16,8 +16,8 @@ descriptor, or a worker forked after CUDA was initialised) cannot be checkpointe
 this module looks for is one any process shows: two processes of the tree holding file descriptors to the *same
 open file description* of an NVIDIA device file (``kcmp(KCMP_FILE)``): a descriptor passed over a UNIX socket
 (a VMM export) or inherited across ``fork``. A legacy ``cuIpcGetMemHandle`` handle, exchanged as 64 opaque bytes,
-leaves no such sign: the driver refuses those processes itself (``CUDA_ERROR_NOT_SUPPORTED`` at checkpoint), and
-the snapshot is rolled back.
+leaves no such sign (tests/device/container_gpu.py shows it on a real GPU): NVIDIA documents IPC memory as
+unsupported by the CUDA checkpoint, so a driver refusal (``CUDA_ERROR_NOT_SUPPORTED``) rolls the checkpoint back.
 """
 from __future__ import annotations
 
