@@ -9,12 +9,15 @@ import os
 import subprocess
 import sys
 from pathlib import Path
-from typing import Dict, Iterator, List, Tuple
+from typing import Any, Dict, Iterator, List, Tuple
 
 import pytest
 
+from ansible_collections.warmstart.snapshot.plugins.module_utils import _container as ctr
 from ansible_collections.warmstart.snapshot.plugins.module_utils import _cuda as cu
 from ansible_collections.warmstart.snapshot.plugins.module_utils import _gpuplace as gpl
+from ansible_collections.warmstart.snapshot.plugins.module_utils._compat import GpuNode
+from ansible_collections.warmstart.snapshot.plugins.module_utils._containerinfo import ContainerInfo
 
 UUID_A = "GPU-aaaaaaaa-1111-2222-3333-444444444444"
 UUID_B = "GPU-bbbbbbbb-1111-2222-3333-444444444444"
@@ -193,3 +196,33 @@ def test_processes_with_their_own_opens_of_the_device_share_nothing(device: Path
         for p in procs:
             p.kill()
             p.wait()
+
+
+# --- the placeholder check of a GPU container snapshot (_container) ---------------------------------
+
+def _destination(pid: int = 42) -> Any:
+    info = ContainerInfo.__new__(ContainerInfo)
+    object.__setattr__(info, "pid", pid)
+    object.__setattr__(info, "name", "ph")
+    return ctr.Destination(source={"name": "src"}, name="ph", info=info)
+
+
+def test_the_container_restore_refuses_a_placeholder_with_other_gpus(monkeypatch: pytest.MonkeyPatch) -> None:
+    node = GpuNode(availability=lambda: (None, "unused"), inventory=lambda: (NODE, None))
+    gpu = {"gpus": [{"uuid": UUID_A, "name": H100}, {"uuid": UUID_B, "name": H100}]}
+    _placeholder(monkeypatch, {"NVIDIA_VISIBLE_DEVICES": "2"}, [2])
+    d, problems = ctr._GpuCheck(gpu, node, False).check(_destination(), ["earlier"])  # pylint: disable=protected-access
+    assert problems[0] == "earlier" and len(problems) == 2 and "placeholder ph was given 1 GPU(s)" in problems[1]
+    assert d.gpu_pairs is None
+    _placeholder(monkeypatch, {"NVIDIA_VISIBLE_DEVICES": "0,2"}, [0, 2])
+    d, problems = ctr._GpuCheck(gpu, node, False).check(_destination(), [])  # pylint: disable=protected-access
+    assert problems == [] and d.gpu_pairs == [(UUID_A, UUID_A), (UUID_B, UUID_C)]
+
+
+def test_the_container_restore_without_an_inventory_refuses_a_snapshot_that_listed_gpus() -> None:
+    node = GpuNode(availability=lambda: (None, "unused"), inventory=lambda: ([], "NVML unavailable"))
+    gpu = {"gpus": [{"uuid": UUID_A, "name": H100}]}
+    _d, problems = ctr._GpuCheck(gpu, node, False).check(_destination(), [])  # pylint: disable=protected-access
+    assert problems and UUID_A in problems[0] and "NVML unavailable" in problems[0]
+    assert ctr._GpuCheck(gpu, node, True).check(_destination(), [])[1] == []  # pylint: disable=protected-access
+    assert ctr._GpuCheck(None, node, False).check(_destination(), ["x"])[1] == ["x"]  # pylint: disable=protected-access
