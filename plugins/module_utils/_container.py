@@ -602,6 +602,18 @@ def _resume_gpu(r: _Restore, gpu_node: GpuNode) -> None:
         raise snap.SnapshotError(f"cuda restore failed: {exc}") from None
 
 
+def _copy_stage(r: _Restore, stage: str) -> None:
+    """The restored copy's ``stage`` callbacks, when its snapshot recorded them; a failure rolls the restore back."""
+    if not r.pid or not r.control:
+        return
+    depth = len(proc.ns_pids(r.info.pid)) - 1
+    ns_pid = proc.ns_pids(r.pid)[depth] if proc.alive(r.pid) else None  # as the placeholder's PID namespace sees it
+    try:
+        snap.copy_stage(r.control, r.doc, stage, r.pid, ns_pid, r.timings)
+    except ctl.StageFailed as exc:
+        raise snap.SnapshotError(f"restore of snapshot {r.doc['id']}: {exc}") from None
+
+
 def restore_one(criu: str, snap_dir: str, doc: Dict[str, Any], d: Destination, options: CriuOptions,
                 restore_root: str, kill_on_failure: bool, gpu_node: Optional[GpuNode] = None) -> Dict[str, Any]:
     """Restore one source container into one checked placeholder; never raises for a restore failure.
@@ -619,7 +631,9 @@ def restore_one(criu: str, snap_dir: str, doc: Dict[str, Any], d: Destination, o
         _prepare(r)
         with snap.criu_plugins_off(bool(doc.get("gpu"))):
             _run_criu(r, criu, _restore_options(r, options))
+        _copy_stage(r, "restore_pre")  # the workload's lifecycle stages around its device restore (snap.copy_stage)
         _resume_gpu(r, gpu_node or GpuNode())
+        _copy_stage(r, "restore_post")
         _finish(r, t_start)
     except WarmstartError as exc:
         _roll_back(r, str(exc), exc.log_tail, kill_on_failure)

@@ -84,7 +84,9 @@ def start(root: str, name: str, command: List[str], env: Optional[Dict[str, str]
     os.makedirs(root, mode=0o700, exist_ok=True)
     os.makedirs(p["dir"], mode=0o700, exist_ok=True)
     os.makedirs(p["control"], mode=0o755, exist_ok=True)
-    ctl.clear(p["control"], ctl.READY, ctl.RESTORE_COMPLETE, ctl.RESTORE_FAILED)
+    # a new process: an earlier one's hooks (checkpoint-hooks: the stages warmstart would drive) are not its own
+    ctl.clear(p["control"], ctl.READY, ctl.RESTORE_COMPLETE, ctl.RESTORE_FAILED, ctl.CHECKPOINT_HOOKS,
+              *ctl.CHECKPOINT_SENTINELS)
     full_env = dict(os.environ) if inherit_env else {"PATH": os.environ.get("PATH", "/usr/bin:/bin")}
     for key in [k for k in full_env if k.startswith("ANSIBLE_") or k.startswith("_ANSIBLE")]:
         del full_env[key]
