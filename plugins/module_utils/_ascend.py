@@ -15,8 +15,10 @@ but its own. This binding is therefore meant to run inside the NPU process
 (a workload helper asked by the node agent), never across processes. CANN
 9.0.0 declares the calls without parameters; the runtime's later ABI takes
 ``(int pid, void *reserve)`` and checks pid == getpid() and reserve == NULL.
-Calling with ``(getpid(), NULL)`` satisfies both (extra arguments are ignored
-by the C calling conventions of x86-64 and aarch64).
+Calling with ``(getpid(), NULL)`` - for backup and restore ``(getpid(), &args)``
+with zeroed args (flags 0, as the later runtime's args struct takes them) -
+satisfies both (extra arguments are ignored by the C calling conventions of
+x86-64 and aarch64).
 
 Every transition is checked against the state this binding tracks before the
 library is asked (``AscendStateError``); the library's own answer is checked
@@ -84,6 +86,13 @@ _WHY = {
 }
 
 
+class _SnapShotArgs(ctypes.Structure):
+    """aclrtSnapShotBackupArgs / RestoreArgs as later runtimes take them: flags first (0 = the default flow),
+    the rest reserved; zeroed, and larger than the runtime's struct so it never reads past it."""
+
+    _fields_ = [("flags", ctypes.c_uint32), ("reserved", ctypes.c_uint32 * 15)]
+
+
 class AscendError(WarmstartError):
     """A CANN snapshot call failed: names the pid, the call and the result."""
 
@@ -139,7 +148,8 @@ class AclSnapshot:
             why = _WHY.get((action, self.state), "not a legal transition")
             raise AscendStateError(pid, action, None,
                                    f"pid {pid}: cannot {action} an NPU process in state {self.state} ({why})")
-        code = int(getattr(self.lib, symbol)(pid, None))
+        args = ctypes.byref(_SnapShotArgs()) if action in ("backup", "restore") else None
+        code = int(getattr(self.lib, symbol)(pid, args))
         if code != ACL_SUCCESS:
             raise AscendError(pid, symbol, code, f"pid {pid}: {symbol} failed: {result_name(code)}; "
                               f"the process stays {self.state}")

@@ -20,14 +20,15 @@
  *     restore BACKED_UP -> LOCKED     the backup copied back into the arena
  *     unlock  LOCKED | BACKED_UP -> RUNNING
  *   anything else returns 507901 (state error) and changes nothing; a pid
- *   other than getpid() or a non-NULL reserve returns 100000 (invalid param),
+ *   other than getpid(), a non-NULL reserve (lock, unlock) or args with
+ *   non-zero flags (backup, restore) returns 100000 (invalid param),
  *   as the runtime does: the snapshot API acts on the calling process only.
  *   aclrtMalloc / aclrtMemcpy while LOCKED or BACKED_UP return 507901 (the
  *   runtime would block them; the fake refuses so a test sees it).
  *
  *   FAKE_ACL_LOG   every snapshot call is appended as one line:
  *                  call=<lock|backup|restore|unlock> pid=<arg> self=<getpid()>
- *                  state=<state before> result=<code>
+ *                  state=<state before> args=<null|given> result=<code>
  *   FAKE_ACL_FAIL  "call=code,..." (call: lock, backup, restore, unlock): that
  *                  call returns that code and changes nothing.
  *
@@ -71,6 +72,8 @@ static int fail_code(const char *call)
 }
 
 
+static const void *last_args;
+
 static aclError logged(const char *call, int pid, int before, aclError result)
 {
 	const char *path = getenv("FAKE_ACL_LOG");
@@ -81,17 +84,23 @@ static aclError logged(const char *call, int pid, int before, aclError result)
 	log = fopen(path, "a");
 	if (!log)
 		return result;
-	fprintf(log, "call=%s pid=%d self=%d state=%s result=%d\n", call, pid, (int)getpid(), state_names[before], result);
+	fprintf(log, "call=%s pid=%d self=%d state=%s args=%s result=%d\n", call, pid, (int)getpid(),
+		state_names[before], last_args ? "given" : "null", result);
 	fclose(log);
 	return result;
 }
 
+/* reserve: lock / unlock take a reserved pointer that must be NULL; backup / restore take their args struct,
+ * whose flags (the first 32 bits) must be 0 when one is given. */
 static aclError transition(const char *call, int pid, const void *reserve, int legal_a, int legal_b)
 {
 	int before = state;
 	int code;
+	int takes_args = strcmp(call, "backup") == 0 || strcmp(call, "restore") == 0;
 
-	if (pid != (int)getpid() || reserve != NULL)
+	last_args = reserve;
+
+	if (pid != (int)getpid() || (reserve != NULL && (!takes_args || *(const unsigned int *)reserve != 0)))
 		return logged(call, pid, before, ACL_ERROR_INVALID_PARAM);
 	code = fail_code(call);
 	if (code)

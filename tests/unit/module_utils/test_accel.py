@@ -172,9 +172,17 @@ def test_ascend_refuses_npu_processes_without_agent_and_remapping(npu: Tuple[Pat
         accel.restore_and_unlock([plain], [("0", "1")])
 
 
+def all_stopped(pid: int) -> bool:
+    tasks = Path(f"/proc/{pid}/task").iterdir()
+    return all((task / "stat").read_text().rsplit(")", 1)[1].split()[0] == "T" for task in tasks)
+
+
 def test_ascend_agent_that_does_not_answer_is_named(npu: Tuple[Path, Path, list]) -> None:
     a = spawn(npu)
     os.kill(a, signal.SIGSTOP)
+    deadline = time.monotonic() + 10
+    while not all_stopped(a) and time.monotonic() < deadline:
+        time.sleep(0.01)  # every thread stopped before the request is written
     try:
         accel = AscendAccelerator(str(npu[1]), reply_timeout=0.3)
         t0 = time.monotonic()
@@ -183,3 +191,45 @@ def test_ascend_agent_that_does_not_answer_is_named(npu: Tuple[Path, Path, list]
         assert time.monotonic() - t0 < 10
     finally:
         os.kill(a, signal.SIGCONT)
+
+
+def test_ascend_backend_runs_the_engine_s_cuda_functions(npu: Tuple[Path, Path, list], tmp_path: Path) -> None:
+    a, b = spawn(npu), spawn(npu)
+    plain = spawn(npu, agent=False)
+    backend = _accel.AscendBackend(AscendAccelerator(str(npu[1])))
+    assert _cuda.find_cuda_pids([1, a, b], backend, nvml=_NoNvml()) == [a, b]
+    with pytest.raises(_cuda.CudaError, match=f"pid {plain} loads libascendcl.so but serves no warmstart snapshot agent"):
+        _cuda.find_cuda_pids([a, plain], backend, nvml=_NoNvml())
+    _cuda.lock_and_checkpoint([a, b], 1000, backend)
+    assert backend.state(a) == _cuda.CHECKPOINTED
+    # what the checkpoint guardian runs when the module dies: every pid back to RUNNING
+    assert _cuda.rollback([a, b], backend) == ([a, b], [])
+    assert backend.state(a) == backend.state(b) == _cuda.RUNNING
+    with pytest.raises(_cuda.CudaError, match="same device ids only"):
+        backend.lock(a)
+        backend.checkpoint(a)
+        backend.restore(a, [("0", "1")])
+    assert _cuda.rollback([a], backend) == ([a], [])
+    assert [c for c in changes(tmp_path / "acl.log") if c.endswith(":0")][:6] == [
+        f"lock:{a}:0", f"lock:{b}:0", f"backup:{a}:0", f"backup:{b}:0", f"restore:{a}:0", f"unlock:{a}:0"]
+
+
+def test_ascend_backend_failure_in_one_rolls_back_all_through_cuda(npu: Tuple[Path, Path, list], tmp_path: Path) -> None:
+    a, b = spawn(npu), spawn(npu, fail="backup=507899")
+    backend = _accel.AscendBackend(AscendAccelerator(str(npu[1])))
+    with pytest.raises(_cuda.CudaError, match=rf"aclrtSnapShotProcessBackup failed.*rolled back: pid\(s\) {a}, {b}"):
+        _cuda.lock_and_checkpoint([a, b], 1000, backend)
+    assert backend.state(a) == backend.state(b) == _cuda.RUNNING
+
+
+def test_ascend_gpu_node_has_the_agent_backend_and_no_gpus(tmp_path: Path) -> None:
+    node = _accel.ascend_gpu_node(AscendAccelerator(str(tmp_path)))
+    backend, why = node.backend()
+    assert isinstance(backend, _accel.AscendBackend) and "CANN snapshot API" in why
+    assert backend.driver_version() is None
+    assert node.gpus() == ([], "Ascend NPUs are restored onto the same device ids (no remapping)")
+
+
+class _NoNvml:
+    def nvmlInit(self) -> None:  # pylint: disable=invalid-name
+        raise RuntimeError("no NVML here")

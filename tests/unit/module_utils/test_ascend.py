@@ -54,6 +54,7 @@ def test_full_cycle_calls_in_order_with_own_pid(lib: Path, tmp_path: Path) -> No
     assert [c["call"] for c in log] == ["lock", "backup", "restore", "unlock"]
     assert all(c["pid"] == c["self"] == str(os.getpid()) and c["result"] == "0" for c in log)
     assert [c["state"] for c in log] == ["RUNNING", "LOCKED", "BACKED_UP", "LOCKED"]
+    assert [c["args"] for c in log] == ["null", "given", "given", "null"]  # zeroed args struct for backup / restore
 
 
 def test_library_from_environment(lib: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -168,6 +169,10 @@ def test_force_unlock_from_every_state(lib: Path, tmp_path: Path) -> None:
 def test_library_refuses_other_pids_and_binding_refuses_after_fork(lib: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     raw = ctypes.CDLL(str(lib))
     assert raw.aclrtSnapShotProcessLock(os.getpid() + 1, None) == 100000
+    flags = ctypes.c_uint32(1)
+    assert raw.aclrtSnapShotProcessLock(os.getpid(), None) == 0
+    assert raw.aclrtSnapShotProcessBackup(os.getpid(), ctypes.byref(flags)) == 100000  # non-zero flags refused
+    assert raw.aclrtSnapShotProcessUnlock(os.getpid(), None) == 0
     acl = AclSnapshot(str(lib))
     monkeypatch.setattr(acl, "pid", acl.pid + 1)
     with pytest.raises(AscendStateError, match="acts on the calling process only"):
