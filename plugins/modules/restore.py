@@ -117,6 +117,11 @@ options:
       - V(required) - the same, and refuse a snapshot without GPU state.
       - V(off) - refuse a snapshot that holds GPU state (restored without it, its CUDA processes would stay locked).
       - O(skip_compat_check) skips the driver and GPU model checks, not the others.
+      - With O(into), the snapshot's GPUs are mapped onto the GPUs each placeholder was given (C(NVIDIA_VISIBLE_DEVICES),
+        else C(CUDA_VISIBLE_DEVICES), in its environment, and its C(/dev/nvidia<N>) device nodes); a placeholder with
+        fewer or other GPUs is refused naming both lists. After CRIU every CUDA process of the copy is restored, then
+        all are unlocked, then C(restore-complete) is written; on failure the copy and (by default) the placeholder
+        are killed. Each destination's result has C(cuda).
       - The older spelling of O(accelerator) (V(required) = O(accelerator=cuda)); V(auto) when neither is given.
         Given both, they must agree.
     type: str
