@@ -274,22 +274,36 @@ def test_ansible_rulebook_runs_the_source_and_the_rules_see_its_events(api: Fake
         """))
     inventory = tmp_path / "inventory.yml"
     inventory.write_text("all:\n  hosts:\n    localhost:\n      ansible_connection: local\n")
-    env = dict(os.environ, ANSIBLE_COLLECTIONS_PATH=str(COLLECTIONS), NODE_NAME=NODE,
+    env = dict(os.environ, ANSIBLE_COLLECTIONS_PATH=str(COLLECTIONS), NODE_NAME=NODE, PYTHONUNBUFFERED="1",
                PATH=f"{VENV_BIN}:{os.environ.get('PATH', '')}")
     proc = subprocess.Popen([str(VENV_BIN / "ansible-rulebook"), "--rulebook", str(rulebook), "-i", str(inventory),
                              "--env-vars", "NODE_NAME"], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
+    lines: List[str] = []
+    seen = threading.Event()
+
+    def read() -> None:  # the rules' output as it comes: the pod is deleted only once its event was handled
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            lines.append(line)
+            if "RESTORE ml/r " in line:
+                seen.set()
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
     try:
-        api.wait_watches(4, timeout=90)  # pods, podsnapshots, triggers, policies: all listed, the source started
+        api.wait_watches(4, timeout=180)  # pods, podsnapshots, triggers, policies: all listed, the source started
         restore_pod(api, "r")
         restore_pod(api, "elsewhere", node="node-2")
-        time.sleep(1)
+        assert seen.wait(180), "no restore_pod event handled within 180 s: " + "".join(lines)[-3000:]
         api.store.remove("pods", "r", "ml")
-        out = proc.communicate(timeout=90)[0]
+        proc.wait(timeout=180)
     finally:
         if proc.poll() is None:
             proc.kill()
-            proc.communicate()
+            proc.wait()
+        reader.join(10)
+    out = "".join(lines)
     assert proc.returncode == 0, out[-3000:]
     assert "RESTORE ml/r on node-1 (added)" in out and "DELETED ml/r" in out, out[-3000:]
     assert "elsewhere" not in out
