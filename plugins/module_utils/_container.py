@@ -423,13 +423,7 @@ def control_host_path(info: ContainerInfo, path: str) -> Optional[str]:
 
 def _offer_env(control: str, placeholder_pid: int, restored_pid: int) -> None:
     """Write the placeholder's environment as env.json (0600, owned by the workload) for the workload to re-read."""
-    with open(f"/proc/{placeholder_pid}/environ", "rb") as handle:
-        raw = handle.read()
-    env = {}
-    for item in raw.split(b"\0"):
-        key, sep, value = item.partition(b"=")
-        if sep and key:
-            env[key.decode("utf-8", "replace")] = value.decode("utf-8", "replace")
+    env = proc.environ(placeholder_pid)
     status = proc.status(restored_pid)
     uid, gid = int(status["Uid"].split()[0]), int(status["Gid"].split()[0])
     path = os.path.join(control, ENV_FILE)

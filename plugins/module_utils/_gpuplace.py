@@ -43,17 +43,6 @@ class GpuPlaceError(WarmstartError):
     """GPU state cannot go into this placeholder, or CUDA memory is shared between processes."""
 
 
-def environ(pid: int) -> Dict[str, str]:
-    with open(f"/proc/{pid}/environ", "rb") as handle:
-        raw = handle.read()
-    out = {}
-    for item in raw.split(b"\0"):
-        key, sep, value = item.partition(b"=")
-        if sep and key:
-            out[key.decode("utf-8", "replace")] = value.decode("utf-8", "replace")
-    return out
-
-
 def device_nodes(pid: int) -> List[int]:
     """The N of every ``/dev/nvidia<N>`` device node in the root file system ``pid`` sees, sorted."""
     try:
@@ -115,7 +104,7 @@ def placeholder_pairs(pid: int, name: str, gpu: Dict[str, Any],
     if not source:
         return None, []
     try:
-        given, how, problems = visible_gpus(environ(pid), device_nodes(pid), node_gpus)
+        given, how, problems = visible_gpus(proc.environ(pid), device_nodes(pid), node_gpus)
     except OSError as exc:
         return None, [f"gpu: placeholder {name}: cannot read its environment ({exc.strerror or exc})"]
     problems = [f"gpu: placeholder {name}: {p}" for p in problems]

@@ -53,6 +53,18 @@ def status(pid: int) -> Dict[str, str]:
     return out
 
 
+def environ(pid: int) -> Dict[str, str]:
+    """The environment ``pid`` was started with (``/proc/<pid>/environ``); entries without ``=`` are left out."""
+    with open(f"/proc/{pid}/environ", "rb") as handle:
+        raw = handle.read()
+    out = {}
+    for item in raw.split(b"\0"):
+        key, sep, value = item.partition(b"=")
+        if sep and key:
+            out[key.decode("utf-8", "replace")] = value.decode("utf-8", "replace")
+    return out
+
+
 def ns_pids(pid: int) -> List[int]:
     """The PID in each nested namespace, outermost first (NSpid)."""
     return [int(p) for p in status(pid).get("NSpid", str(pid)).split()]

@@ -845,28 +845,13 @@ def _control_dir(target: Dict[str, Any], workloads_root: str, control_roots: Lis
     return wanted, None
 
 
-def _restored_cuda_pids(root: int, recorded: List[Dict[str, Any]]) -> List[int]:
-    """Host pids of the restored CUDA processes: the snapshot's namespace pids looked up in the restored tree."""
-    by_ns: Dict[int, int] = {}
-    for pid in proc.descendants(root):
-        try:
-            by_ns.setdefault(proc.ns_pids(pid)[-1], pid)
-        except OSError:
-            continue
-    missing = [str(p["ns_pid"]) for p in recorded if int(p["ns_pid"]) not in by_ns]
-    if missing:
-        raise SnapshotError(f"cuda: the restored tree of pid {root} has no process with namespace pid(s) "
-                            f"{', '.join(missing)} (CUDA processes at checkpoint)")
-    return [by_ns[int(p["ns_pid"])] for p in recorded]
-
-
 def _resume_cuda(root: int, gpu: Dict[str, Any], gpu_node: GpuNode, timings: Dict[str, float]) -> Dict[str, Any]:
     """After the CRIU restore: map the CUDA pids, restore them onto this node's GPUs, unlock them."""
     backend, why = gpu_node.backend()
     if backend is None:
         raise SnapshotError(f"cuda: this node cannot restore GPU state: {why}")
     t0 = time.monotonic()
-    pids = _restored_cuda_pids(root, list(gpu.get("pids") or []))
+    pids = gpl.restored_cuda_pids(root, list(gpu.get("pids") or []))
     pairs: Optional[List[Any]] = None
     if gpu.get("gpus"):
         try:
@@ -1194,7 +1179,7 @@ def _after_criu(pid: int, gpu: Optional[Dict[str, Any]], gpu_node: GpuNode, timi
         return result
     except ctl.StageFailed as exc:
         raise _kill_copy(pid, pidfile, control, f"restore of snapshot {doc['id']} failed: {exc}") from None
-    except (cu.CudaError, cu.CudaUnavailable, SnapshotError, OSError) as exc:
+    except (cu.CudaError, cu.CudaUnavailable, SnapshotError, gpl.GpuPlaceError, OSError) as exc:
         raise _kill_copy(pid, pidfile, control, f"cuda restore of snapshot {doc['id']} failed: {exc}") from None
 
 

@@ -69,7 +69,7 @@ def test_device_nodes_are_read_from_the_processes_root(tmp_path: Path, monkeypat
 
 
 def _placeholder(monkeypatch: pytest.MonkeyPatch, env: Dict[str, str], nodes: List[int]) -> None:
-    monkeypatch.setattr(gpl, "environ", lambda pid: env)
+    monkeypatch.setattr(gpl.proc, "environ", lambda pid: env)
     monkeypatch.setattr(gpl, "device_nodes", lambda pid: nodes)
 
 
