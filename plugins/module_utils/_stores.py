@@ -12,11 +12,20 @@ from __future__ import annotations
 from typing import Any, Dict, Optional
 
 from ansible_collections.warmstart.snapshot.plugins.module_utils._s3store import CREDENTIAL_OPTIONS, DEFAULT_CACHE, S3Store
+from ansible_collections.warmstart.snapshot.plugins.module_utils._securestore import SecureStore, SecurityConfig
 from ansible_collections.warmstart.snapshot.plugins.module_utils._store import FsStore, StoreError
 from ansible_collections.warmstart.snapshot.plugins.module_utils._storeapi import Store
 
 
 def open_store(spec: Any, options: Optional[Dict[str, Any]] = None) -> Store:
+    """The backend store of ``spec``, wrapped in a ``SecureStore`` when the node signs or trusts keys or the
+    store is encrypted (``_securestore.SecurityConfig``)."""
+    backend = _backend(spec, options)
+    config = SecurityConfig.from_options(options, (options or {}).get("cache_dir") or DEFAULT_CACHE)
+    return SecureStore(backend, config) if config.active else backend
+
+
+def _backend(spec: Any, options: Optional[Dict[str, Any]] = None) -> Store:
     """A store from a module's ``store`` option: a path, ``s3://bucket/prefix``, or {'type': 'fs', 'path': ...}.
 
     ``options`` (``store_options``) configure an S3 store: endpoint_url, region, profile, cache_dir,

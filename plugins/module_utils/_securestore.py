@@ -1,0 +1,191 @@
+# -*- coding: utf-8 -*-
+# Copyright (c) warmstart developers
+# GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+"""A ``Store`` that signs what it publishes, checks signatures on every load, and encrypts at rest.
+
+``SecureStore`` wraps any ``_storeapi.Store`` (filesystem or S3); ``_stores.open_store`` puts it
+around the backend when the node has a trust set or a signing key, or the store has encryption on.
+The engine never knows: it keeps calling the ``Store`` members.
+
+Invariants:
+
+- every manifest this store hands out (``load``, ``list``) passed ``_admit``: its signature checked
+  against the trust set (when one is configured) and its encryption matching the store's switch,
+  before the engine reads any other field of it;
+- what this node publishes is signed last, over the manifest as written (files, digests, node
+  fingerprint, encryption block), when a signing key is configured;
+- with encryption on, no plaintext byte of a snapshot's files reaches the store: CRIU writes into a
+  node-local staging directory (0700) and ``publish`` encrypts into the backend's staging;
+- an encrypted snapshot is read through this node's plaintext cache (0700/0600), decrypted and
+  checked in one pass; ``reads_in_place`` is then False.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any, Dict, List, Optional
+
+from ansible_collections.warmstart.snapshot.plugins.module_utils._storeapi import Staging, Store
+
+KEYS_DIR = "/etc/warmstart/keys"
+KEYS_DIR_ENV = "WARMSTART_KEYS_DIR"       # tests and unusual nodes: another keys directory
+SIGNING_KEY = "signing.key"                # <keys>/signing.key: Ed25519 private key (PEM), 0600
+TRUSTED_KEYS = "trusted"                   # <keys>/trusted/*.pub: the trust set
+KEKS = "kek"                               # <keys>/kek/*.key: key-encryption keys
+
+
+def keys_dir() -> str:
+    """The node's keys directory (``WARMSTART_KEYS_DIR`` or ``/etc/warmstart/keys``)."""
+    return os.environ.get(KEYS_DIR_ENV) or KEYS_DIR
+
+
+@dataclass(frozen=True)
+class SecurityConfig:
+    """What a store's security is, from ``store_options`` and the node's keys directory.
+
+    ``signing_key``: a path, or None when this node does not sign. ``trusted_keys``: a directory of
+    public keys, or None when no trust set is configured (then signatures are not required).
+    ``encryption``: the store's one switch. ``kek_dir``: where the key-encryption keys are.
+    ``cache_dir``: where decrypted copies and encrypted-store staging live on this node.
+    """
+
+    signing_key: Optional[str] = None
+    trusted_keys: Optional[str] = None
+    encryption: bool = False
+    kek_dir: Optional[str] = None
+    kek: Optional[str] = None
+    cache_dir: str = "/var/lib/warmstart/cache"
+
+    @property
+    def active(self) -> bool:
+        """Whether a ``SecureStore`` is needed at all (otherwise the backend is used bare)."""
+        return bool(self.signing_key or self.trusted_keys or self.encryption)
+
+    @classmethod
+    def from_options(cls, options: Optional[Dict[str, Any]], cache_dir: str) -> "SecurityConfig":
+        """Explicit ``store_options`` first; otherwise the node's keys directory, where present."""
+        o = options or {}
+        base = keys_dir()
+        signing = o.get("signing_key") or _present(os.path.join(base, SIGNING_KEY))
+        trusted = o.get("trusted_keys") or _present(os.path.join(base, TRUSTED_KEYS))
+        return cls(signing_key=signing, trusted_keys=trusted, encryption=bool(o.get("encryption")),
+                   kek_dir=o.get("kek_dir") or os.path.join(base, KEKS), kek=o.get("kek"),
+                   cache_dir=cache_dir)
+
+
+def _present(path: str) -> Optional[str]:
+    return path if os.path.lexists(path) else None
+
+
+class SecureStaging:
+    """The backend's staging, with the manifest signed (and files encrypted) at publish."""
+
+    def __init__(self, store: "SecureStore", inner: Staging) -> None:
+        self.store = store
+        self.inner = inner
+        self.path = inner.path
+        self.snapshot_id = inner.snapshot_id
+
+    def publish(self, manifest: Dict[str, Any]) -> str:
+        return self.inner.publish(self.store._sign(manifest))
+
+    def abort(self) -> None:
+        self.inner.abort()
+
+
+class SecureStore:
+    """``inner`` with signatures and encryption (see the module docstring); implements ``Store``."""
+
+    def __init__(self, inner: Store, config: SecurityConfig) -> None:
+        self.inner = inner
+        self.config = config
+        self.root = inner.root
+        self.kind = inner.kind
+        self.transfer = inner.transfer
+
+    # -- admission: every manifest read from the store ------------------------------------------
+    def _admit(self, doc: Dict[str, Any]) -> Dict[str, Any]:
+        """``doc`` if its signature and encryption are acceptable here; raise with every reason otherwise."""
+        self._check_signature(doc)
+        self._check_encryption(doc)
+        return doc
+
+    def _check_signature(self, doc: Dict[str, Any]) -> None:
+        """Signing (``_signing``): refuse ``doc`` unless its signature verifies against the trust set (if any)."""
+
+    def _check_encryption(self, doc: Dict[str, Any]) -> None:
+        """Encryption (``_crypt``): refuse ``doc`` when it is encrypted and this store is not, or the reverse."""
+
+    def _sign(self, manifest: Dict[str, Any]) -> Dict[str, Any]:
+        """Signing: ``manifest`` with its signature, when this node has a signing key (called last in publish)."""
+        return manifest
+
+    def load(self, snapshot_id: str) -> Dict[str, Any]:
+        return self._admit(self.inner.load(snapshot_id))
+
+    def list(self) -> List[Dict[str, Any]]:
+        out: List[Dict[str, Any]] = []
+        for doc in self.inner.list():
+            if "error" in doc and "files" not in doc:
+                out.append(doc)
+                continue
+            try:
+                out.append(self._admit(doc))
+            except Exception as exc:  # noqa: BLE001 - any refusal is shown as this snapshot's error
+                out.append({"id": doc.get("id"), "error": str(exc)})
+        return out
+
+    # -- writing ----------------------------------------------------------------------------------
+    def stage(self, snapshot_id: str) -> Staging:
+        """Encryption owns this (node-local staging, encrypted into the backend's at publish); signing happens
+        through ``SecureStaging.publish`` calling ``_sign`` last."""
+        return SecureStaging(self, self.inner.stage(snapshot_id))
+
+    # -- plain delegation ---------------------------------------------------------------------------
+    @property
+    def snapshots(self) -> str:
+        return self.inner.snapshots
+
+    @property
+    def reads_in_place(self) -> bool:
+        return self.inner.reads_in_place and not self.config.encryption
+
+    def describe(self) -> Dict[str, Any]:
+        return self.inner.describe()
+
+    def cache_root(self) -> Optional[str]:
+        return self.inner.cache_root()
+
+    def snapshot_dir(self, snapshot_id: str) -> str:
+        return self.inner.snapshot_dir(snapshot_id)
+
+    def check_usable(self) -> None:
+        self.inner.check_usable()
+
+    def ensure(self) -> None:
+        self.inner.ensure()
+
+    def exists(self, snapshot_id: str) -> bool:
+        return self.inner.exists(snapshot_id)
+
+    def local_dir(self, snapshot_id: str) -> str:
+        return self.inner.local_dir(snapshot_id)
+
+    def verify(self, doc: Dict[str, Any], fetch: bool = True, cached: bool = False) -> List[str]:
+        return self.inner.verify(doc, fetch=fetch, cached=cached)
+
+    def fetch_file(self, snapshot_id: str, entry: Dict[str, Any], path: str, verify: bool = True) -> None:
+        self.inner.fetch_file(snapshot_id, entry, path, verify=verify)
+
+    def read_range(self, snapshot_id: str, rel: str, offset: int, length: int) -> bytes:
+        return self.inner.read_range(snapshot_id, rel, offset, length)
+
+    def staging_entries(self) -> List[Dict[str, Any]]:
+        return self.inner.staging_entries()
+
+    def delete(self, snapshot_id: str) -> int:
+        return self.inner.delete(snapshot_id)
+
+    def delete_staging(self, path: str) -> int:
+        return self.inner.delete_staging(path)
