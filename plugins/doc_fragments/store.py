@@ -60,6 +60,26 @@ options:
       session_token:
         description: Session token of temporary credentials, with O(store_options.access_key_id). Never logged or returned.
         type: str
+      signing_key:
+        description:
+          - Ed25519 private key (PEM, PKCS8, unencrypted) this node signs the manifests of its snapshots with; the
+            signature covers every file's size and SHA256, the source node's fingerprint and the encryption block.
+          - Default C(/etc/warmstart/keys/signing.key) when present (the keys directory is E(WARMSTART_KEYS_DIR)
+            when set); distributed by the P(warmstart.snapshot.node_prep#role) role (C(node_prep_signing_key)) to
+            the nodes that take snapshots. A key that group or others can read is refused.
+        type: path
+      trusted_keys:
+        description:
+          - Directory of the trusted Ed25519 public keys (C(*.pub), PEM). Once a trust set is configured, every
+            snapshot is checked before anything else is read, by restores, M(warmstart.snapshot.snapshot_info) and
+            the page server, and unsigned snapshots, unknown signers and bad signatures are refused with the
+            reason. An empty or unreadable trust set is an error.
+          - Default C(/etc/warmstart/keys/trusted) when present; distributed by
+            P(warmstart.snapshot.node_prep#role) (C(node_prep_trusted_keys)).
+          - Rotation - add the new public key to the trust set on every node, then give the snapshotting nodes the
+            new signing key; snapshots signed by the old key still verify (a signature names its key id) until
+            the old public key is removed from the trust set, which refuses them from then on.
+        type: path
 """
 
     CRIU = r"""

@@ -65,6 +65,8 @@ def store_argument_spec() -> Dict[str, Any]:
             access_key_id=dict(type="str", no_log=False),
             secret_access_key=dict(type="str", no_log=True),
             session_token=dict(type="str", no_log=True),
+            signing_key=dict(type="path", no_log=False),
+            trusted_keys=dict(type="path"),
         )),
     )
 

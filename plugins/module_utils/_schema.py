@@ -36,6 +36,8 @@ _ID_RE = re.compile(r"[0-9]{8}T[0-9]{6}Z-[0-9a-f]{8}")
 _LABEL_KEY_RE = re.compile(r"[A-Za-z0-9]([A-Za-z0-9._/-]{0,126}[A-Za-z0-9])?")
 _SHA256_RE = re.compile(r"[0-9a-f]{64}")
 _CONTROL_RE = re.compile(r"[\x00-\x1f\x7f]")
+_KEY_ID_RE = re.compile(r"[0-9a-f]{16}")
+_B64_RE = re.compile(r"[A-Za-z0-9+/]{1,1020}={0,2}")
 TCP_MODES = ("established", "close", "none")
 NETWORK_LOCKS = ("nftables", "iptables", "skip")
 KINDS = ("process", "container")
@@ -258,6 +260,24 @@ def _gpu(value: Any, out: List[str]) -> None:
         out.append("gpu.gpus: not a list of {uuid: string, ...}")
 
 
+def _signature(value: Any, out: List[str]) -> None:
+    """The signature block (``_signing``): its shape only; whether it verifies is the trust set's business."""
+    if value is None:
+        return
+    if not isinstance(value, dict):
+        out.append("signature: not a mapping")
+        return
+    if not isinstance(value.get("alg"), str) or len(value["alg"]) > 32:
+        out.append("signature.alg: missing or not a short string")
+    if not isinstance(value.get("key_id"), str) or _KEY_ID_RE.fullmatch(value["key_id"]) is None:
+        out.append("signature.key_id: not 16 lowercase hex digits")
+    if not isinstance(value.get("value"), str) or _B64_RE.fullmatch(value["value"]) is None:
+        out.append("signature.value: not base64 of at most 1024 characters")
+    extra = sorted(set(value) - {"alg", "key_id", "value"})
+    if extra:
+        out.append(f"signature: unknown field(s) {', '.join(map(str, extra))}")
+
+
 def problems(doc: Any, schema_version: int) -> List[str]:
     """Every reason ``doc`` is not a usable manifest of at most ``schema_version`` (empty = usable)."""
     if not isinstance(doc, dict):
@@ -291,4 +311,5 @@ def problems(doc: Any, schema_version: int) -> List[str]:
     for key, kind in (("size", int), ("timings", dict), ("pod", dict)):
         _typed(doc, key, kind, "", out, required=False)
     _gpu(doc.get("gpu"), out)
+    _signature(doc.get("signature"), out)
     return out

@@ -26,6 +26,7 @@ import os
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional
 
+from ansible_collections.warmstart.snapshot.plugins.module_utils import _signing as sg
 from ansible_collections.warmstart.snapshot.plugins.module_utils._storeapi import Staging, Store
 
 KEYS_DIR = "/etc/warmstart/keys"
@@ -103,6 +104,8 @@ class SecureStore:
         self.root = inner.root
         self.kind = inner.kind
         self.transfer = inner.transfer
+        self._signing_key: Optional[sg.SigningKey] = None   # loaded once, on first use
+        self._trust_set: Optional[sg.TrustSet] = None
 
     # -- admission: every manifest read from the store ------------------------------------------
     def _admit(self, doc: Dict[str, Any]) -> Dict[str, Any]:
@@ -113,19 +116,36 @@ class SecureStore:
 
     def _check_signature(self, doc: Dict[str, Any]) -> None:
         """Signing (``_signing``): refuse ``doc`` unless its signature verifies against the trust set (if any)."""
+        trust = self._trust()
+        if trust is not None:
+            sg.check(doc, trust, self.root)
+
+    def _trust(self) -> Optional[sg.TrustSet]:
+        """The trust set (loaded once), or None when none is configured; KeyFileError when it cannot be used."""
+        if self._trust_set is None and self.config.trusted_keys:
+            self._trust_set = sg.load_trust_set(self.config.trusted_keys)
+        return self._trust_set
+
+    def _signer(self) -> Optional[sg.SigningKey]:
+        """This node's signing key (loaded once), or None when it does not sign; KeyFileError when unusable."""
+        if self._signing_key is None and self.config.signing_key:
+            self._signing_key = sg.load_signing_key(self.config.signing_key)
+        return self._signing_key
 
     def _check_encryption(self, doc: Dict[str, Any]) -> None:
         """Encryption (``_crypt``): refuse ``doc`` when it is encrypted and this store is not, or the reverse."""
 
     def _sign(self, manifest: Dict[str, Any]) -> Dict[str, Any]:
         """Signing: ``manifest`` with its signature, when this node has a signing key (called last in publish)."""
-        return manifest
+        key = self._signer()
+        return sg.sign(manifest, key) if key is not None else manifest
 
     def load(self, snapshot_id: str) -> Dict[str, Any]:
         return self._admit(self.inner.load(snapshot_id))
 
     def list(self) -> List[Dict[str, Any]]:
         out: List[Dict[str, Any]] = []
+        self._trust()  # a trust set that cannot be used fails the listing, not each snapshot
         for doc in self.inner.list():
             if "error" in doc and "files" not in doc:
                 out.append(doc)
@@ -140,6 +160,7 @@ class SecureStore:
     def stage(self, snapshot_id: str) -> Staging:
         """Encryption owns this (node-local staging, encrypted into the backend's at publish); signing happens
         through ``SecureStaging.publish`` calling ``_sign`` last."""
+        self._signer()  # an unusable signing key refuses the checkpoint before CRIU runs
         return SecureStaging(self, self.inner.stage(snapshot_id))
 
     # -- plain delegation ---------------------------------------------------------------------------
@@ -161,6 +182,7 @@ class SecureStore:
         return self.inner.snapshot_dir(snapshot_id)
 
     def check_usable(self) -> None:
+        self._signer()
         self.inner.check_usable()
 
     def ensure(self) -> None:
