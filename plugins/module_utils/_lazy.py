@@ -35,7 +35,7 @@ import subprocess
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any, Dict, Iterator, List, Optional, Tuple
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
 from ansible_collections.warmstart.snapshot.plugins.module_utils import _control as ctl
 from ansible_collections.warmstart.snapshot.plugins.module_utils import _proc as proc
@@ -251,11 +251,14 @@ def guard(session: Optional[Session], grace: float = 3.0) -> Iterator[None]:
 
 def start(criu: str, images: str, work: str, timeout: float = DEFAULT_TIMEOUT, control: Optional[str] = None,
           page_server: Optional[Tuple[str, int]] = None, snapshot_id: str = "", env: Optional[Dict[str, str]] = None,
-          active_dir: str = ACTIVE_DIR) -> Session:
-    """Start ``criu lazy-pages`` for ``images`` in ``work`` under a supervisor; return once its socket listens."""
+          active_dir: str = ACTIVE_DIR, tls_args: Sequence[str] = ()) -> Session:
+    """Start ``criu lazy-pages`` for ``images`` in ``work`` under a supervisor; return once its socket listens.
+
+    ``tls_args``: CRIU's TLS options (``_tls.TlsFiles.criu_args``) for the connection to ``page_server``.
+    """
     argv = [criu, "lazy-pages", "-D", images, "-W", work, "-o", LOG, "-v4"]
     if page_server:
-        argv += ["--page-server", "--address", page_server[0], "--port", str(page_server[1])]
+        argv += ["--page-server", "--address", page_server[0], "--port", str(page_server[1]), *tls_args]
     rfd, wfd = os.pipe()
     ready_r, ready_w = os.pipe()
     started_at = time.time()
@@ -608,12 +611,15 @@ def _first_client(srv: socket.socket, deadline: float, note: Any) -> Optional[so
     return None
 
 
-def serve(criu: str, images: str, log_dir: str, address: str, port: int, timeout: float) -> Dict[str, Any]:
+def serve(criu: str, images: str, log_dir: str, address: str, port: int, timeout: float,
+          tls_args: Sequence[str] = ()) -> Dict[str, Any]:
     """Serve ``images`` to one lazy restore on address:port, for at most ``timeout`` seconds.
 
     A detached listener accepts connections; one that closes without sending a page request (a port probe,
     a health check) is ignored and noted in ``page-server-<port>.connections.log``; the first that sends one is
     handed to ``criu page-server --lazy-pages --ps-socket``, which serves that restore; then all exits.
+    With ``tls_args`` (CRIU's TLS options) a client that fails the TLS handshake or certificate check is
+    refused by CRIU before any page is sent; that is noted with CRIU's reason and the listener goes on.
     """
     raise_pipe_limit()
     srv = _listen(address, port)
@@ -625,8 +631,8 @@ def serve(criu: str, images: str, log_dir: str, address: str, port: int, timeout
     def announce() -> None:  # pragma: no cover - runs in the detached supervisor
         os.write(wfd, f"pid {os.getpid()}\n".encode())
         os.close(wfd)
-        _serve_one(srv, [criu, "page-server", "--lazy-pages", "-D", images, "-o", log, "-v4"], notes, deadline,
-                   timeout)
+        _serve_one(srv, [criu, "page-server", "--lazy-pages", "-D", images, "-o", log, "-v4", *tls_args], notes,
+                   deadline, timeout)
 
     proc.detach(announce, keep=(wfd, srv.fileno()))
     os.close(wfd)
@@ -639,26 +645,47 @@ def serve(criu: str, images: str, log_dir: str, address: str, port: int, timeout
             "connections_log": notes, "timeout": timeout}
 
 
+def tls_refusal(log: str) -> str:
+    """CRIU's TLS error in a page server's ``log`` (handshake or certificate check failed), else ""."""
+    try:
+        with open(log, "r", encoding="utf-8", errors="replace") as handle:
+            errs = [ln.split("): ", 1)[-1].strip() for ln in handle if "Error (" in ln and "tls: " in ln]
+    except OSError:
+        return ""
+    return " | ".join(dict.fromkeys(errs))
+
+
 def _serve_one(srv: socket.socket, argv: List[str], notes: str, deadline: float,
                timeout: float) -> None:  # pragma: no cover - runs in the detached supervisor
-    """The first real client handed to ``argv`` (criu page-server) as its ``--ps-socket``; killed at ``deadline``."""
+    """The first real client handed to ``argv`` (criu page-server) as its ``--ps-socket``; killed at ``deadline``.
+
+    A client CRIU refused in TLS (``tls_refusal``) is noted and the next one awaited; any other end is final.
+    """
     def note(text: str) -> None:
         with open(notes, "a", encoding="utf-8") as handle:
             handle.write(f"{time.strftime('%Y-%m-%dT%H:%M:%S')} {text}\n")
 
-    client = _first_client(srv, deadline, note)
+    log = argv[argv.index("-o") + 1]
+    while True:
+        client = _first_client(srv, deadline, note)
+        if client is None:
+            srv.close()
+            note(f"no restore connected within {timeout:g} s; exiting")
+            return
+        peer = client.getpeername()
+        server = subprocess.Popen(argv + ["--ps-socket", str(client.fileno())], stdin=subprocess.DEVNULL,
+                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, pass_fds=(client.fileno(),))
+        client.close()
+        try:
+            server.wait(timeout=max(1.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            server.kill()
+            server.wait()
+            note(f"killed the page server after {timeout:g} s")
+            break
+        refused = tls_refusal(log) if server.returncode else ""
+        if not refused:
+            note(f"the page server exited with {server.returncode}")
+            break
+        note(f"refused {peer[0]}:{peer[1]}: TLS failed ({refused}); no page was sent; waiting for the restore")
     srv.close()
-    if client is None:
-        note(f"no restore connected within {timeout:g} s; exiting")
-        return
-    server = subprocess.Popen(argv + ["--ps-socket", str(client.fileno())], stdin=subprocess.DEVNULL,
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, pass_fds=(client.fileno(),))
-    client.close()
-    try:
-        server.wait(timeout=max(1.0, deadline - time.monotonic()))
-    except subprocess.TimeoutExpired:
-        server.kill()
-        server.wait()
-        note(f"killed the page server after {timeout:g} s")
-    else:
-        note(f"the page server exited with {server.returncode}")

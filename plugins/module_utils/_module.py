@@ -36,6 +36,7 @@ from ansible_collections.warmstart.snapshot.plugins.module_utils import _node as
 from ansible_collections.warmstart.snapshot.plugins.module_utils import _pageserver as ps
 from ansible_collections.warmstart.snapshot.plugins.module_utils import _retention as ret
 from ansible_collections.warmstart.snapshot.plugins.module_utils import _snapshot as snap
+from ansible_collections.warmstart.snapshot.plugins.module_utils import _tls
 from ansible_collections.warmstart.snapshot.plugins.module_utils import _workload as wl
 from ansible_collections.warmstart.snapshot.plugins.module_utils._adapter import with_context
 from ansible_collections.warmstart.snapshot.plugins.module_utils._compat import GpuNode
@@ -51,6 +52,17 @@ Result = Dict[str, Any]
 
 
 # --- argument specs ---------------------------------------------------------------
+
+def tls_argument_spec() -> Dict[str, Any]:
+    """``tls``, ``tls_ca``, ``tls_cert``, ``tls_key``, as the doc fragment warmstart.snapshot.tls documents them."""
+    return dict(tls=dict(type="bool", default=False), tls_ca=dict(type="path"), tls_cert=dict(type="path"),
+                tls_key=dict(type="path", no_log=False))
+
+
+def _tls_files(p: Params) -> Optional[_tls.TlsFiles]:
+    """The checked TLS files the options name (None: TLS off); TlsError with every problem."""
+    return _tls.resolve(bool(p.get("tls")), p.get("tls_ca"), p.get("tls_cert"), p.get("tls_key"))
+
 
 def store_argument_spec() -> Dict[str, Any]:
     """``store`` and ``store_options``, as the doc fragment warmstart.snapshot.store documents them."""
@@ -212,7 +224,7 @@ def _restore_process(p: Params, check_mode: bool) -> Result:
                           lazy_timeout=float(p.get("lazy_timeout") or lz.DEFAULT_TIMEOUT),
                           page_server=p.get("page_server"), control_roots=p.get("control_roots"),
                           workloads_root=p.get("workloads_root") or wl.DEFAULT_ROOT, check_mode=check_mode,
-                          tcp=p.get("tcp"))
+                          tcp=p.get("tcp"), tls=_tls_files(p))
     outcome = result.get("outcome", "succeeded")
     if check_mode:
         return dict(changed=True, restore=result, outcome=outcome, msg=f"would restore snapshot {result['id']}")
@@ -312,7 +324,8 @@ def _snapshot_facts(p: Params, snapshot_id: Any) -> Tuple[int, Optional[float]]:
 def page_server(p: Params, check_mode: bool) -> Result:
     """The page_server module: serve one snapshot's pages to one lazy restore (check mode: verify only)."""
     served = ps.serve(_store(p), p["snapshot"], p["address"], p["port"], p["timeout"], p["log_dir"],
-                      criu_path=p["criu_path"], verify=p["verify"], check_mode=check_mode)
+                      criu_path=p["criu_path"], verify=p["verify"], check_mode=check_mode, tls=_tls_files(p),
+                      insecure=bool(p.get("insecure")))
     return dict(changed=True, page_server=served)
 
 

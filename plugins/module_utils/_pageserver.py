@@ -6,8 +6,11 @@
 
 Invariants:
 
-- Every refusal (no CRIU, a port outside 1-65535, an unknown id, a snapshot that is not a single process,
-  a snapshot that is not intact) comes before anything is started or written.
+- Every refusal (no CRIU, a port outside 1-65535, TLS files that cannot work, a non-loopback address without
+  TLS or ``insecure``, an unknown id, a snapshot that is not a single process, a snapshot that is not intact)
+  comes before anything is started or written.
+- With ``tls`` the page server runs CRIU's mutual TLS (``_tls``): a client without a certificate of the CA is
+  refused in the handshake, noted, and the page server goes on waiting for its restore.
 - Check mode verifies without fetching (sizes only for an object store), starts nothing and writes nothing.
 - A real run serves only a snapshot whose local copy verified (an object store fetches it into its cache first).
 """
@@ -19,6 +22,7 @@ from typing import Any, Dict, Optional
 from ansible_collections.warmstart.snapshot.plugins.module_utils import _lazy as lz
 from ansible_collections.warmstart.snapshot.plugins.module_utils import _manifest as mf
 from ansible_collections.warmstart.snapshot.plugins.module_utils import _snapshot as snap
+from ansible_collections.warmstart.snapshot.plugins.module_utils import _tls
 from ansible_collections.warmstart.snapshot.plugins.module_utils._criu import CriuError, find_criu
 from ansible_collections.warmstart.snapshot.plugins.module_utils._storeapi import Store
 
@@ -43,24 +47,29 @@ def _criu(criu_path: Optional[str], port: int) -> str:
 
 
 def serve(store: Store, snapshot_id: str, address: str, port: int, timeout: float, log_dir: str,
-          criu_path: Optional[str] = None, verify: bool = True, check_mode: bool = False) -> Dict[str, Any]:
+          criu_path: Optional[str] = None, verify: bool = True, check_mode: bool = False,
+          tls: Optional[_tls.TlsFiles] = None, insecure: bool = False) -> Dict[str, Any]:
     """Check, verify and (unless ``check_mode``) serve ``snapshot_id`` on ``address:port``, detached.
 
-    Returns the page_server result: ``snapshot``, ``address``, ``port`` and, when serving, what
+    ``tls``: the checked files for CRIU's mutual TLS (``_tls.resolve``); without them a non-loopback
+    ``address`` is refused unless ``insecure``.
+
+    Returns the page_server result: ``snapshot``, ``address``, ``port``, ``tls`` and, when serving, what
     ``_lazy.serve`` reports (pid, logs, deadline).
     """
     criu = _criu(criu_path, port)
+    _tls.check_listen(address, tls, insecure)
     doc = _servable(store, snapshot_id)
     if check_mode:
         problems = store.verify(doc, fetch=False) if verify else []
         if problems:
             raise snap.SnapshotError(f"snapshot {doc['id']} is not intact", reasons=problems)
-        return {"snapshot": doc["id"], "address": address, "port": port}
+        return {"snapshot": doc["id"], "address": address, "port": port, "tls": tls is not None}
     problems = store.verify(doc, cached=True) if verify else []
     if problems:
         raise snap.SnapshotError(f"refusing to serve snapshot {doc['id']}: it is not intact", reasons=problems)
     images = os.path.join(store.local_dir(doc["id"]), doc["targets"][0]["path"], "criu")
     os.makedirs(log_dir, mode=0o700, exist_ok=True)
-    served = lz.serve(criu, images, log_dir, address, port, float(timeout))
-    served["snapshot"] = doc["id"]
+    served = lz.serve(criu, images, log_dir, address, port, float(timeout), tls.criu_args() if tls else [])
+    served.update(snapshot=doc["id"], tls=tls is not None)
     return served

@@ -957,6 +957,7 @@ class _RestoreArgs:
     control_roots: List[str]
     tcp: Optional[str] = None   # keep | close; None: decided by where the tree comes back (_tcp)
     remote: Any = None      # the page server's parsed address
+    tls: Any = None         # _tls.TlsFiles for the connection to the page server, or None
     t_start: float = field(default_factory=time.monotonic)
     t_wall: float = field(default_factory=time.time)
 
@@ -968,7 +969,7 @@ def restore(store: Store, snapshot_id: Optional[str] = None, name: Optional[str]
             gpu_node: Optional[GpuNode] = None, lazy: bool = False, lazy_wait: bool = False,
             lazy_timeout: float = lz.DEFAULT_TIMEOUT, page_server: Optional[str] = None,
             workloads_root: str = wl.DEFAULT_ROOT, control_roots: Optional[List[str]] = None,
-            check_mode: bool = False, tcp: Optional[str] = None) -> Dict[str, Any]:
+            check_mode: bool = False, tcp: Optional[str] = None, tls: Any = None) -> Dict[str, Any]:
     """Restore a process snapshot; with GPU state (``cuda`` auto or required) the CUDA processes are restored too.
 
     ``lazy``: the tree resumes at once and CRIU's lazy-pages daemon streams its memory in (from the local
@@ -980,6 +981,8 @@ def restore(store: Store, snapshot_id: Optional[str] = None, name: Optional[str]
     None: ``keep`` when this node took the snapshot, else ``close`` (``_tcp``). ``result['tcp']`` says which
     and why; ``keep`` of a snapshot taken with ``tcp: close`` is refused with the preflight's reasons.
 
+    ``tls``: checked files (``_tls.TlsFiles``) for CRIU's mutual TLS with ``page_server``; refused without it.
+
     ``check_mode``: select and preflight (GPU checks included) and return {id, name, verified,
     compat_checked, gpu_state, tcp}; no process, lock file, directory or store object is touched.
 
@@ -988,7 +991,8 @@ def restore(store: Store, snapshot_id: Optional[str] = None, name: Optional[str]
     does not fit this node (compatibility, checksums, schema), else ``outcome: failed``.
     """
     a = _RestoreArgs(verify, skip_compat, options, restore_root, cuda, gpu_node or GpuNode(), lazy, lazy_wait,
-                     lazy_timeout, page_server, workloads_root, list(control_roots or DEFAULT_CONTROL_ROOTS), tcp)
+                     lazy_timeout, page_server, workloads_root, list(control_roots or DEFAULT_CONTROL_ROOTS), tcp,
+                     tls=tls)
     try:
         criu, node, doc = _choose(store, snapshot_id, name, labels, criu_path, a)
         if check_mode:
@@ -1018,6 +1022,8 @@ def _choose(store: Store, snapshot_id: Optional[str], name: Optional[str], label
     if tcpm.invalid(a.tcp):
         raise SnapshotError(str(tcpm.invalid(a.tcp)))
     a.remote = lz.parse_address(a.page_server) if a.page_server else None
+    if a.tls is not None and not a.remote:
+        raise SnapshotError("tls: applies to a lazy restore from a page_server only (none given)")
     criu = _need_criu(criu_path)
     node = describe_node(criu)
     if snapshot_id is not None:
@@ -1136,7 +1142,8 @@ def _criu_phase(criu: str, work: str, opts: CriuOptions, lazy_plan: Dict[str, An
     try:
         if lazy_plan["used"]:
             prog.phase("lazy-pages daemon")
-            session = lz.start(criu, images, work, a.lazy_timeout, control, remote, doc["id"])
+            session = lz.start(criu, images, work, a.lazy_timeout, control, remote, doc["id"],
+                               tls_args=a.tls.criu_args() if a.tls else ())
         prog.phase("restore")
         with criu_plugins_off(bool(doc.get("gpu"))), lz.guard(session):
             pid = _run_criu(criu, images, work, opts, session, pidfile)

@@ -19,11 +19,17 @@ description:
   - Needs C(fs.pipe-max-size) of at least 3354624 bytes (CRIU's request pipes); the module raises it to 4 MiB when
     it is lower.
   - The page server holds the snapshot's pages in pipe buffers (kernel memory) while it runs.
+  - Whoever can connect to the page server can read the snapshot's memory (its secrets included), and whoever
+    can intercept the connection can feed the restore other pages (code that then runs on the restoring node).
+    So it listens beyond this node only with O(tls) (mutual TLS - only a node with a certificate of the CA gets a
+    page; a client refused in the handshake is noted in the connections log and the page server goes on waiting
+    for its restore) or with O(insecure=true); on a loopback address TLS is optional.
 author:
   - warmstart developers (!UNKNOWN)
 extends_documentation_fragment:
   - warmstart.snapshot.store
   - warmstart.snapshot.store.options
+  - warmstart.snapshot.tls
   - warmstart.snapshot.attributes.node
   - warmstart.snapshot.attributes.no_diff
   - warmstart.snapshot.attributes
@@ -39,9 +45,20 @@ options:
     type: str
     required: true
   address:
-    description: Address of this node to listen on (the restoring node connects to it).
+    description:
+      - Address of this node to listen on (the restoring node connects to it).
+      - Anything but a loopback address (V(127.0.0.1), V(::1), V(localhost)) is refused without O(tls), unless
+        O(insecure=true).
     type: str
     default: 0.0.0.0
+  insecure:
+    description:
+      - Serve in the clear (no TLS) on a non-loopback O(address).
+      - B(Warning) - anyone who can reach the port can then read the snapshot's memory (keys, tokens, user data
+        it held), and anyone on the path can feed the restore pages of their own; use it only on a network you
+        trust completely (for example a dedicated link between two nodes). Prefer O(tls).
+    type: bool
+    default: false
   port:
     description: TCP port to listen on; refused when it is in use.
     type: int
@@ -64,10 +81,11 @@ options:
 """
 
 EXAMPLES = r"""
-- name: Serve the snapshot's pages from the node that holds it
+- name: Serve the snapshot's pages from the node that holds it, over mutual TLS (certificates from node_prep)
   warmstart.snapshot.page_server:
     snapshot: "{{ snap.snapshot.id }}"
     port: 27100
+    tls: true
   delegate_to: "{{ snapshot_holder }}"
   register: served
 
@@ -75,6 +93,7 @@ EXAMPLES = r"""
   warmstart.snapshot.restore:
     snapshot: "{{ snap.snapshot.id }}"
     page_server: "{{ hostvars[snapshot_holder].ansible_host }}:27100"
+    tls: true
 """
 
 RETURN = r"""
@@ -98,6 +117,11 @@ page_server:
       type: int
       returned: always
       sample: 27100
+    tls:
+      description: Whether it serves over mutual TLS.
+      type: bool
+      returned: always
+      sample: true
     pid:
       description: PID of C(criu page-server).
       type: int
@@ -119,7 +143,7 @@ reasons:
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.warmstart.snapshot.plugins.module_utils import _module
 from ansible_collections.warmstart.snapshot.plugins.module_utils._adapter import run_module
-from ansible_collections.warmstart.snapshot.plugins.module_utils._module import store_argument_spec
+from ansible_collections.warmstart.snapshot.plugins.module_utils._module import store_argument_spec, tls_argument_spec
 
 
 def main() -> None:
@@ -127,6 +151,8 @@ def main() -> None:
         argument_spec=dict(
             snapshot=dict(type="str", required=True),
             address=dict(type="str", default="0.0.0.0"),
+            insecure=dict(type="bool", default=False),
+            **tls_argument_spec(),
             port=dict(type="int", required=True),
             timeout=dict(type="int", default=900),
             verify=dict(type="bool", default=True),

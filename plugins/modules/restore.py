@@ -37,6 +37,7 @@ extends_documentation_fragment:
   - warmstart.snapshot.store.criu
   - warmstart.snapshot.store.progress
   - warmstart.snapshot.metrics
+  - warmstart.snapshot.tls
   - warmstart.snapshot.attributes.progress
   - warmstart.snapshot.attributes.node
   - warmstart.snapshot.attributes.no_diff
@@ -160,6 +161,9 @@ options:
         the store only the small images (verified) and the few pages CRIU cannot load lazily.
       - The page server verified the pages images before serving; this node verifies every other file.
       - One page server serves one restore.
+      - With O(tls), over CRIU's mutual TLS (the page server must have O(warmstart.snapshot.page_server#module:tls)
+        too); without it, in the clear - only for a page server on a loopback address or one started with
+        O(warmstart.snapshot.page_server#module:insecure=true) on a network you trust.
     type: str
   tcp:
     description:
@@ -270,10 +274,11 @@ EXAMPLES = r"""
     name: embed
     tcp: close
 
-- name: Lazy restore with the pages served by the node that holds the snapshot
+- name: Lazy restore with the pages served by the node that holds the snapshot, over mutual TLS
   warmstart.snapshot.restore:
     snapshot: 20261202T124302Z-f6ccdab5
     page_server: "{{ served.page_server.address }}:{{ served.page_server.port }}"
+    tls: true
 """
 
 RETURN = r"""
@@ -446,7 +451,7 @@ from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.warmstart.snapshot.plugins.module_utils import _module
 from ansible_collections.warmstart.snapshot.plugins.module_utils._adapter import run_module
 from ansible_collections.warmstart.snapshot.plugins.module_utils._module import (
-    metrics_argument_spec, pod_argument_spec, progress_argument_spec, store_argument_spec)
+    metrics_argument_spec, pod_argument_spec, progress_argument_spec, store_argument_spec, tls_argument_spec)
 
 
 def main() -> None:
@@ -470,6 +475,7 @@ def main() -> None:
             lazy_wait=dict(type="bool", default=False),
             lazy_timeout=dict(type="int", default=600),
             page_server=dict(type="str"),
+            **tls_argument_spec(),
             tcp=dict(type="str", choices=["keep", "close"]),
             into=dict(type="dict", options=dict(
                 container=dict(type="str"),

@@ -235,7 +235,7 @@ def test_page_server_check_mode_verifies_and_starts_nothing(store: st.FsStore, t
     before = tree(tmp_path)
     result = _module.page_server(page_params(store, tmp_path, doc["id"]), True)
     assert result == {"changed": True, "page_server": {"snapshot": doc["id"], "address": "127.0.0.1",
-                                                       "port": 27000}}
+                                                       "port": 27000, "tls": False}}
     assert tree(tmp_path) == before
 
 
