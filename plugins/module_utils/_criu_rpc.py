@@ -82,6 +82,7 @@ class CriuOptions:
     join_ns: List[JoinNs] = field(default_factory=list)
     mntns_compat_mode: bool = False
     lazy_pages: bool = False            # restore: memory from a lazy-pages daemon (_lazy)
+    leave_stopped: bool = False         # restore: the tree stays SIGSTOPped (a verify still runs, _overlap)
 
     def as_dict(self) -> Dict[str, Any]:
         return {"tcp": self.tcp, "ext_unix_sk": self.ext_unix_sk, "file_locks": self.file_locks,
@@ -182,6 +183,8 @@ def _target_to_rpc(o: CriuOptions, opts: Any) -> None:
         opts.mntns_compat_mode = True
     if o.lazy_pages:
         opts.lazy_pages = True
+    if o.leave_stopped:
+        opts.leave_stopped = True
 
 
 def _client(criu_path: str) -> Any:

@@ -30,6 +30,7 @@ MAX_DEPTH = 32
 MAX_FILES = 100_000
 MAX_TARGETS = 64
 MAX_PATH = 4096
+MIN_CHUNK, MAX_CHUNK = 1 << 20, 1 << 30   # chunk digests (_digest)
 
 _NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 _ID_RE = re.compile(r"[0-9]{8}T[0-9]{6}Z-[0-9a-f]{8}")
@@ -150,6 +151,25 @@ def _files(value: List[Any], out: List[str]) -> None:
         digest = entry.get("sha256")
         if not isinstance(digest, str) or not _SHA256_RE.fullmatch(digest):
             out.append(f"{where}sha256: not 64 lowercase hex digits")
+        if "chunks" in entry:
+            _chunks(entry["chunks"], size, where, out)
+
+
+def _chunks(value: Any, size: Optional[int], where: str, out: List[str]) -> None:
+    """A file's chunk digests (``_digest``): a power-of-two chunk size of 1 MiB-1 GiB and exactly one SHA256 per
+    chunk of the file's ``size``, so that the chunks cover every byte of it."""
+    if not isinstance(value, dict) or not isinstance(value.get("sha256"), list):
+        out.append(f"{where}chunks: not a mapping with a list sha256")
+        return
+    step = value.get("size")
+    if not isinstance(step, int) or isinstance(step, bool) or not MIN_CHUNK <= step <= MAX_CHUNK or step & (step - 1):
+        out.append(f"{where}chunks.size: not a power of two from {MIN_CHUNK} to {MAX_CHUNK}")
+        return
+    digests = value["sha256"]
+    if size is not None and size >= 0 and len(digests) != -(-size // step):
+        out.append(f"{where}chunks.sha256: {len(digests)} digests for {-(-size // step)} chunks of {step} bytes")
+    if not all(isinstance(d, str) and _SHA256_RE.fullmatch(d) for d in digests):
+        out.append(f"{where}chunks.sha256: not a list of 64 lowercase hex digits each")
 
 
 def _workload_files(value: Any, where: str, out: List[str]) -> None:

@@ -37,6 +37,7 @@ from ansible_collections.warmstart.snapshot.plugins.module_utils import _cuda as
 from ansible_collections.warmstart.snapshot.plugins.module_utils import _gpuplace as gpl
 from ansible_collections.warmstart.snapshot.plugins.module_utils import _lazy as lz
 from ansible_collections.warmstart.snapshot.plugins.module_utils import _manifest as mf
+from ansible_collections.warmstart.snapshot.plugins.module_utils import _overlap as ov
 from ansible_collections.warmstart.snapshot.plugins.module_utils import _progress as prog
 from ansible_collections.warmstart.snapshot.plugins.module_utils import _proc as proc
 from ansible_collections.warmstart.snapshot.plugins.module_utils import _restorer as rst
@@ -763,17 +764,20 @@ def select(store: Store, snapshot_id: Optional[str], name: Optional[str], labels
 
 def preflight(store: Store, doc: Dict[str, Any], node: Dict[str, Any], verify: bool,
               skip_compat: bool, fetch: bool = True, gpu_node: Optional[GpuNode] = None,
-              cuda: str = "auto", workloads_root: str = wl.DEFAULT_ROOT) -> List[str]:
+              cuda: str = "auto", workloads_root: str = wl.DEFAULT_ROOT,
+              deferred: Optional[ov.Items] = None) -> List[str]:
     """Everything that stops this restore, before any process is touched (GPU checks with ``gpu_node``).
 
     Node-side locations come from this node (``workloads_root``); the manifest's are only compared with them.
+    With ``deferred`` (an overlapped restore, ``_overlap``) the page images are checked for presence, type and
+    size here, and handed to ``deferred`` to be hashed while CRIU restores the tree stopped.
     """
     problems = []
     if not skip_compat:
         problems += incompatibilities(doc["source"], node)
     problems += _gpu_reasons(doc, gpu_node, cuda, skip_compat)
     if verify:
-        problems += [f"checksum: {p}" for p in st.verify_local(store, doc, fetch=fetch, cached=True)]
+        problems += [f"checksum: {p}" for p in _checksums(store, doc, fetch, deferred)]
     if not skip_compat:
         for t in doc.get("targets") or []:
             problems += proc.file_mismatches(t.get("files_in_use") or {})
@@ -798,6 +802,15 @@ def preflight(store: Store, doc: Dict[str, Any], node: Dict[str, Any], verify: b
                     f"workload {t['workload']} is running on this node (pid {running}); a restored copy would "
                     "share its files and ports - stop it first")
     return problems
+
+
+def _checksums(store: Store, doc: Dict[str, Any], fetch: bool, deferred: Optional[ov.Items]) -> List[str]:
+    """The snapshot's checksum problems (``Store.verify``); with ``deferred``, for a store read in place, the page
+    images' hashing is left to the caller (the same check as ``FsStore.verify``, in two parts)."""
+    if deferred is None:
+        return st.verify_local(store, doc, fetch=fetch, cached=True)
+    return st.verify_files(store.local_dir(doc["id"]), doc, cache=st.VerifiedFiles(doc["id"], record=fetch),
+                           defer=ov.deferrable(doc), deferred=deferred)
 
 
 def _layout_problems(store: Store, doc: Dict[str, Any], target: Dict[str, Any], verified: bool) -> List[str]:
@@ -958,6 +971,7 @@ class _RestoreArgs:
     tcp: Optional[str] = None   # keep | close; None: decided by where the tree comes back (_tcp)
     remote: Any = None      # the page server's parsed address
     tls: Any = None         # _tls.TlsFiles for the connection to the page server, or None
+    overlap_note: str = ""  # "used", or why the page images were verified before CRIU started (_overlap)
     t_start: float = field(default_factory=time.monotonic)
     t_wall: float = field(default_factory=time.time)
 
@@ -1065,11 +1079,16 @@ def _tcp_plan(doc: Dict[str, Any], node: Dict[str, Any], a: _RestoreArgs) -> Tup
 
 def _prepare(store: Store, doc: Dict[str, Any], node: Dict[str, Any], a: _RestoreArgs,
              lazy_plan: Dict[str, Any], timings: Dict[str, float]) -> Any:
-    """Preflight, then the work dir with the images: (work dir, snapshot dir). Nothing is touched on refusal."""
+    """Preflight, then the work dir with the images: (work dir, snapshot dir, page server, overlapped verify or None).
+    Nothing is touched on refusal."""
     remote = a.remote if lazy_plan["used"] else None
     t0 = time.monotonic()
+    use, why = ov.usable(doc, a.verify, store.reads_in_place, lazy_plan["used"])
+    deferred: Optional[ov.Items] = [] if use else None
+    a.overlap_note = "used" if use else why
     problems = preflight(store, doc, node, a.verify and not remote, a.skip_compat, fetch=not remote,
-                         gpu_node=a.gpu_node, cuda=a.cuda, workloads_root=a.workloads_root) + _tcp_plan(doc, node, a)[1]
+                         gpu_node=a.gpu_node, cuda=a.cuda, workloads_root=a.workloads_root,
+                         deferred=deferred) + _tcp_plan(doc, node, a)[1]
     target = doc["targets"][0] if doc.get("targets") else {}
     work = os.path.join(a.restore_root, f"{doc['id']}-{uuid.uuid4().hex[:8]}")
     snap_dir = os.path.join(work, "snapshot")
@@ -1090,7 +1109,7 @@ def _prepare(store: Store, doc: Dict[str, Any], node: Dict[str, Any], a: _Restor
         os.makedirs(a.restore_root, mode=0o700, exist_ok=True)
         os.makedirs(work, mode=0o700)
         stage_images(os.path.join(snap_dir, target["path"], "criu"), os.path.join(work, "images"))
-    return work, snap_dir, remote
+    return work, snap_dir, remote, (ov.Overlap(deferred, st.VerifiedFiles(doc["id"])) if deferred else None)
 
 
 def _restore_locked(store: Store, doc: Dict[str, Any], node: Dict[str, Any], criu: str,
@@ -1099,7 +1118,7 @@ def _restore_locked(store: Store, doc: Dict[str, Any], node: Dict[str, Any], cri
     timings: Dict[str, float] = {}
     target = doc["targets"][0] if doc.get("targets") else {}
     lazy_plan = _lazy_plan(criu, doc, a.lazy or bool(a.remote))
-    work, snap_dir, remote = _prepare(store, doc, node, a, lazy_plan, timings)
+    work, snap_dir, remote, overlap = _prepare(store, doc, node, a, lazy_plan, timings)
     control, control_note = _control_dir(target, a.workloads_root, a.control_roots)
     pidfile = wl.paths(a.workloads_root, target["workload"])["pidfile"] if target.get("workload") else None
     if target.get("workload"):
@@ -1108,10 +1127,13 @@ def _restore_locked(store: Store, doc: Dict[str, Any], node: Dict[str, Any], cri
     if control and os.path.isdir(control):  # the source's checkpoint sentinels are not the copy's
         ctl.clear(control, ctl.RESTORE_COMPLETE, ctl.RESTORE_FAILED, *ctl.CHECKPOINT_SENTINELS)
     tcp = _tcp_plan(doc, node, a)[0]
-    opts = dataclasses.replace(a.options or CriuOptions.from_manifest(target["criu"]["options"]), tcp=tcp.criu_tcp)
+    opts = dataclasses.replace(a.options or CriuOptions.from_manifest(target["criu"]["options"]), tcp=tcp.criu_tcp,
+                               leave_stopped=overlap is not None)
     t0 = time.monotonic()
-    pid, session = _criu_phase(criu, work, opts, lazy_plan, a, control, doc, pidfile, remote)
+    pid, session = _criu_phase(criu, work, opts, lazy_plan, a, control, doc, pidfile, remote, overlap)
     timings["restore"] = time.monotonic() - t0
+    if overlap is not None:
+        _settle(overlap, pid, pidfile, control, doc, timings)
     cuda_result = _after_criu(pid, doc.get("gpu"), a.gpu_node, timings, control, doc, pidfile)
     ns_pid = proc.ns_pids(pid)[-1] if proc.alive(pid) else None
     if control and os.path.isdir(control):
@@ -1129,14 +1151,18 @@ def _restore_locked(store: Store, doc: Dict[str, Any], node: Dict[str, Any], cri
         "timings": {k: round(v, 3) for k, v in timings.items()}, "criu_stats": stats,
         "transfer": dict(store.transfer), "cuda": cuda_result, "lazy": lazy_plan, "warnings": warnings,
         "tcp": tcp.result(),
+        "verify": {"overlapped": a.overlap_note == "used",
+                   "reason": "page images hashed while CRIU restored the tree stopped" if a.overlap_note == "used"
+                   else f"verified before CRIU started: {a.overlap_note}"},
     }
 
 
 def _criu_phase(criu: str, work: str, opts: CriuOptions, lazy_plan: Dict[str, Any], a: _RestoreArgs,
                 control: Optional[str], doc: Dict[str, Any], pidfile: Optional[str],
-                remote: Any) -> Tuple[int, Optional[lz.Session]]:
+                remote: Any, overlap: Optional[ov.Overlap] = None) -> Tuple[int, Optional[lz.Session]]:
     """The lazy-pages daemon (when lazy) and CRIU's restore: (root pid, daemon session). On failure the daemon
-    is aborted and restore-failed written (``_restore_failed``); a lazy supervisor then watches the tree."""
+    is aborted, an overlapped verify stopped and restore-failed written (``_restore_failed``); a lazy supervisor
+    then watches the tree."""
     images = os.path.join(work, "images")
     session: Optional[lz.Session] = None
     try:
@@ -1144,15 +1170,33 @@ def _criu_phase(criu: str, work: str, opts: CriuOptions, lazy_plan: Dict[str, An
             prog.phase("lazy-pages daemon")
             session = lz.start(criu, images, work, a.lazy_timeout, control, remote, doc["id"],
                                tls_args=a.tls.criu_args() if a.tls else ())
-        prog.phase("restore")
+        if overlap is None:
+            prog.phase("restore")
+        else:
+            overlap.start()
         with criu_plugins_off(bool(doc.get("gpu"))), lz.guard(session):
             pid = _run_criu(criu, images, work, opts, session, pidfile)
     except (CriuError, lz.LazyError) as exc:
+        if overlap is not None:
+            overlap.cancel()
         raise _restore_failed(exc, session, remote, a.page_server, control, doc) from None
     if session is not None:
         session.attach(pid)
         lazy_plan.update(daemon_pid=session.daemon_pid, resumed_after=round(time.monotonic() - a.t_start, 3))
     return pid, session
+
+
+def _settle(overlap: ov.Overlap, pid: int, pidfile: Optional[str], control: Optional[str], doc: Dict[str, Any],
+            timings: Dict[str, float]) -> None:
+    """The overlapped verify's verdict on the stopped tree: it runs (SIGCONT) when every page image matched its
+    manifest, and is killed otherwise - restored code never runs on unverified bytes."""
+    problems = overlap.finish()
+    timings["verify_wait"] = overlap.waited
+    if problems:
+        err = _kill_copy(pid, pidfile, control, f"restore of snapshot {doc['id']} refused: its page images do not "
+                                                f"match the manifest (verified while CRIU restored the tree stopped)")
+        raise SnapshotError(str(err), reasons=problems, outcome="failed")
+    proc.signal_tree(pid, signal.SIGCONT)
 
 
 def _restore_failed(exc: BaseException, session: Optional[lz.Session], remote: Any, page_server: Optional[str],

@@ -27,8 +27,9 @@ import threading
 import time
 import uuid
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
+from typing import Any, Callable, Collection, Dict, Iterator, List, Optional, Tuple
 
+from ansible_collections.warmstart.snapshot.plugins.module_utils import _digest as dg
 from ansible_collections.warmstart.snapshot.plugins.module_utils import _manifest as mf
 from ansible_collections.warmstart.snapshot.plugins.module_utils import _progress as prog
 from ansible_collections.warmstart.snapshot.plugins.module_utils._errors import WarmstartError
@@ -430,20 +431,22 @@ def tree_size(top: str) -> int:
 
 def record_files(top: str, progress: Optional[Callable[[int], None]] = None,
                  known: Optional[Dict[str, Any]] = None) -> List[Dict[str, Any]]:
-    """Size and SHA256 of every file under ``top`` (manifest excluded).
+    """The manifest entry of every file under ``top`` (manifest excluded): size, SHA256, and chunk digests
+    of large files (``_digest``).
 
-    ``known`` maps relative paths to (size, sha256) already computed (by a
-    StreamingHasher); they are used when the size still matches.
+    ``known`` maps relative paths to entries already computed (by a StreamingHasher); they are used
+    when the size still matches.
     """
     entries = []
     for rel in walk_files(top):
         if rel in (mf.MANIFEST, mf.MANIFEST + ".tmp"):
             continue
         full = os.path.join(top, rel)
-        size = os.path.getsize(full)
         pre = (known or {}).get(rel)
-        digest = pre[1] if pre and pre[0] == size else sha256_file(full, progress)
-        entries.append({"path": rel, "size": size, "sha256": digest})
+        if pre and pre["size"] == os.path.getsize(full):
+            entries.append(pre)
+        else:
+            entries.append(dg.hash_file(full, rel, progress))
     return entries
 
 
@@ -453,8 +456,8 @@ class StreamingHasher(threading.Thread):
     CRIU writes ``pages-*.img`` sequentially, append only; this thread follows
     each file as it grows, so the checksum pass after the dump has almost
     nothing left to do. ``finish()`` (after CRIU is done) drains to the end
-    and returns {relative path: (size, sha256)}. Any file it did not follow to
-    the end is simply hashed again by record_files.
+    and returns {relative path: manifest entry} (SHA256 and chunk digests).
+    Any file it did not follow to the end is simply hashed again by record_files.
     """
 
     def __init__(self, top: str, rel_prefix: str, prefix: str = "pages-") -> None:
@@ -476,13 +479,12 @@ class StreamingHasher(threading.Thread):
             state = self._state.get(name)
             if state is None:
                 state = self._state[name] = [open(os.path.join(self.top, name), "rb", buffering=0),
-                                             hashlib.sha256(), 0]
+                                             dg.ChunkedHasher()]
             while True:
                 chunk = state[0].read(CHUNK)
                 if not chunk:
                     break
                 state[1].update(chunk)
-                state[2] += len(chunk)
                 prog.add(len(chunk))
                 moved = True
         return moved
@@ -501,10 +503,11 @@ class StreamingHasher(threading.Thread):
         self._done.set()
         self.join()
         out = {}
-        for name, (handle, digest, size) in self._state.items():
+        for name, (handle, hasher) in self._state.items():
             handle.close()
             if self.error is None:
-                out[f"{self.rel_prefix}/{name}"] = (size, digest.hexdigest())
+                rel = f"{self.rel_prefix}/{name}"
+                out[rel] = hasher.entry(rel)
         return out
 
 
@@ -569,42 +572,64 @@ def unaccounted(top: str, doc: Dict[str, Any]) -> List[str]:
 
 
 def verify_files(top: str, doc: Dict[str, Any], phase: bool = True,
-                 cache: Optional[VerifiedFiles] = None, whole: bool = True) -> List[str]:
+                 cache: Optional[VerifiedFiles] = None, whole: bool = True,
+                 defer: Collection[str] = (), deferred: Optional[List[Tuple[str, Dict[str, Any]]]] = None) -> List[str]:
     """Every problem with the files of a snapshot, as readable sentences (empty = intact).
 
     Every entry of ``top`` must be a regular file the manifest lists (``whole``; off when checking a
     single file). With ``cache``, a file it knows unchanged since this node hashed it is not hashed again.
+    Files are hashed in parallel, by chunk (``_digest.check_files``). Paths in ``defer`` are checked for
+    presence, type and size only: their (path, entry) go to ``deferred``, for the caller to hash
+    (``hash_problems``) while it does something else.
     """
     problems = unaccounted(top, doc) if whole else []
-    if phase:
-        prog.phase("verify", sum(int(e.get("size", 0)) for e in doc.get("files", [])))
+    todo: List[Tuple[str, Dict[str, Any]]] = []
     for entry in doc.get("files", []):
         full = os.path.join(top, entry["path"])
-        parent = os.path.dirname(entry["path"])
-        why = real_dirs(top, parent) if parent and not whole else None
+        hashable, why = _entry_problem(top, entry, full, whole)
         if why:
             problems.append(f"{entry['path']}: {why}")
-            continue
-        try:
-            info = os.lstat(full)
-        except OSError:
-            problems.append(f"{entry['path']}: missing")
-            continue
-        if not stat.S_ISREG(info.st_mode):
-            if not whole:
-                problems.append(f"{entry['path']}: {_kind(info.st_mode)}, not a regular file")
-            continue
-        size = info.st_size
-        if size != entry["size"]:
-            problems.append(f"{entry['path']}: size {size} bytes, manifest says {entry['size']} (truncated or replaced)")
+        if not hashable:
             continue
         if cache is not None and cache.known(full, entry["sha256"]):
-            prog.add(size)
-            continue
-        if sha256_file(full, prog.add) != entry["sha256"]:
-            problems.append(f"{entry['path']}: SHA256 mismatch (corrupted)")
-        elif cache is not None:
-            cache.add(full, entry["sha256"])
+            prog.add(int(entry["size"]))
+        elif entry["path"] in defer and deferred is not None:
+            deferred.append((full, entry))
+        else:
+            todo.append((full, entry))
+    if phase:
+        prog.phase("verify", sum(int(e["size"]) for _f, e in todo))
+    problems += hash_problems(todo, cache)
+    return problems
+
+
+def _entry_problem(top: str, entry: Dict[str, Any], full: str, whole: bool) -> Tuple[bool, Optional[str]]:
+    """(hash it?, why not) for the file of ``entry``; in a ``whole`` check a listed entry that is not a regular
+    file is skipped without a reason here (``unaccounted`` gave it)."""
+    parent = os.path.dirname(entry["path"])
+    why = real_dirs(top, parent) if parent and not whole else None
+    if why:
+        return False, why
+    try:
+        info = os.lstat(full)
+    except OSError:
+        return False, "missing"
+    if not stat.S_ISREG(info.st_mode):
+        return False, None if whole else f"{_kind(info.st_mode)}, not a regular file"
+    if info.st_size != entry["size"]:
+        return False, f"size {info.st_size} bytes, manifest says {entry['size']} (truncated or replaced)"
+    return True, None
+
+
+def hash_problems(items: List[Tuple[str, Dict[str, Any]]], cache: Optional[VerifiedFiles] = None,
+                  cancel: Optional[threading.Event] = None) -> List[str]:
+    """"SHA256 mismatch" for each (path, entry) whose bytes do not match (chunks hashed on every core); the
+    intact ones recorded in ``cache`` (saved). ``cancel`` set: stop early (the result is then meaningless)."""
+    ok = dg.check_files(items, prog.add, cancel=cancel) if items else {}
+    problems = [f"{entry['path']}: SHA256 mismatch (corrupted)" for path, entry in items if not ok.get(path)]
     if cache is not None:
+        for path, entry in items:
+            if ok.get(path):
+                cache.add(path, entry["sha256"])
         cache.save()
     return problems

@@ -340,9 +340,21 @@ restore:
       description:
         - Seconds per phase (preflight, restore, total).
         - With GPU state also cuda_map, cuda_restore and cuda_unlock.
+        - With an overlapped verify (RV(restore.verify)) also verify_wait, the time the stopped tree waited for
+          its page images' digests after CRIU was done.
       type: dict
       returned: not in check mode
       sample: {restore: 0.14, cuda_restore: 2.1, cuda_unlock: 0.001}
+    verify:
+      description:
+        - How the checksums were checked, for a process restore. V(overlapped=true) - everything but the page
+          images was verified before anything was touched, then CRIU restored the tree stopped while the page
+          images were hashed on the other cores, and the tree ran only once every digest matched (a mismatch
+          kills it). Used for a store read in place, an eager restore and a snapshot without GPU state.
+        - V(reason) says which, and why not when it was not overlapped.
+      type: dict
+      returned: success of a process restore, not in check mode
+      sample: {overlapped: true, reason: page images hashed while CRIU restored the tree stopped}
     lazy:
       description:
         - Whether the restore was lazy, and how it went until the task returned.

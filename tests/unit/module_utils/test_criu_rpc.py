@@ -41,7 +41,7 @@ def test_every_field_lands_in_its_rpc_field() -> None:
     assert [(m.key, m.val) for m in opts.ext_mnt] == [("/data", "/srv/data")]
     assert [(i.key, i.fd) for i in opts.inherit_fd] == [("warmstart-net", 7), ("pipe:[42]", 9)]
     assert [(j.ns, j.ns_file) for j in opts.join_ns] == [("uts", "/proc/1/fd/5"), ("ipc", "/proc/1/fd/6")]
-    assert opts.mntns_compat_mode is True and opts.lazy_pages is True
+    assert opts.mntns_compat_mode is True and opts.lazy_pages is True and opts.leave_stopped is True
 
 
 def test_defaults_leave_the_target_fields_at_criu_defaults() -> None:
@@ -49,14 +49,14 @@ def test_defaults_leave_the_target_fields_at_criu_defaults() -> None:
     to_rpc(CriuOptions(), opts)
     assert opts.tcp_established is True and opts.network_lock == NETWORK_LOCK["nftables"]
     assert not hasattr(opts, "timeout"), "timeout 0 means CRIU's default"
-    for name in ("root", "manage_cgroups", "manage_cgroups_mode", "mntns_compat_mode", "lazy_pages"):
+    for name in ("root", "manage_cgroups", "manage_cgroups_mode", "mntns_compat_mode", "lazy_pages", "leave_stopped"):
         assert not hasattr(opts, name), name
     assert not (opts.external or opts.ext_mnt or opts.inherit_fd or opts.join_ns or opts.cg_root)
 
 
 def test_a_manifest_sets_only_the_options_it_records() -> None:
     """A store writer cannot hand CRIU a root, inherited fds or lazy pages through a manifest."""
-    recorded = dict(CriuOptions(tcp="none", timeout=5).as_dict(), root="/", lazy_pages=True,
+    recorded = dict(CriuOptions(tcp="none", timeout=5).as_dict(), root="/", lazy_pages=True, leave_stopped=True,
                     inherit_fd=[{"key": "x", "fd": 0}], manage_cgroups=True, extra={"a": 1})
     got = CriuOptions.from_manifest(recorded)
     assert got == CriuOptions(tcp="none", timeout=5)

@@ -156,7 +156,8 @@ def test_publish_records_its_digests_and_a_cached_verify_uses_them(store: st.FsS
     assert all(cache.known(os.path.join(top, f["path"]), f["sha256"]) for f in doc["files"])
     assert not cache.known(_pages(store, doc), "0" * 64)  # the record is of this digest only
     hashed = []
-    monkeypatch.setattr(st, "sha256_file", lambda path, progress=None: hashed.append(path) or "x")
+    monkeypatch.setattr(st.dg, "check_files",
+                        lambda items, progress=None, cancel=None: {p: hashed.append(p) or False for p, _e in items})
     assert st.verify_local(store, doc, cached=True) == [] and hashed == []
     assert st.verify_local(store, doc) == [f"{f['path']}: SHA256 mismatch (corrupted)" for f in doc["files"]]
 
@@ -350,11 +351,12 @@ def test_streaming_hasher_follows_growing_page_files(tmp_path: Path) -> None:
     thread.start()
     thread.join()
     known = hasher.finish()
-    assert known == {"containers/t/criu/pages-1.img": (len(data), hashlib.sha256(data).hexdigest())}
+    assert known == {"containers/t/criu/pages-1.img": {"path": "containers/t/criu/pages-1.img", "size": len(data),
+                                                       "sha256": hashlib.sha256(data).hexdigest()}}
     entries = {e["path"]: e for e in record_files(str(tmp_path), known=known)}
     assert entries["containers/t/criu/pages-1.img"]["sha256"] == hashlib.sha256(data).hexdigest()
     assert entries["containers/t/criu/core-1.img"]["sha256"] == hashlib.sha256(b"core").hexdigest()
     # a stale pre-computed digest (size changed since) is not trusted
-    stale = {"containers/t/criu/core-1.img": (3, "0" * 64)}
+    stale = {"containers/t/criu/core-1.img": {"path": "containers/t/criu/core-1.img", "size": 3, "sha256": "0" * 64}}
     again = {e["path"]: e for e in record_files(str(tmp_path), known=stale)}
     assert again["containers/t/criu/core-1.img"]["sha256"] == hashlib.sha256(b"core").hexdigest()

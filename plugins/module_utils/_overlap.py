@@ -1,0 +1,97 @@
+# -*- coding: utf-8 -*-
+# Copyright (c) warmstart developers
+# GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+"""Verify overlapped with CRIU's restore: a target's page images are hashed while CRIU restores its tree stopped.
+
+On a node that has never seen a snapshot, hashing its memory images before CRIU starts cost as much as the
+restore itself. Here the preflight verifies everything else first (manifest, small images, the workload's
+files), then CRIU restores the tree with ``leave_stopped`` while the page images are hashed on the other
+cores (``_digest``), and the tree runs only once every digest matched.
+
+Invariants:
+
+- restored code never runs on unverified bytes: the tree stays SIGSTOPped until ``Overlap.finish`` returned
+  no problem; on a problem (or any failure before) the caller kills it (``_snapshot._kill_copy``);
+- nothing but the target's ``pages-*.img`` is deferred: every file the restore writes onto the node or
+  CRIU parses (images, the workload's files) is verified before anything is touched, as without overlap;
+- it is used only where what CRIU reads is what is hashed and nothing else must run first: a store read
+  in place (the images are the store's files; an object store verifies while it fetches), an eager
+  restore (no lazy-pages daemon serving pages to a running tree), no GPU state, ``verify`` on.
+"""
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any, Dict, List, Optional, Set, Tuple
+
+from ansible_collections.warmstart.snapshot.plugins.module_utils import _progress as prog
+from ansible_collections.warmstart.snapshot.plugins.module_utils import _store as st
+
+Items = List[Tuple[str, Dict[str, Any]]]
+
+
+def deferrable(doc: Dict[str, Any]) -> Set[str]:
+    """The manifest paths that may be hashed while CRIU restores: the single target's page images."""
+    targets = doc.get("targets") or []
+    if len(targets) != 1 or "path" not in targets[0]:
+        return set()
+    prefix = f"{targets[0]['path']}/criu/pages-"
+    return {e["path"] for e in doc.get("files", []) if e["path"].startswith(prefix) and e["path"].endswith(".img")}
+
+
+def usable(doc: Dict[str, Any], verify: bool, reads_in_place: bool, lazy: bool) -> Tuple[bool, str]:
+    """(use it?, why not): see the module docstring for when an overlapped verify is sound."""
+    if not verify:
+        return False, "verify: false"
+    if not reads_in_place:
+        return False, "the store's copy is verified as it is fetched"
+    if lazy:
+        return False, "a lazy restore serves pages to a running tree"
+    if doc.get("gpu"):
+        return False, "GPU state is restored into a running tree"
+    if not deferrable(doc):
+        return False, "no page images"
+    return True, ""
+
+
+class Overlap:
+    """The deferred page images hashed on a thread of their own; ``finish`` waits and says what did not match."""
+
+    def __init__(self, items: Items, cache: Optional[st.VerifiedFiles] = None) -> None:
+        self.items = items
+        self.cache = cache
+        self._cancel = threading.Event()
+        self._problems: List[str] = []
+        self._error: Optional[BaseException] = None
+        self._thread = threading.Thread(target=self._run, name="warmstart-verify", daemon=True)
+        self.bytes = sum(int(e["size"]) for _p, e in items)
+        self.waited = 0.0
+
+    def _run(self) -> None:
+        try:
+            self._problems = st.hash_problems(self.items, self.cache, cancel=self._cancel)
+        except BaseException as exc:  # reported by finish(): the tree is then killed, never resumed
+            self._error = exc
+
+    def start(self) -> "Overlap":
+        if self.items:
+            prog.phase("restore + verify", self.bytes)
+            self._thread.start()
+        return self
+
+    def finish(self) -> List[str]:
+        """Every checksum problem of the deferred files (empty: the tree may run); waits for the hashing."""
+        t0 = time.monotonic()
+        if self._thread.is_alive() or self._thread.ident is not None:
+            self._thread.join()
+        self.waited = time.monotonic() - t0
+        if self._error is not None:
+            return [f"verify of the page images failed: {self._error}"]
+        return [f"checksum: {p}" for p in self._problems]
+
+    def cancel(self) -> None:
+        """CRIU failed: stop hashing (nothing will run on these bytes)."""
+        self._cancel.set()
+        if self._thread.ident is not None:
+            self._thread.join()
