@@ -27,7 +27,7 @@ options:
     OPTIONS = r"""
 options:
   store_options:
-    description: Settings of an V(s3://) store.
+    description: Settings of an V(s3://) store, and the store's signing, trust set and encryption at rest.
     type: dict
     default: {}
     suboptions:
@@ -48,6 +48,51 @@ options:
         description: Parallel transfers (multipart parts and byte ranges).
         type: int
         default: 8
+      encryption:
+        description:
+          - Encrypt snapshots at rest (any store). Every file is encrypted on this node before it reaches the store,
+            with AES-256-GCM in 4 MiB chunks under a random per-snapshot data key, which is wrapped by a
+            key-encryption key (KEK) of this node's ring (O(store_options.kek_dir)); nothing else in the store is
+            plaintext but the manifest (names, sizes and digests of the encrypted files, the wrapped key).
+          - Restores decrypt into this node's cache (O(store_options.cache_dir), C(plain/), 0700/0600) in the same
+            pass that checks the stored bytes against the manifest; lazy restores and the page server serve from
+            that copy. The node that took a snapshot keeps its plaintext copy there (a restore on it decrypts
+            nothing).
+          - The switch must match the store - an encrypted snapshot is refused by a store without it, and a
+            plaintext snapshot (which anyone who can write the store could plant) by a store with it. A snapshot
+            whose KEK this node lacks, or whose data key does not unwrap, is refused before anything is touched.
+        type: bool
+        default: false
+      kek_dir:
+        description:
+          - Directory of the key-encryption keys (C(*.key), each the base64 text of 32 random bytes, mode 0600; a
+            key that group or others can read is refused). Default C(/etc/warmstart/keys/kek) (the keys directory
+            is E(WARMSTART_KEYS_DIR) when set), where the P(warmstart.snapshot.node_prep#role) role puts them
+            (C(node_prep_keks)).
+          - Rotation - add the new KEK to every node, then name it in O(store_options.kek); snapshots wrapped by an
+            older KEK restore as long as it stays in the directory (the manifest names its KEK by id).
+        type: path
+      kek:
+        description:
+          - The key-encryption key new snapshots are wrapped with, by file name in O(store_options.kek_dir)
+            (with or without C(.key)). Default - the only one there; several without this option is an error.
+        type: str
+      sse:
+        description:
+          - Server-side encryption of an V(s3://) store's objects by the provider, on every upload - V(AES256)
+            (SSE-S3) or V(aws:kms) (SSE-KMS, with O(store_options.sse_kms_key_id) or the bucket's default key).
+            Independent of O(store_options.encryption), which encrypts before anything leaves the node.
+        type: str
+        choices: [AES256, aws:kms]
+      sse_kms_key_id:
+        description: KMS key (id, ARN or alias) for O(store_options.sse=aws:kms).
+        type: str
+      sse_customer_key:
+        description:
+          - SSE-C - a customer-provided 32-byte key sent with every upload, download and ranged read of an
+            V(s3://) store's objects (boto3 adds its MD5). Give the base64 of 32 bytes, or 32 characters used as
+            they are. Excludes O(store_options.sse). Never logged or returned; losing it loses the snapshots.
+        type: str
       access_key_id:
         description:
           - Access key id to use instead of the node's AWS variables or config files (with

@@ -19,9 +19,16 @@ renamed into place; a cached file that no longer matches is fetched again.
 Credentials come from boto3's usual chain (AWS_* variables, AWS_PROFILE /
 ``profile``, config files, instance roles); warmstart never reads, returns or
 logs them.
+
+Server-side encryption (``sse_settings``) is passed through to the provider:
+SSE-S3 (``AES256``) or SSE-KMS (``aws:kms``, optionally a key id) on every
+upload, or SSE-C (a 32-byte customer key) on every upload, GET and HEAD. The
+customer key is never in a message, ``describe()`` or a result.
 """
 from __future__ import annotations
 
+import base64
+import binascii
 import concurrent.futures
 import os
 import shutil
@@ -33,10 +40,11 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 from ansible_collections.warmstart.snapshot.plugins.module_utils import _manifest as mf
 from ansible_collections.warmstart.snapshot.plugins.module_utils import _progress as prog
 from ansible_collections.warmstart.snapshot.plugins.module_utils._store import (
-    StoreError, local_staging, lock_down, sha256_file, tree_size, walk_files)
+    StoreError, local_staging, lock_down, refuse_encrypted, sha256_file, tree_size, walk_files)
 
 DEFAULT_CACHE = "/var/lib/warmstart/cache"
 CREDENTIAL_OPTIONS = ("access_key_id", "secret_access_key", "session_token")  # store_options that are credentials
+SSE_CHOICES = ("AES256", "aws:kms")
 PART = 64 << 20           # byte range per download request / multipart part size
 THRESHOLD = 64 << 20      # files above this are uploaded multipart
 Progress = Callable[[int], None]
@@ -49,6 +57,40 @@ def parse_url(url: str) -> Tuple[str, str]:
     if not bucket:
         raise StoreError(f"store {url!r} names no bucket")
     return bucket, prefix.strip("/")
+
+
+def _customer_key(text: str) -> bytes:
+    """An SSE-C key as boto3 takes it (32 raw bytes): the base64 of 32 bytes, or 32 bytes of text as they are."""
+    try:
+        raw = base64.b64decode(text, validate=True)
+        if len(raw) == 32:
+            return raw
+    except (binascii.Error, ValueError):
+        pass
+    raw = text.encode()
+    if len(raw) != 32:
+        raise StoreError(f"store_options.sse_customer_key: {len(raw)} bytes; an SSE-C key is 32 bytes "
+                         "(given raw, or as base64)")
+    return raw
+
+
+def sse_settings(sse: Optional[str] = None, kms_key_id: Optional[str] = None,
+                 customer_key: Optional[str] = None) -> Tuple[Dict[str, Any], Dict[str, Any]]:
+    """(ExtraArgs of every upload, arguments added to every GET/HEAD of an object) for the store_options
+    ``sse``, ``sse_kms_key_id`` and ``sse_customer_key``; StoreError naming the options that do not go together."""
+    if sse and sse not in SSE_CHOICES:
+        raise StoreError(f"store_options.sse {sse!r}: use one of {', '.join(SSE_CHOICES)}")
+    if sse and customer_key:
+        raise StoreError("store_options: sse and sse_customer_key exclude each other (SSE-S3/SSE-KMS, or SSE-C)")
+    if kms_key_id and sse != "aws:kms":
+        raise StoreError("store_options.sse_kms_key_id goes with sse: aws:kms")
+    if customer_key:
+        args = {"SSECustomerAlgorithm": "AES256", "SSECustomerKey": _customer_key(customer_key)}
+        return dict(args), dict(args)
+    upload: Dict[str, Any] = {"ServerSideEncryption": sse} if sse else {}
+    if kms_key_id:
+        upload["SSEKMSKeyId"] = kms_key_id
+    return upload, {}
 
 
 class S3Staging:
@@ -96,12 +138,15 @@ class S3Store:
     """An S3-compatible bucket (AWS, MinIO, Ceph RGW, ...) with a node-local cache."""
 
     kind = "s3"
+    admits_encrypted = False  # set by a SecureStore around it
 
     def __init__(self, url: str, endpoint_url: Optional[str] = None, region: Optional[str] = None,
                  profile: Optional[str] = None, cache: str = DEFAULT_CACHE, concurrency: int = 8,
                  progress: Optional[Progress] = None, client: Any = None,
-                 credentials: Optional[Dict[str, str]] = None) -> None:
+                 credentials: Optional[Dict[str, str]] = None,
+                 sse: Optional[Tuple[Dict[str, Any], Dict[str, Any]]] = None) -> None:
         self.bucket, self.prefix = parse_url(url)
+        self._sse_upload, self._sse_read = sse or ({}, {})  # never in a message, describe() or a result
         self._credentials = dict(credentials or {})  # never in a message, describe() or a result
         self.root = url.rstrip("/")
         self.endpoint_url = endpoint_url or os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
@@ -249,7 +294,8 @@ class S3Store:
         def one(rel: str) -> str:
             key = self.key(snapshot_id, rel)
             self._call(f"uploading {rel}", self.client.upload_file, Filename=os.path.join(top, rel),
-                       Bucket=self.bucket, Key=key, Config=cfg, Callback=self._tick)
+                       Bucket=self.bucket, Key=key, Config=cfg, Callback=self._tick,
+                       ExtraArgs=dict(self._sse_upload))
             return key
 
         # large files already upload in parallel parts; small ones go several at a time
@@ -263,7 +309,7 @@ class S3Store:
     def _get_manifest(self, snapshot_id: str) -> Dict[str, Any]:
         key = self.key(snapshot_id, mf.MANIFEST)
         try:
-            body = self.client.get_object(Bucket=self.bucket, Key=key)["Body"].read()
+            body = self.client.get_object(Bucket=self.bucket, Key=key, **self._sse_read)["Body"].read()
         except Exception as exc:  # pylint: disable=broad-except
             err = self._err(f"reading {key}", exc)
             if "not found" in str(err):
@@ -282,7 +328,7 @@ class S3Store:
             return False
 
     def load(self, snapshot_id: str) -> Dict[str, Any]:
-        return self._get_manifest(mf.check_id(snapshot_id))
+        return refuse_encrypted(self, self._get_manifest(mf.check_id(snapshot_id)))
 
     def _ids(self) -> Dict[str, Dict[str, Any]]:
         """Every snapshot prefix: {id: {'published': bool, 'size': bytes, 'mtime': newest}}."""
@@ -400,7 +446,7 @@ class S3Store:
         if length == 0:
             return b""
         resp = self._call(f"reading {rel}", self.client.get_object, Bucket=self.bucket, Key=self.key(snapshot_id, rel),
-                          Range=f"bytes={offset}-{offset + length - 1}")
+                          Range=f"bytes={offset}-{offset + length - 1}", **self._sse_read)
         return bytes(resp["Body"].read())
 
     @staticmethod
@@ -432,7 +478,7 @@ class S3Store:
         def fetch(rng: Tuple[int, int]) -> None:
             start, end = rng
             resp = self._call(f"downloading {entry['path']}", self.client.get_object, Bucket=self.bucket, Key=key,
-                              Range=f"bytes={start}-{end}")
+                              Range=f"bytes={start}-{end}", **self._sse_read)
             fd = os.open(part, os.O_WRONLY)
             try:
                 off = start

@@ -23,10 +23,14 @@ Invariants:
 from __future__ import annotations
 
 import os
+import shutil
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional
 
 from ansible_collections.warmstart.snapshot.plugins.module_utils import _signing as sg
+from ansible_collections.warmstart.snapshot.plugins.module_utils import _crypt as cr
+from ansible_collections.warmstart.snapshot.plugins.module_utils import _encstore as es
+from ansible_collections.warmstart.snapshot.plugins.module_utils._store import StoreError
 from ansible_collections.warmstart.snapshot.plugins.module_utils._storeapi import Staging, Store
 
 KEYS_DIR = "/etc/warmstart/keys"
@@ -80,19 +84,44 @@ def _present(path: str) -> Optional[str]:
 
 
 class SecureStaging:
-    """The backend's staging, with the manifest signed (and files encrypted) at publish."""
+    """The backend's staging, with the manifest signed (and files encrypted) at publish.
 
-    def __init__(self, store: "SecureStore", inner: Staging) -> None:
+    With encryption (``kek`` given), ``path`` is a node-local plaintext directory (``plain``) for CRIU;
+    ``publish`` encrypts what the manifest lists into the backend's staging, adds the encryption block,
+    signs last and publishes; the plaintext then becomes this node's decrypted copy. ``abort`` removes both.
+    """
+
+    def __init__(self, store: "SecureStore", inner: Staging, plain: Optional[str] = None,
+                 kek: Optional[cr.Kek] = None) -> None:
         self.store = store
         self.inner = inner
-        self.path = inner.path
+        self.plain = plain
+        self.kek = kek
+        self.path = plain or inner.path
         self.snapshot_id = inner.snapshot_id
+        self.done = False
 
     def publish(self, manifest: Dict[str, Any]) -> str:
-        return self.inner.publish(self.store._sign(manifest))
+        enc = self.store.encryption
+        try:
+            if enc is not None and self.plain and self.kek is not None:
+                enc.encrypt_into(self.plain, self.inner.path, manifest, self.kek)
+            manifest = self.store._sign(manifest)  # last: over the files as stored and the encryption block
+            final = self.inner.publish(manifest)
+        except BaseException:
+            self.abort()
+            raise
+        self.done = True
+        if enc is not None and self.plain:
+            enc.keep_plain(self.plain, manifest)
+        return final
 
     def abort(self) -> None:
-        self.inner.abort()
+        if not self.done:
+            self.inner.abort()
+            if self.plain:
+                shutil.rmtree(self.plain, ignore_errors=True)
+            self.done = True
 
 
 class SecureStore:
@@ -104,6 +133,9 @@ class SecureStore:
         self.root = inner.root
         self.kind = inner.kind
         self.transfer = inner.transfer
+        setattr(inner, "admits_encrypted", True)  # its manifests are judged here (_check_encryption)
+        self.encryption = es.Encryption(inner, config.kek_dir, config.kek, config.cache_dir) if config.encryption \
+            else None
         self._signing_key: Optional[sg.SigningKey] = None   # loaded once, on first use
         self._trust_set: Optional[sg.TrustSet] = None
 
@@ -133,7 +165,13 @@ class SecureStore:
         return self._signing_key
 
     def _check_encryption(self, doc: Dict[str, Any]) -> None:
-        """Encryption (``_crypt``): refuse ``doc`` when it is encrypted and this store is not, or the reverse."""
+        """Encryption (``_crypt``): refuse ``doc`` when it is encrypted and this store is not, or the reverse, or
+        when no KEK of this node unwraps its data key (all at load, before anything else is read)."""
+        if self.encryption is not None:
+            self.encryption.admit(doc)
+        elif doc.get("encryption") is not None:
+            raise StoreError(f"snapshot {doc.get('id')} in store {self.root} is encrypted: set "
+                             "store_options.encryption (with this node's key-encryption keys, node_prep_keks)")
 
     def _sign(self, manifest: Dict[str, Any]) -> Dict[str, Any]:
         """Signing: ``manifest`` with its signature, when this node has a signing key (called last in publish)."""
@@ -161,7 +199,11 @@ class SecureStore:
         """Encryption owns this (node-local staging, encrypted into the backend's at publish); signing happens
         through ``SecureStaging.publish`` calling ``_sign`` last."""
         self._signer()  # an unusable signing key refuses the checkpoint before CRIU runs
-        return SecureStaging(self, self.inner.stage(snapshot_id))
+        if self.encryption is None:
+            return SecureStaging(self, self.inner.stage(snapshot_id))
+        kek = self.encryption.check_writable()  # no KEK to write with: refused before CRIU runs
+        inner = self.inner.stage(snapshot_id)
+        return SecureStaging(self, inner, self.encryption.new_staging(), kek)
 
     # -- plain delegation ---------------------------------------------------------------------------
     @property
@@ -176,7 +218,7 @@ class SecureStore:
         return self.inner.describe()
 
     def cache_root(self) -> Optional[str]:
-        return self.inner.cache_root()
+        return self.encryption.plain_root if self.encryption is not None else self.inner.cache_root()
 
     def snapshot_dir(self, snapshot_id: str) -> str:
         return self.inner.snapshot_dir(snapshot_id)
@@ -184,6 +226,8 @@ class SecureStore:
     def check_usable(self) -> None:
         self._signer()
         self.inner.check_usable()
+        if self.encryption is not None:
+            self.encryption.check_writable()
 
     def ensure(self) -> None:
         self.inner.ensure()
@@ -191,23 +235,47 @@ class SecureStore:
     def exists(self, snapshot_id: str) -> bool:
         return self.inner.exists(snapshot_id)
 
+    # -- reading: an encrypted snapshot through this node's decrypted copy ------------------------------
+    def _doc(self, enc: es.Encryption, snapshot_id: str) -> Dict[str, Any]:
+        """The admitted manifest of ``snapshot_id`` (loaded, and so admitted, when this object has not yet)."""
+        return enc.docs.get(snapshot_id) or self.load(snapshot_id)
+
     def local_dir(self, snapshot_id: str) -> str:
-        return self.inner.local_dir(snapshot_id)
+        if self.encryption is None:
+            return self.inner.local_dir(snapshot_id)
+        return self.encryption.local_dir(self._doc(self.encryption, snapshot_id))
 
     def verify(self, doc: Dict[str, Any], fetch: bool = True, cached: bool = False) -> List[str]:
-        return self.inner.verify(doc, fetch=fetch, cached=cached)
+        if self.encryption is None or not fetch:
+            return self.inner.verify(doc, fetch=fetch, cached=cached)  # check mode: the stored bytes
+        if doc.get("id") not in self.encryption.keys:
+            self._admit(doc)  # a manifest this object did not load: its key comes from admission
+        return self.encryption.verify(doc, cached)
 
     def fetch_file(self, snapshot_id: str, entry: Dict[str, Any], path: str, verify: bool = True) -> None:
-        self.inner.fetch_file(snapshot_id, entry, path, verify=verify)
+        if self.encryption is None:
+            self.inner.fetch_file(snapshot_id, entry, path, verify=verify)
+            return
+        self._doc(self.encryption, snapshot_id)
+        self.encryption.fetch_file(snapshot_id, entry, path)  # always checked: decrypting authenticates
 
     def read_range(self, snapshot_id: str, rel: str, offset: int, length: int) -> bytes:
-        return self.inner.read_range(snapshot_id, rel, offset, length)
+        if self.encryption is None:
+            return self.inner.read_range(snapshot_id, rel, offset, length)
+        self._doc(self.encryption, snapshot_id)
+        return self.encryption.read_range(snapshot_id, rel, offset, length)
 
     def staging_entries(self) -> List[Dict[str, Any]]:
-        return self.inner.staging_entries()
+        entries = self.inner.staging_entries()
+        return self.encryption.staging_entries(entries) if self.encryption is not None else entries
 
     def delete(self, snapshot_id: str) -> int:
-        return self.inner.delete(snapshot_id)
+        size = self.inner.delete(snapshot_id)
+        if self.encryption is not None:
+            self.encryption.forget(snapshot_id)
+        return size
 
     def delete_staging(self, path: str) -> int:
+        if self.encryption is not None and self.encryption.owns_staging(path):
+            return self.encryption.delete_staging(path)
         return self.inner.delete_staging(path)

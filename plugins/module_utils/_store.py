@@ -210,10 +210,20 @@ def _fsync_dir(path: str) -> None:
         os.close(fd)
 
 
+def refuse_encrypted(store: Any, doc: Dict[str, Any]) -> Dict[str, Any]:
+    """``doc`` from a bare backend, refused when it is encrypted: only a ``SecureStore`` (which sets the backend's
+    ``admits_encrypted``) reads encrypted snapshots, so they never reach CRIU undecrypted."""
+    if doc.get("encryption") is not None and not getattr(store, "admits_encrypted", False):
+        raise StoreError(f"snapshot {doc['id']} in store {store.root} is encrypted: set store_options.encryption "
+                         "(with this node's key-encryption keys, node_prep_keks)")
+    return doc
+
+
 class FsStore:
     """Filesystem store rooted at ``root``."""
 
     kind = "fs"
+    admits_encrypted = False  # set by a SecureStore around it
 
     def __init__(self, root: str) -> None:
         if not root or not os.path.isabs(root):
@@ -318,7 +328,7 @@ class FsStore:
         doc = mf.load(path)
         if doc["id"] != snapshot_id:
             raise StoreError(f"{path}: manifest id {doc['id']} does not match its directory {snapshot_id}")
-        return doc
+        return refuse_encrypted(self, doc)
 
     def list(self) -> List[Dict[str, Any]]:
         """Published snapshots, oldest first. Unreadable ones are returned with ``error``."""

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 from typing import Any, Dict, Optional
 
-from ansible_collections.warmstart.snapshot.plugins.module_utils._s3store import CREDENTIAL_OPTIONS, DEFAULT_CACHE, S3Store
+from ansible_collections.warmstart.snapshot.plugins.module_utils._s3store import (
+    CREDENTIAL_OPTIONS, DEFAULT_CACHE, S3Store, sse_settings)
 from ansible_collections.warmstart.snapshot.plugins.module_utils._securestore import SecureStore, SecurityConfig
 from ansible_collections.warmstart.snapshot.plugins.module_utils._store import FsStore, StoreError
 from ansible_collections.warmstart.snapshot.plugins.module_utils._storeapi import Store
@@ -30,14 +31,20 @@ def _backend(spec: Any, options: Optional[Dict[str, Any]] = None) -> Store:
 
     ``options`` (``store_options``) configure an S3 store: endpoint_url, region, profile, cache_dir,
     concurrency, and credentials (access_key_id, secret_access_key, session_token) that take the place of the
-    node's AWS variables and config files. boto3 is imported only when an S3 store first talks to its bucket.
+    node's AWS variables and config files, and server-side encryption (sse, sse_kms_key_id, sse_customer_key),
+    which only a bucket has. boto3 is imported only when an S3 store first talks to its bucket.
     """
+    o = options or {}
     if isinstance(spec, str) and spec.startswith("s3://"):
-        o = options or {}
         credentials = {k: str(o[k]) for k in CREDENTIAL_OPTIONS if o.get(k)}
         return S3Store(spec, endpoint_url=o.get("endpoint_url"), region=o.get("region"), profile=o.get("profile"),
                        cache=o.get("cache_dir") or DEFAULT_CACHE, concurrency=int(o.get("concurrency") or 8),
-                       credentials=credentials or None)
+                       credentials=credentials or None,
+                       sse=sse_settings(o.get("sse"), o.get("sse_kms_key_id"), o.get("sse_customer_key")))
+    sse = [k for k in ("sse", "sse_kms_key_id", "sse_customer_key") if o.get(k)]
+    if sse:
+        raise StoreError(f"store_options {', '.join(sse)}: server-side encryption applies to s3:// stores only "
+                         "(store_options.encryption encrypts any store)")
     if isinstance(spec, str):
         return FsStore(spec)
     if isinstance(spec, dict):

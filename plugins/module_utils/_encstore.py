@@ -1,0 +1,378 @@
+# -*- coding: utf-8 -*-
+# Copyright (c) warmstart developers
+# GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+"""Encryption at rest for a ``SecureStore``: what it writes into and reads from an encrypted store.
+
+``_securestore.SecureStore`` holds one ``Encryption`` when ``store_options.encryption`` is on and calls it
+from its ``Store`` members; the format is ``_crypt``'s. Invariants:
+
+- CRIU writes into a node-local staging directory (``<cache_dir>/tmp/<uuid>``, 0700); ``encrypt_into``
+  encrypts every listed file into the backend's staging and rewrites the manifest's ``files`` (size and
+  SHA256 of the stored, encrypted bytes) before the manifest is signed and published: no plaintext byte
+  reaches the store, and every backend check (sizes, digests, downloads) works on the stored bytes;
+- an encrypted snapshot is read into ``<cache_dir>/plain/<store key>/<id>/`` (0700/0600) in one pass per
+  file that hashes the stored bytes against the manifest and authenticates and decrypts them; a file's
+  plaintext is renamed into place only when both pass, and the copy's ``manifest.json`` (the manifest it
+  was made from) is written last: a copy with it and the right sizes is complete and is reused - within
+  the boot that made it (``.unsynced``: its files are not fsynced; after a reboot it is made again);
+- a filesystem store's files are opened without following symlinks, through real directories only;
+  an object store's are read with ranged GETs, several at a time;
+- no key, and no plaintext outside the node-local cache, is ever written; messages name files and key ids.
+"""
+from __future__ import annotations
+
+import collections
+import concurrent.futures
+import hashlib
+import os
+import re
+import shutil
+import stat
+import uuid
+from typing import Any, Deque, Dict, Iterator, List, Optional, Set
+
+from ansible_collections.warmstart.snapshot.plugins.module_utils import _crypt as cr
+from ansible_collections.warmstart.snapshot.plugins.module_utils import _manifest as mf
+from ansible_collections.warmstart.snapshot.plugins.module_utils import _progress as prog
+from ansible_collections.warmstart.snapshot.plugins.module_utils._store import (
+    StoreError, local_staging, lock_down, real_dirs, tree_size, unaccounted)
+from ansible_collections.warmstart.snapshot.plugins.module_utils._storeapi import Store
+
+GET_CHUNKS = 4            # stored chunks per ranged GET of an object store
+UNSYNCED = ".unsynced"    # in a plaintext copy: the boot it is valid in (its files are not fsynced)
+
+
+def store_key(root: str) -> str:
+    """A directory name for the store ``root`` (readable, and unique through a digest of the root)."""
+    safe = re.sub(r"[^A-Za-z0-9._-]+", "_", root.strip("/"))[-48:].strip("_.") or "store"
+    return f"{safe}-{hashlib.sha256(root.encode()).hexdigest()[:12]}"
+
+
+class Encryption:
+    """The encrypting side of one store (see the module docstring)."""
+
+    def __init__(self, inner: Store, kek_dir: Optional[str], kek: Optional[str], cache_dir: str) -> None:
+        self.inner = inner
+        self.kek_dir = kek_dir
+        self.kek = kek
+        self.cache_dir = cache_dir
+        self.tmp = os.path.join(cache_dir, "tmp")
+        self.plain_root = os.path.join(cache_dir, "plain", store_key(inner.root))
+        self.keys: Dict[str, bytes] = {}           # snapshot id -> data key (admitted manifests only)
+        self.docs: Dict[str, Dict[str, Any]] = {}  # snapshot id -> admitted manifest
+        self.ready: Set[str] = set()               # ids whose plaintext copy was found complete in this run
+        self.chunk = cr.CHUNK                      # plaintext bytes per chunk of what this store writes
+
+    def _fail(self, exc: BaseException, sid: Optional[str] = None) -> StoreError:
+        what = f"snapshot {sid} in store {self.inner.root}" if sid else f"store {self.inner.root}"
+        return StoreError(f"{what}: {exc}", reasons=getattr(exc, "reasons", None))
+
+    # -- admission -----------------------------------------------------------------------------------
+    def admit(self, doc: Dict[str, Any]) -> None:
+        """Refuse ``doc`` unless it is encrypted with a KEK of this node's ring that unwraps its data key."""
+        sid = str(doc.get("id"))
+        block = doc.get("encryption")
+        if block is None:
+            raise StoreError(f"snapshot {sid} in store {self.inner.root} is not encrypted, but the store is "
+                             "(store_options.encryption): refusing it - a plaintext snapshot in an encrypted "
+                             "store may have been planted there")
+        try:
+            problems = cr.check_block(block)
+            if problems:
+                raise cr.CryptError(f"manifest {problems[0]}", reasons=problems)
+            self.keys[sid] = cr.unwrap(block, cr.find_kek(self.kek_dir, block["kek_id"]), sid)
+        except cr.CryptError as exc:
+            raise self._fail(exc, sid) from None
+        self.docs[sid] = doc
+
+    def check_writable(self) -> cr.Kek:
+        """The KEK new snapshots are wrapped with (and ``cryptography`` present), or StoreError why not."""
+        try:
+            cr.require()
+            return cr.writing_kek(self.kek_dir, self.kek)
+        except cr.CryptError as exc:
+            raise self._fail(exc) from None
+
+    # -- writing ---------------------------------------------------------------------------------------
+    def new_staging(self) -> str:
+        """A node-local plaintext staging directory for CRIU (0700)."""
+        os.makedirs(self.tmp, mode=0o700, exist_ok=True)
+        path = os.path.join(self.tmp, uuid.uuid4().hex)
+        os.mkdir(path, 0o700)
+        return path
+
+    def encrypt_into(self, plain: str, dest: str, manifest: Dict[str, Any], kek: cr.Kek) -> None:
+        """Every file ``manifest`` lists, from ``plain`` encrypted into ``dest``; the manifest's ``files`` and
+        ``size`` then describe the stored bytes and its ``encryption`` block holds the wrapped data key."""
+        sid = str(manifest["id"])
+        data_key = cr.new_data_key()
+        prog.phase("encrypt", sum(int(e["size"]) for e in manifest["files"]))
+        files = []
+        for entry in manifest["files"]:
+            rel = entry["path"]
+            out = os.path.join(dest, rel)
+            os.makedirs(os.path.dirname(out), mode=0o700, exist_ok=True)
+            size, digest = cr.encrypt_file(os.path.join(plain, rel), out, cr.FileCipher(data_key, sid, rel),
+                                           self.chunk, prog.add)
+            files.append({"path": rel, "size": size, "sha256": digest})
+        manifest["files"] = files
+        manifest["size"] = sum(e["size"] for e in files)
+        manifest["encryption"] = cr.wrap(data_key, kek, sid, self.chunk)
+        self.keys[sid] = data_key
+
+    def keep_plain(self, plain: str, manifest: Dict[str, Any]) -> None:
+        """After publish: the plaintext staging becomes this node's decrypted copy (a restore here decrypts
+        nothing); the backend's own cached copy of the stored bytes is dropped (never read)."""
+        sid = str(manifest["id"])
+        dest = self.plain_dir(sid)
+        shutil.rmtree(dest, ignore_errors=True)
+        os.makedirs(self.plain_root, mode=0o700, exist_ok=True)
+        lock_down(plain)
+        os.rename(plain, dest)
+        _finish_copy(dest, manifest)
+        self.docs[sid] = manifest
+        self.ready.add(sid)
+        cached = self.inner.cache_root()
+        if cached:
+            shutil.rmtree(os.path.join(cached, sid), ignore_errors=True)
+
+    # -- the plaintext copy ----------------------------------------------------------------------------
+    def plain_dir(self, snapshot_id: str) -> str:
+        return os.path.join(self.plain_root, mf.check_id(snapshot_id))
+
+    def _complete(self, doc: Dict[str, Any]) -> bool:
+        """This node holds a finished plaintext copy of exactly ``doc``."""
+        sid = doc["id"]
+        dest = self.plain_dir(sid)
+        if sid in self.ready:
+            return True
+        try:
+            if os.path.lexists(os.path.join(dest, UNSYNCED)):
+                with open(os.path.join(dest, UNSYNCED), "r", encoding="ascii") as handle:
+                    if handle.read() != _boot_id():
+                        return False
+            if mf.load(os.path.join(dest, mf.MANIFEST)) != doc:
+                return False
+            chunk = int(doc["encryption"]["chunk"])
+            for entry in doc["files"]:
+                info = os.lstat(os.path.join(dest, entry["path"]))
+                if not stat.S_ISREG(info.st_mode) or info.st_size != cr.plain_size(int(entry["size"]), chunk):
+                    return False
+        except (OSError, mf.ManifestError, cr.CryptError):
+            return False
+        self.ready.add(sid)
+        return True
+
+    def copy(self, doc: Dict[str, Any], reuse: bool = True) -> List[str]:
+        """Problems making this node's plaintext copy of ``doc`` (empty: it is complete at ``plain_dir``)."""
+        sid = doc["id"]
+        if reuse and self._complete(doc):
+            if not self.inner.reads_in_place:  # a filesystem store moves nothing over a network: no transfer
+                self.inner.transfer["reused"] = self.inner.transfer.get("reused", 0) + int(doc.get("size") or 0)
+            return []
+        self.ready.discard(sid)
+        dest = self.plain_dir(sid)
+        shutil.rmtree(dest, ignore_errors=True)
+        os.makedirs(dest, mode=0o700)
+        prog.phase("decrypt", sum(int(e["size"]) for e in doc["files"]))
+        problems = []
+        for entry in doc["files"]:
+            try:
+                self.decrypt_file(doc, entry, os.path.join(dest, entry["path"]))
+            except (StoreError, cr.CryptError, OSError) as exc:
+                why = str(getattr(exc, "strerror", None) or exc)
+                problems.append(why if why.startswith(f"{entry['path']}: ") else f"{entry['path']}: {why}")
+        if problems:
+            shutil.rmtree(dest, ignore_errors=True)
+            return problems
+        lock_down(dest)
+        _finish_copy(dest, doc)
+        self.ready.add(sid)
+        return []
+
+    def local_dir(self, doc: Dict[str, Any]) -> str:
+        problems = self.copy(doc)
+        if problems:
+            raise StoreError(f"snapshot {doc['id']} in store {self.inner.root}: {problems[0]}", reasons=problems)
+        return self.plain_dir(doc["id"])
+
+    def verify(self, doc: Dict[str, Any], cached: bool) -> List[str]:
+        """The stored files against the manifest (unlisted, missing, sizes), then the decrypting pass (skipped
+        for a complete copy when ``cached``)."""
+        if self.inner.reads_in_place:
+            problems = unaccounted(self.inner.snapshot_dir(doc["id"]), doc)
+        else:
+            problems = self.inner.verify(doc, fetch=False)
+            if problems:
+                return problems
+        return problems + self.copy(doc, reuse=cached)
+
+    # -- decrypting ----------------------------------------------------------------------------------
+    def decrypt_file(self, doc: Dict[str, Any], entry: Dict[str, Any], path: str) -> None:
+        """One file: stored bytes hashed and decrypted in one pass into ``path`` (renamed in when intact)."""
+        sid, rel, size = doc["id"], entry["path"], int(entry["size"])
+        chunk = int(doc["encryption"]["chunk"])
+        cipher = cr.FileCipher(self.keys[sid], sid, rel)
+        count = cr.chunk_count(size, chunk)
+        os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+        part = f"{path}.part"
+        fd = os.open(part, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+        try:
+            with os.fdopen(fd, "wb") as out:
+                digest = cr.decrypt_stream(self._stored_chunks(sid, rel, size, chunk), cipher, count, out.write,
+                                           prog.add)
+            if digest != entry["sha256"]:
+                raise StoreError("SHA256 mismatch (corrupted)")
+            os.rename(part, path)
+        except BaseException:
+            if os.path.lexists(part):
+                os.unlink(part)
+            raise
+        if not self.inner.reads_in_place:
+            self.inner.transfer["downloaded"] = self.inner.transfer.get("downloaded", 0) + size
+
+    def _stored_chunks(self, sid: str, rel: str, size: int, chunk: int) -> Iterator[bytes]:
+        spans = cr.spans(size, chunk)
+        if self.inner.reads_in_place:
+            return self._local_chunks(sid, rel, size, spans)
+        return self._remote_chunks(sid, rel, spans)
+
+    def _open_stored(self, sid: str, rel: str, size: Optional[int]) -> int:
+        """A read-only fd of a filesystem store's file: real directories, no symlink, a regular file of ``size``."""
+        top = self.inner.snapshot_dir(sid)
+        parent = os.path.dirname(rel)
+        why = real_dirs(top, parent) if parent else None
+        if why:
+            raise StoreError(why)
+        try:
+            fd = os.open(os.path.join(top, rel), os.O_RDONLY | os.O_NOFOLLOW)
+        except OSError as exc:
+            raise StoreError("missing" if isinstance(exc, FileNotFoundError) else f"cannot open it: {exc.strerror}"
+                             + (" (a symlink)" if exc.errno == 40 else "")) from None
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode) or (size is not None and info.st_size != size):
+            os.close(fd)
+            raise StoreError(f"size {info.st_size} bytes, manifest says {size} (truncated or replaced)"
+                             if stat.S_ISREG(info.st_mode) else "not a regular file")
+        return fd
+
+    def _local_chunks(self, sid: str, rel: str, size: int, spans: List[Any]) -> Iterator[bytes]:
+        fd = self._open_stored(sid, rel, size)
+        try:
+            for _index, offset, length in spans:
+                yield _pread_all(fd, length, offset)
+        finally:
+            os.close(fd)
+
+    def _remote_chunks(self, sid: str, rel: str, spans: List[Any]) -> Iterator[bytes]:
+        """Stored chunks in order, fetched GET_CHUNKS at a time by ranged GETs, ``concurrency`` GETs ahead."""
+        groups = [spans[i:i + GET_CHUNKS] for i in range(0, len(spans), GET_CHUNKS)]
+        workers = max(1, int(getattr(self.inner, "concurrency", 4)))
+
+        def get(group: List[Any]) -> bytes:
+            start = group[0][1]
+            return self.inner.read_range(sid, rel, start, group[-1][1] + group[-1][2] - start)
+
+        with concurrent.futures.ThreadPoolExecutor(max_workers=workers) as pool:
+            pending: Deque[Any] = collections.deque()
+            todo = iter(groups)
+            for group in todo:
+                pending.append((group, pool.submit(get, group)))
+                if len(pending) > workers:
+                    break
+            while pending:
+                group, future = pending.popleft()
+                nxt = next(todo, None)
+                if nxt is not None:
+                    pending.append((nxt, pool.submit(get, nxt)))
+                data, base = future.result(), group[0][1]
+                for _index, offset, length in group:
+                    piece = data[offset - base:offset - base + length]
+                    if len(piece) != length:
+                        raise StoreError(f"short read ({len(piece)} of {length} bytes at {offset})")
+                    yield piece
+
+    def fetch_file(self, sid: str, entry: Dict[str, Any], path: str) -> None:
+        """One file decrypted to ``path`` (from the complete copy when there is one), checked on the way."""
+        doc = self.docs[sid]
+        if self._complete(doc):
+            shutil.copyfile(os.path.join(self.plain_dir(sid), entry["path"]), path)
+            os.chmod(path, 0o600)
+            return
+        try:
+            self.decrypt_file(doc, entry, path)
+        except cr.CryptError as exc:
+            raise self._fail(exc, sid) from None
+
+    def read_range(self, sid: str, rel: str, offset: int, length: int) -> bytes:
+        """Plaintext bytes of one file: from the complete copy, else the stored chunks covering them."""
+        doc = self.docs[sid]
+        if self._complete(doc):
+            with open(os.path.join(self.plain_dir(sid), rel), "rb") as handle:
+                return os.pread(handle.fileno(), length, offset)
+        entry = next((e for e in doc["files"] if e["path"] == rel), None)
+        if entry is None:
+            raise StoreError(f"snapshot {sid}: {rel} is not listed in its manifest")
+        cipher = cr.FileCipher(self.keys[sid], sid, rel)
+        try:
+            return cr.read_plain(lambda off, n: self._read_stored(sid, rel, off, n), cipher, int(entry["size"]),
+                                 int(doc["encryption"]["chunk"]), offset, length)
+        except cr.CryptError as exc:
+            raise self._fail(exc, sid) from None
+
+    def _read_stored(self, sid: str, rel: str, offset: int, length: int) -> bytes:
+        if not self.inner.reads_in_place:
+            return self.inner.read_range(sid, rel, offset, length)
+        fd = self._open_stored(sid, rel, None)
+        try:
+            return _pread_all(fd, length, offset)
+        finally:
+            os.close(fd)
+
+    # -- housekeeping --------------------------------------------------------------------------------
+    def forget(self, snapshot_id: str) -> None:
+        """Drop this node's plaintext copy of ``snapshot_id`` (the snapshot was deleted)."""
+        shutil.rmtree(self.plain_dir(snapshot_id), ignore_errors=True)
+        self.ready.discard(snapshot_id)
+
+    def staging_entries(self, inner: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
+        """The backend's leftovers and this node's plaintext staging leftovers (once each)."""
+        seen = {e["path"] for e in inner}
+        return inner + [e for e in local_staging(self.tmp) if e["path"] not in seen]
+
+    def owns_staging(self, path: str) -> bool:
+        return os.path.dirname(path.rstrip("/")) == self.tmp
+
+    @staticmethod
+    def delete_staging(path: str) -> int:
+        size = tree_size(path)
+        shutil.rmtree(path, ignore_errors=True)
+        return size
+
+
+def _finish_copy(dest: str, doc: Dict[str, Any]) -> None:
+    """Mark ``dest`` a complete copy of ``doc``, valid in this boot: the boot id, then the manifest, last."""
+    with os.fdopen(os.open(os.path.join(dest, UNSYNCED), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w",
+                   encoding="ascii") as handle:
+        handle.write(_boot_id())
+    mf.dump(doc, os.path.join(dest, mf.MANIFEST))
+
+
+def _boot_id() -> str:
+    try:
+        with open("/proc/sys/kernel/random/boot_id", "r", encoding="ascii") as handle:
+            return handle.read().strip()
+    except OSError:
+        return ""
+
+
+def _pread_all(fd: int, length: int, offset: int) -> bytes:
+    parts, done = [], 0
+    while done < length:
+        data = os.pread(fd, length - done, offset + done)
+        if not data:
+            break
+        parts.append(data)
+        done += len(data)
+    return b"".join(parts)
