@@ -24,10 +24,10 @@ from typing import Any, Dict, Iterator, List, Tuple
 import pytest
 
 from tests.support.signing_keys import keys_dir
+from tests.support.tls_certs import Pki
 
 from .ansible_run import REPO, playbook
 from .process_lab import Lab, free_port, query
-from .tls_certs import Pki
 
 pytestmark = pytest.mark.integration
 

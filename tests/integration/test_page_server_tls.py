@@ -20,9 +20,10 @@ from typing import Any, Dict, Optional
 
 import pytest
 
+from tests.support.tls_certs import Pki
+
 from .ansible_run import playbook
 from .process_lab import Lab, free_port, port_open, proc_state, query
-from .tls_certs import Pki
 
 pytestmark = pytest.mark.integration
 
