@@ -3,8 +3,10 @@ collection takes, and every place a run leaves text is searched for the secret v
 
 Secrets given: the S3 secret access key and session token (``store_options``; the access key id is an
 identifier, shown in results like a user name, but kept out of the node's files too), the page server's
-TLS private key (``tls_key``: a path; its PEM contents are searched) and the node's snapshot-signing key
-(``<keys>/signing.key``, the keys directory being this test's own: checkpoints sign, restores verify). Searched: the JSON Ansible printed for
+TLS private key (``tls_key``: a path; its PEM contents are searched), the SSE-C customer key
+(``store_options.sse_customer_key``) and, in the node's keys directory (this test's own), the snapshot-signing
+key (checkpoints sign, restores verify) and the key-encryption key of the encrypted store (``encryption``);
+key material is searched as text and as raw bytes. Searched: the JSON Ansible printed for
 every play (results, failure messages, invocations), its stderr, and every file the runs left - the store's
 objects (moto), the node-local cache, the restore work dirs with CRIU's logs, the page server's logs,
 progress files, metrics, the workload's control files and the fleet playbook's summary.
@@ -15,7 +17,9 @@ Also checked without running anything: every module option whose name says secre
 """
 from __future__ import annotations
 
+import base64
 import importlib
+import os
 import re
 import uuid
 from pathlib import Path
@@ -33,7 +37,7 @@ pytestmark = pytest.mark.integration
 
 MODULES = sorted(p.stem for p in (REPO / "plugins" / "modules").glob("*.py") if p.stem != "__init__")
 SECRET_NAME = re.compile(r"secret|token|password|passphrase|customer_key")
-COVERED = {"secret_access_key", "session_token"}  # the no_log options test_no_secret_in_output... passes
+COVERED = {"secret_access_key", "session_token", "sse_customer_key"}  # the no_log options test_no_secret_in_output... passes
 
 
 def findings(where: str, data: bytes, secrets: Dict[str, bytes]) -> List[str]:
@@ -59,11 +63,18 @@ def test_no_secret_in_output_results_logs_store_or_cache(lab: Lab, s3: Dict[str,
     kid = keys_dir(keys)
     monkeypatch.setenv("WARMSTART_KEYS_DIR", str(keys))  # the node's keys: this checkpoint signs, restores verify
     signing_body = max((keys / "signing.key").read_text().splitlines(), key=len)
+    kek, sse_c = os.urandom(32), os.urandom(32)
+    (keys / "kek").mkdir(mode=0o700)
+    fd = os.open(keys / "kek" / "fleet.key", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w", encoding="ascii") as handle:
+        handle.write(base64.b64encode(kek).decode() + "\n")
     secrets = {"secret_access_key": secret_key.encode(), "session_token": token.encode(),
-               "TLS private key": key_body.encode(), "signing key": signing_body.encode()}
-    node_secrets = dict(secrets, access_key_id=access.encode())
+               "TLS private key": key_body.encode(), "signing key": signing_body.encode(),
+               "KEK": base64.b64encode(kek), "sse_customer_key": base64.b64encode(sse_c)}
+    node_secrets = dict(secrets, access_key_id=access.encode(), **{"KEK (raw)": kek, "sse_customer_key (raw)": sse_c})
 
-    opts = dict(s3["opts"], access_key_id=access, secret_access_key=secret_key, session_token=token)
+    opts = dict(s3["opts"], access_key_id=access, secret_access_key=secret_key, session_token=token,
+                encryption=True, sse_customer_key=base64.b64encode(sse_c).decode())
     store = s3["url"]
     tls = {"tls": True, "tls_ca": str(ca), "tls_cert": str(cert), "tls_key": str(key)}
     progress, metrics = lab.tmp / "progress", lab.tmp / "metrics"
@@ -124,14 +135,18 @@ def test_no_secret_in_output_results_logs_store_or_cache(lab: Lab, s3: Dict[str,
     objects = [o["Key"] for page in client.get_paginator("list_objects_v2").paginate(Bucket=s3["bucket"])
                for o in page.get("Contents", [])]
     for name in objects:
-        found += findings(f"s3://{s3['bucket']}/{name}", client.get_object(Bucket=s3["bucket"], Key=name)["Body"].read(),
-                          node_secrets)
+        body = client.get_object(Bucket=s3["bucket"], Key=name, SSECustomerAlgorithm="AES256",
+                                 SSECustomerKey=sse_c)["Body"].read()
+        found += findings(f"s3://{s3['bucket']}/{name}", body, node_secrets)
     assert not found, found
     control = findings("the test's own playbook", (lab.tmp / "play2.yml").read_bytes(), secrets)
-    control += findings("the key files", key.read_bytes() + (keys / "signing.key").read_bytes(), secrets)
-    assert len(control) == 4, f"the search does not find what it looks for: {control}"
-    manifest = client.get_object(Bucket=s3["bucket"], Key=f"fleet/snapshots/{snap['id']}/manifest.json")["Body"]
-    assert f'"key_id": "{kid}"' in manifest.read().decode(), "the snapshot was not signed: the signing key was not used"
+    control += findings("the key files", key.read_bytes() + (keys / "signing.key").read_bytes()
+                        + (keys / "kek" / "fleet.key").read_bytes(), secrets)
+    assert len(control) == 6, f"the search does not find what it looks for: {control}"
+    manifest = client.get_object(Bucket=s3["bucket"], Key=f"fleet/snapshots/{snap['id']}/manifest.json",
+                                 SSECustomerAlgorithm="AES256", SSECustomerKey=sse_c)["Body"].read().decode()
+    assert f'"key_id": "{kid}"' in manifest, "the snapshot was not signed: the signing key was not used"
+    assert '"encryption"' in manifest, "the snapshot was not encrypted: the KEK was not used"
     logs = [p.name for p in files_under(lab.tmp)]
     for wanted in ("restore.log", "lazy-pages.log", f"page-server-{ps_port}.log", "checkpoint.json", "restore.json",
                    "summary.json", "manifest.json"):
