@@ -27,6 +27,7 @@ import shutil
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional
 
+from ansible_collections.warmstart.snapshot.plugins.module_utils import _manifest as mf
 from ansible_collections.warmstart.snapshot.plugins.module_utils import _signing as sg
 from ansible_collections.warmstart.snapshot.plugins.module_utils import _crypt as cr
 from ansible_collections.warmstart.snapshot.plugins.module_utils import _encstore as es
@@ -138,6 +139,7 @@ class SecureStore:
             else None
         self._signing_key: Optional[sg.SigningKey] = None   # loaded once, on first use
         self._trust_set: Optional[sg.TrustSet] = None
+        self._admitted: Dict[str, Dict[str, Any]] = {}       # id -> the manifest whose signature was checked
 
     # -- admission: every manifest read from the store ------------------------------------------
     def _admit(self, doc: Dict[str, Any]) -> Dict[str, Any]:
@@ -151,6 +153,27 @@ class SecureStore:
         trust = self._trust()
         if trust is not None:
             sg.check(doc, trust, self.root)
+            self._admitted[str(doc["id"])] = doc
+
+    def _pinned(self, snapshot_id: str, path: str) -> str:
+        """``path``, this node's copy of ``snapshot_id``, once the manifest the copy was made from is the one
+        admitted. A backend that copies (S3) reads the manifest again in ``local_dir``: a manifest changed in
+        the store between the two reads is refused here, and the copy made from it removed."""
+        if self.inner.reads_in_place or self._trust() is None:
+            return path
+        copied = mf.load(os.path.join(path, mf.MANIFEST))
+        admitted = self._admitted.get(snapshot_id)
+        try:
+            if admitted is None:
+                self._check_signature(copied)
+            elif sg.canonical(copied) != sg.canonical(admitted) or copied.get("signature") != admitted.get("signature"):
+                raise sg.SignatureError(f"snapshot {snapshot_id} ({self.root}) is refused: its manifest changed in "
+                                        "the store while this node read it (the copy no longer matches the manifest "
+                                        "whose signature was checked); the copy was removed")
+        except sg.SignatureError:
+            shutil.rmtree(path, ignore_errors=True)
+            raise
+        return path
 
     def _trust(self) -> Optional[sg.TrustSet]:
         """The trust set (loaded once), or None when none is configured; KeyFileError when it cannot be used."""
@@ -242,12 +265,15 @@ class SecureStore:
 
     def local_dir(self, snapshot_id: str) -> str:
         if self.encryption is None:
-            return self.inner.local_dir(snapshot_id)
+            return self._pinned(snapshot_id, self.inner.local_dir(snapshot_id))
         return self.encryption.local_dir(self._doc(self.encryption, snapshot_id))
 
     def verify(self, doc: Dict[str, Any], fetch: bool = True, cached: bool = False) -> List[str]:
         if self.encryption is None or not fetch:
-            return self.inner.verify(doc, fetch=fetch, cached=cached)  # check mode: the stored bytes
+            problems = self.inner.verify(doc, fetch=fetch, cached=cached)  # check mode: the stored bytes
+            if fetch:
+                self._pinned(doc["id"], self.inner.local_dir(doc["id"]))
+            return problems
         if doc.get("id") not in self.encryption.keys:
             self._admit(doc)  # a manifest this object did not load: its key comes from admission
         return self.encryption.verify(doc, cached)

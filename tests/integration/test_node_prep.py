@@ -6,6 +6,7 @@ Needs root, like the role itself.
 """
 from __future__ import annotations
 
+import base64
 import hashlib
 import json
 import os
@@ -16,7 +17,10 @@ from pathlib import Path
 
 import pytest
 
-from .ansible_run import playbook
+from ansible_collections.warmstart.snapshot.plugins.module_utils import _signing as sg
+from tests.support.signing_keys import new_key
+
+from .ansible_run import Run, playbook
 
 PLAYBOOK = "warmstart.snapshot.prepare_nodes"
 SYSTEM_PYTHON = "/usr/bin/python3"
@@ -161,3 +165,61 @@ def test_unwritable_snapshot_root(tmp_path: Path) -> None:
     assert run.rc != 0
     msg = run.messages()
     assert f"snapshot root {ro / 'snapshots'} is not usable" in msg and "Read-only" in msg
+
+
+# --- the snapshot keys (tasks/keys.yml) ---
+
+def _keys_play(tmp_path: Path, name: str, check: bool = False, **variables: object) -> Run:
+    """node_prep's keys tasks alone on localhost, with ``variables``; the keys directory under tmp_path."""
+    role = {"name": "warmstart.snapshot.node_prep", "tasks_from": "keys.yml"}
+    play = [{"hosts": "localhost", "gather_facts": True,
+             "vars": {"node_prep_keys_dir": str(tmp_path / "keys"), **variables},
+             "tasks": [{"name": "keys", "ansible.builtin.include_role": role}]}]
+    path = tmp_path / f"{name}.yml"
+    path.write_text(json.dumps(play))
+    return playbook(str(path), *(["--check"] if check else []))
+
+
+def _modes(top: Path) -> dict:
+    return {str(p.relative_to(top)): stat.S_IMODE(p.stat().st_mode) for p in [top, *sorted(top.rglob("*"))]}
+
+
+def test_keys_land_with_their_modes_idempotently_and_removed_keys_go(tmp_path: Path) -> None:
+    private, pub_a, kid_a = new_key()
+    _priv_b, pub_b, _kid_b = new_key()
+    kek1, kek2 = base64.b64encode(os.urandom(32)).decode(), base64.b64encode(os.urandom(32)).decode()
+    full = {"node_prep_signing_key": private.decode(),
+            "node_prep_trusted_keys": {"a": pub_a.decode(), "b": pub_b.decode()},
+            "node_prep_keks": {"k1": kek1, "k2": kek2}}
+    first = _keys_play(tmp_path, "first", **full)
+    assert first.rc == 0, first.messages()
+    assert first.stats()["changed"] > 0
+    top = tmp_path / "keys"
+    assert _modes(top) == {".": 0o755, "signing.key": 0o600, "trusted": 0o755, "trusted/a.pub": 0o644,
+                           "trusted/b.pub": 0o644, "kek": 0o700, "kek/k1.key": 0o600, "kek/k2.key": 0o600}
+    assert all(p.stat().st_uid == 0 for p in top.rglob("*"))
+    for secret in (private.decode().splitlines()[1], kek1, kek2):
+        assert secret not in first.stdout + first.stderr, "a secret key was logged"
+    assert sg.load_signing_key(str(top / "signing.key")).key_id == kid_a
+    assert len(sg.load_trust_set(str(top / "trusted")).ids) == 2
+    assert (top / "kek" / "k1.key").read_text().strip() == kek1
+    again = _keys_play(tmp_path, "again", **full)
+    assert again.rc == 0 and again.stats()["changed"] == 0, again.messages()
+    rotated = {"node_prep_signing_key_state": "absent", "node_prep_trusted_keys": {"a": pub_a.decode()},
+               "node_prep_keks": {"k1": kek1}}
+    before = _modes(top)
+    check = _keys_play(tmp_path, "check", check=True, **rotated)
+    assert check.rc == 0 and check.stats()["changed"] > 0, check.messages()
+    assert _modes(top) == before, "check mode changed the keys"
+    done = _keys_play(tmp_path, "rotated", **rotated)
+    assert done.rc == 0, done.messages()
+    assert _modes(top) == {".": 0o755, "trusted": 0o755, "trusted/a.pub": 0o644, "kek": 0o700, "kek/k1.key": 0o600}
+    assert sg.load_trust_set(str(top / "trusted")).ids == [kid_a]
+
+
+def test_keys_refuses_a_malformed_kek_without_showing_it(tmp_path: Path) -> None:
+    run = _keys_play(tmp_path, "bad", node_prep_keks={"k1": "c2hvcnQ="})
+    assert run.rc != 0
+    assert "every value must be the base64 text of 32 random bytes" in run.messages()
+    assert "c2hvcnQ=" not in run.stdout + run.stderr
+    assert not (tmp_path / "keys").exists()

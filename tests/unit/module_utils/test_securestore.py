@@ -4,8 +4,9 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 from pathlib import Path
-from typing import Any, Dict
+from typing import Any, Dict, List
 
 import pytest
 
@@ -122,3 +123,45 @@ def test_keys_are_loaded_once_per_store(keys: Dict[str, Any], tmp_path: Path, mo
         make_snapshot(store, name)
     store.list()
     assert len(calls) == 1
+
+
+class _Copying:
+    """A backend that copies a snapshot to this node and reads its manifest again while doing so (like S3)."""
+
+    reads_in_place = False
+
+    def __init__(self, fs: st.FsStore, cache: Path) -> None:
+        self.fs = fs
+        self.cache = cache
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.fs, name)
+
+    def local_dir(self, snapshot_id: str) -> str:
+        dest = self.cache / snapshot_id
+        shutil.copytree(self.fs.snapshot_dir(snapshot_id), dest, dirs_exist_ok=True)
+        return str(dest)
+
+    def verify(self, doc: Dict[str, Any], fetch: bool = True, cached: bool = False) -> List[str]:
+        del cached
+        return self.fs.verify(self.fs.load(doc["id"]) if fetch else doc)
+
+
+def test_a_manifest_swapped_between_the_check_and_the_copy_is_refused(keys: Dict[str, Any], tmp_path: Path) -> None:
+    fs = st.FsStore(str(tmp_path / "store"))
+    doc = make_snapshot(_open(tmp_path))
+    config = sec.SecurityConfig.from_options({}, str(tmp_path / "cache"))
+    store = sec.SecureStore(_Copying(fs, tmp_path / "cache"), config)
+    admitted = store.load(doc["id"])
+    assert store.local_dir(doc["id"]) == str(tmp_path / "cache" / doc["id"])
+    assert store.verify(admitted) == []
+    _rewrite(fs, doc, b"planted code")  # the bucket changes after this node checked the signature
+    shutil.rmtree(tmp_path / "cache")
+    for call in (lambda: store.local_dir(doc["id"]), lambda: store.verify(admitted)):
+        with pytest.raises(sg.SignatureError, match="its manifest changed in the store while this node read it"):
+            call()
+        assert not (tmp_path / "cache" / doc["id"]).exists(), "the copy of the swapped manifest was kept"
+    fresh = sec.SecureStore(_Copying(fs, tmp_path / "cache"), config)
+    with pytest.raises(sg.SignatureError, match="bad signature"):
+        fresh.local_dir(doc["id"])  # never loaded by this object: the copy's own signature is checked
+    assert not (tmp_path / "cache" / doc["id"]).exists()
