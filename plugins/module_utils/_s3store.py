@@ -30,6 +30,7 @@ from __future__ import annotations
 import base64
 import binascii
 import concurrent.futures
+import hashlib
 import os
 import shutil
 import threading
@@ -37,10 +38,11 @@ import time
 import uuid
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
+from ansible_collections.warmstart.snapshot.plugins.module_utils import _digest as dg
 from ansible_collections.warmstart.snapshot.plugins.module_utils import _manifest as mf
 from ansible_collections.warmstart.snapshot.plugins.module_utils import _progress as prog
 from ansible_collections.warmstart.snapshot.plugins.module_utils._store import (
-    StoreError, local_staging, lock_down, refuse_encrypted, sha256_file, tree_size, walk_files)
+    StoreError, local_staging, lock_down, refuse_encrypted, tree_size, walk_files)
 
 DEFAULT_CACHE = "/var/lib/warmstart/cache"
 CREDENTIAL_OPTIONS = ("access_key_id", "secret_access_key", "session_token")  # store_options that are credentials
@@ -409,10 +411,11 @@ class S3Store:
         t0 = time.monotonic()
         cached = [e for e in doc["files"] if self._cached_size(os.path.join(dest, e["path"])) == e["size"]]
         prog.phase("verify cache", sum(e["size"] for e in cached))
+        intact = dg.check_files([(os.path.join(dest, e["path"]), e) for e in cached], prog.add)
         fetch = []
         for entry in doc["files"]:
             path = os.path.join(dest, entry["path"])
-            if entry in cached and sha256_file(path, prog.add) == entry["sha256"]:
+            if intact.get(path):
                 self.transfer["reused"] += entry["size"]
                 continue
             if os.path.lexists(path):
@@ -474,16 +477,20 @@ class S3Store:
         ranges = [(off, min(off + PART, size) - 1) for off in range(0, size, PART) if off not in done]
         prog.add(size - sum(end - start + 1 for start, end in ranges))  # resumed: already here
         lock = threading.Lock()
+        # a file with 64 MiB chunk digests is checked range by range as it arrives (a range is one chunk)
+        chunks = dg.pieces(entry) if (entry.get("chunks") or {}).get("size") == PART else None
 
         def fetch(rng: Tuple[int, int]) -> None:
             start, end = rng
             resp = self._call(f"downloading {entry['path']}", self.client.get_object, Bucket=self.bucket, Key=key,
                               Range=f"bytes={start}-{end}", **self._sse_read)
+            digest = hashlib.sha256()
             fd = os.open(part, os.O_WRONLY)
             try:
                 off = start
                 for chunk in iter(lambda: resp["Body"].read(1 << 20), b""):
                     os.pwrite(fd, chunk, off)
+                    digest.update(chunk)
                     off += len(chunk)
                     self._tick(len(chunk))
                 if off != end + 1:
@@ -491,6 +498,9 @@ class S3Store:
                 os.fsync(fd)
             finally:
                 os.close(fd)
+            if chunks is not None and digest.hexdigest() != chunks[start // PART][2]:
+                raise StoreError(f"store {self.root}: {key}: chunk {start // PART} (bytes {start}-{end}) does not "
+                                 "match its SHA256 in the manifest (corrupted in the store or in transit)")
             with lock, open(ledger, "a", encoding="ascii") as handle:
                 handle.write(f"{start}\n")
 
@@ -499,8 +509,8 @@ class S3Store:
         elif ranges:
             with concurrent.futures.ThreadPoolExecutor(max_workers=self.concurrency) as pool:
                 list(pool.map(fetch, ranges))
-        got = sha256_file(part)
-        if got != entry["sha256"]:
+        # what arrived was checked chunk by chunk; a resumed or unchunked download is hashed here
+        if (chunks is None or len(ranges) < len(chunks)) and not dg.check_files([(part, entry)]).get(part):
             os.unlink(part)
             os.unlink(ledger)
             raise StoreError(f"store {self.root}: {key}: SHA256 of the download does not match the manifest "

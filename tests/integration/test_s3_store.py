@@ -16,6 +16,7 @@ from typing import Any, Dict
 
 import pytest
 
+from ansible_collections.warmstart.snapshot.plugins.module_utils import _digest as dg
 from ansible_collections.warmstart.snapshot.plugins.module_utils import _manifest as mf
 from ansible_collections.warmstart.snapshot.plugins.module_utils import _s3store as s3s
 from ansible_collections.warmstart.snapshot.plugins.module_utils import _store as st
@@ -147,6 +148,44 @@ def test_download_resumes_where_it_stopped(s3: Dict[str, Any], lab: Lab, monkeyp
     local = reader.local_dir(sid)
     assert calls["n"] == -100 + 1 + 3, "only the 3 missing ranges (plus the manifest) should be fetched again"
     assert (Path(local) / "data.bin").read_bytes() == blob and not part.exists()
+
+
+def test_chunks_are_checked_as_they_arrive(s3: Dict[str, Any], lab: Lab, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A file with chunk digests is checked range by range while it downloads: a corrupt chunk is named, the
+    intact ranges are kept, and once the object is good again only the bad range is fetched."""
+    monkeypatch.setattr(s3s, "PART", 1 << 20)
+    store = s3s.S3Store(s3["url"], endpoint_url=s3["opts"]["endpoint_url"], cache=str(lab.tmp / "c1"), concurrency=1)
+    sid = mf.new_id()
+    staging = store.stage(sid)
+    blob = os.urandom((5 << 20) + 99)
+    (Path(staging.path) / "pages-1.img").write_bytes(blob)
+    manifest = mf.new_manifest(sid, "chunks", {}, {"hostname": "x"})
+    manifest["files"] = [dg.hash_file(str(Path(staging.path) / "pages-1.img"), "pages-1.img", chunk_size=1 << 20)]
+    assert len(manifest["files"][0]["chunks"]["sha256"]) == 6
+    staging.publish(manifest)
+    key = store.key(sid, "pages-1.img")
+    bad = bytearray(blob)
+    bad[(2 << 20) + 5] ^= 0xFF
+    s3["client"].put_object(Bucket=s3["bucket"], Key=key, Body=bytes(bad))
+
+    reader = s3s.S3Store(s3["url"], endpoint_url=s3["opts"]["endpoint_url"], cache=str(lab.tmp / "c2"), concurrency=1)
+    with pytest.raises(st.StoreError, match=r"chunk 2 \(bytes 2097152-3145727\) does not match its SHA256"):
+        reader.local_dir(sid)
+    ledger = Path(reader.cache_dir(sid)) / "pages-1.img.part.done"
+    kept = {int(x) for x in ledger.read_text().split()}
+    assert {0, 1 << 20} <= kept and (2 << 20) not in kept, "the ranges before the bad one were verified and kept"
+    s3["client"].put_object(Bucket=s3["bucket"], Key=key, Body=blob)
+    calls = {"n": 0}
+    real = reader.client.get_object
+
+    def counted(**kwargs: Any) -> Any:
+        calls["n"] += 1
+        return real(**kwargs)
+
+    monkeypatch.setattr(reader.client, "get_object", counted)
+    local = reader.local_dir(sid)
+    assert calls["n"] == 1 + 6 - len(kept), "the manifest and the ranges not yet verified, the bad one among them"
+    assert (Path(local) / "pages-1.img").read_bytes() == blob
 
 
 def test_cleanup_removes_old_snapshots_and_unpublished_uploads(lab: Lab, s3: Dict[str, Any]) -> None:
