@@ -995,7 +995,7 @@ def render(results: Dict[str, Any], md_path: Optional[str]) -> None:
             with open(md_path, "r", encoding="utf-8") as handle:
                 old = handle.read()
             # sections other benchmarks own (bench/containers.py, bench/fleet.py, bench/security.py) survive a rewrite
-            for part in ("containers", "fleet", "security"):
+            for part in ("containers", "containerd", "fleet", "security", "fresh-node"):
                 begin, end = f"<!-- {part}:begin -->", f"<!-- {part}:end -->"
                 if begin in old and end in old:
                     kept += "\n" + old[old.index(begin):old.index(end) + len(end)] + "\n"
