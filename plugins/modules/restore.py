@@ -443,7 +443,7 @@ outcome:
     - V(incompatible) - refused before anything was touched because the snapshot does not fit this node
       (compatibility, checksums, image); RV(reasons) says why.
     - V(failed) - any other failure, including a process's page image whose checksum did not match while
-      CRIU restored the tree stopped (RV(restore.verify)): that copy was killed before it ran, and
+      CRIU restored the tree stopped (see RV(restore.verify)); that copy was killed before it ran, and
       RV(reasons) names the image.
   returned: always
   type: str
