@@ -48,6 +48,47 @@ options:
         description: Parallel transfers (multipart parts and byte ranges).
         type: int
         default: 8
+      peers:
+        description:
+          - The nodes restoring this snapshot together from an V(s3://) store, as C(host:port) each - the same
+            list on every node, this node's own entry included. Each node downloads its share of the page images'
+            64 MiB chunks from the bucket and gets the other chunks from the nodes that downloaded them, while it
+            serves its own on its entry's address; the bucket sends each chunk about once, however many nodes
+            restore.
+          - A chunk from a peer is used only once its SHA256 matched the manifest's; a peer that is down, slow
+            (O(store_options.peer_wait)) or sends other bytes is replaced by the bucket for that chunk.
+          - In the clear a node serves on a loopback address only; across nodes set O(store_options.peer_tls)
+            (or O(store_options.peer_insecure) on a network you trust). The playbook
+            P(warmstart.snapshot.restore#playbook) fills this in with C(warmstart_restore_share).
+        type: list
+        elements: str
+      peer_listen:
+        description: This node's entry of O(store_options.peers); default the entry whose host is an address of this node.
+        type: str
+      peer_tls:
+        description:
+          - Mutual TLS between the nodes of O(store_options.peers), with the node's CA, certificate and key in
+            C(<keys dir>/tls/) (C(ca.pem), C(cert.pem), C(key.pem); distributed by
+            P(warmstart.snapshot.node_prep#role), C(node_prep_tls_*)). Each certificate must name its node's
+            address in O(store_options.peers).
+        type: bool
+        default: false
+      peer_insecure:
+        description:
+          - Serve chunks in the clear on a non-loopback address. Anyone who can reach the port can read the
+            snapshot's memory while the restore runs; use only on a network you trust.
+        type: bool
+        default: false
+      peer_wait:
+        description: Seconds a node waits for a chunk its owner has not fetched yet before it reads it from the store.
+        type: float
+        default: 60
+      peer_linger:
+        description:
+          - Seconds a node that has every chunk keeps serving after the last request, while the other nodes are not
+            all done.
+        type: float
+        default: 10
       encryption:
         description:
           - Encrypt snapshots at rest (any store). Every file is encrypted on this node before it reaches the store,

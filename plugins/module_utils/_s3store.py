@@ -36,10 +36,11 @@ import shutil
 import threading
 import time
 import uuid
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Set, Tuple
 
 from ansible_collections.warmstart.snapshot.plugins.module_utils import _digest as dg
 from ansible_collections.warmstart.snapshot.plugins.module_utils import _manifest as mf
+from ansible_collections.warmstart.snapshot.plugins.module_utils import _peers as peers_
 from ansible_collections.warmstart.snapshot.plugins.module_utils import _progress as prog
 from ansible_collections.warmstart.snapshot.plugins.module_utils._store import (
     StoreError, local_staging, lock_down, refuse_encrypted, tree_size, walk_files)
@@ -146,8 +147,10 @@ class S3Store:
                  profile: Optional[str] = None, cache: str = DEFAULT_CACHE, concurrency: int = 8,
                  progress: Optional[Progress] = None, client: Any = None,
                  credentials: Optional[Dict[str, str]] = None,
-                 sse: Optional[Tuple[Dict[str, Any], Dict[str, Any]]] = None) -> None:
+                 sse: Optional[Tuple[Dict[str, Any], Dict[str, Any]]] = None,
+                 peers: Optional[peers_.PeerConfig] = None) -> None:
         self.bucket, self.prefix = parse_url(url)
+        self.peers = peers  # nodes that share this store's downloads (``_peers``)
         self._sse_upload, self._sse_read = sse or ({}, {})  # never in a message, describe() or a result
         self._credentials = dict(credentials or {})  # never in a message, describe() or a result
         self.root = url.rstrip("/")
@@ -402,13 +405,39 @@ class S3Store:
         return problems
 
     def local_dir(self, snapshot_id: str) -> str:
-        """This node's verified copy of the snapshot: reused when intact, fetched (resumably) when not."""
+        """This node's verified copy of the snapshot: reused when intact, fetched (resumably) when not; with
+        ``peers``, chunks are shared with the other nodes fetching it (``_peers``) while it is fetched."""
         dest = self.cache_dir(snapshot_id)
         if self.verified.get(snapshot_id):
             return dest  # checked by this store object already (one module run)
         doc = self.load(snapshot_id)
         os.makedirs(dest, mode=0o700, exist_ok=True)
         t0 = time.monotonic()
+        session = self._share(doc, dest)
+        ok = False
+        try:
+            self._fill(doc, dest, session)
+            ok = True
+        finally:
+            if session is not None:
+                session.finish(ok)  # keeps serving while the other nodes still fetch
+        mf.dump(doc, os.path.join(dest, mf.MANIFEST))
+        lock_down(dest)
+        self.transfer["seconds"] += time.monotonic() - t0
+        self.verified[snapshot_id] = True
+        return dest
+
+    def _share(self, doc: Dict[str, Any], dest: str) -> Optional[peers_.Session]:
+        """A started peer session over the files of ``doc`` with 64 MiB chunk digests, or None without peers."""
+        if self.peers is None:
+            return None
+        files = {e["path"]: peers_.Session.entry(os.path.join(dest, e["path"]), int(e["size"]),
+                                                 [d for _o, _n, d in dg.pieces(e)])
+                 for e in doc["files"] if (e.get("chunks") or {}).get("size") == PART}
+        return peers_.Session(self.peers, str(doc["id"]), files, PART, self.transfer).start()
+
+    def _fill(self, doc: Dict[str, Any], dest: str, session: Optional[peers_.Session]) -> None:
+        """Every file of ``doc`` into ``dest``: the intact ones kept, the others fetched."""
         cached = [e for e in doc["files"] if self._cached_size(os.path.join(dest, e["path"])) == e["size"]]
         prog.phase("verify cache", sum(e["size"] for e in cached))
         intact = dg.check_files([(os.path.join(dest, e["path"]), e) for e in cached], prog.add)
@@ -417,18 +446,15 @@ class S3Store:
             path = os.path.join(dest, entry["path"])
             if intact.get(path):
                 self.transfer["reused"] += entry["size"]
+                if session is not None and entry["path"] in session.files:
+                    session.mark_file(entry["path"])
                 continue
             if os.path.lexists(path):
                 os.unlink(path)  # corrupt or truncated cache: fetched again
             fetch.append((entry, path))
         prog.phase("download", sum(entry["size"] for entry, _path in fetch))
         for entry, path in fetch:
-            self._download(snapshot_id, entry, path)
-        mf.dump(doc, os.path.join(dest, mf.MANIFEST))
-        lock_down(dest)
-        self.transfer["seconds"] += time.monotonic() - t0
-        self.verified[snapshot_id] = True
-        return dest
+            self._download(doc["id"], entry, path, session)
 
     def verify(self, doc: Dict[str, Any], fetch: bool = True, cached: bool = False) -> List[str]:
         """Without ``fetch``: the bucket's objects against the manifest (sizes, missing, unlisted), nothing
@@ -456,57 +482,90 @@ class S3Store:
     def _cached_size(path: str) -> int:
         return os.path.getsize(path) if os.path.isfile(path) else -1
 
-    def _download(self, snapshot_id: str, entry: Dict[str, Any], path: str) -> None:
-        os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
-        key = self.key(snapshot_id, entry["path"])
-        size = entry["size"]
-        part, ledger = f"{path}.part", f"{path}.part.done"
-        done = set()
+    @staticmethod
+    def _open_part(part: str, ledger: str, size: int) -> Set[int]:
+        """Offsets of the ranges already verified into ``part`` (a resumed download), or a fresh ``part``."""
         if os.path.exists(part) and os.path.getsize(part) == size:
             try:
                 with open(ledger, "r", encoding="ascii") as handle:
-                    done = {int(x) for x in handle.read().split()}
+                    return {int(x) for x in handle.read().split()}
             except (OSError, ValueError):
-                done = set()
-        else:
-            fd = os.open(part, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-            os.ftruncate(fd, size)
-            os.close(fd)
-            with open(ledger, "w", encoding="ascii"):
                 pass
+        fd = os.open(part, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        os.ftruncate(fd, size)
+        os.close(fd)
+        with open(ledger, "w", encoding="ascii"):
+            pass
+        return set()
+
+    def _get_range(self, key: str, rel: str, part: str, start: int, end: int) -> str:
+        """Bytes ``start``-``end`` of object ``key`` (file ``rel``) written at the same offsets of ``part``; their
+        SHA256."""
+        resp = self._call(f"downloading {rel}", self.client.get_object, Bucket=self.bucket, Key=key,
+                          Range=f"bytes={start}-{end}", **self._sse_read)
+        digest = hashlib.sha256()
+        fd = os.open(part, os.O_WRONLY)
+        try:
+            off = start
+            for chunk in iter(lambda: resp["Body"].read(1 << 20), b""):
+                os.pwrite(fd, chunk, off)
+                digest.update(chunk)
+                off += len(chunk)
+                self._tick(len(chunk))
+            if off != end + 1:
+                raise StoreError(f"store {self.root}: {key}: short read ({off - start} of {end - start + 1} bytes)")
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        with self._lock:
+            self.transfer["downloaded"] += end + 1 - start
+        return digest.hexdigest()
+
+    @staticmethod
+    def _put_range(part: str, start: int, data: bytes) -> None:
+        fd = os.open(part, os.O_WRONLY)
+        try:
+            os.pwrite(fd, data, start)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    def _download(self, snapshot_id: str, entry: Dict[str, Any], path: str,
+                  session: Optional[peers_.Session] = None) -> None:
+        """One file into ``path``, 64 MiB ranges at a time, several at once, resumable (``.part`` and a ledger
+        of verified ranges). A file with chunk digests is checked range by range as it arrives (one range is
+        one chunk): only then is the range in the ledger, and offered to peers; with a ``session``, the ranges
+        other nodes fetch are asked of them, and read from the store when they cannot send a verified copy."""
+        os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+        key, size, rel = self.key(snapshot_id, entry["path"]), entry["size"], entry["path"]
+        part, ledger = f"{path}.part", f"{path}.part.done"
+        done = self._open_part(part, ledger, size)
         ranges = [(off, min(off + PART, size) - 1) for off in range(0, size, PART) if off not in done]
         prog.add(size - sum(end - start + 1 for start, end in ranges))  # resumed: already here
-        lock = threading.Lock()
-        # a file with 64 MiB chunk digests is checked range by range as it arrives (a range is one chunk)
         chunks = dg.pieces(entry) if (entry.get("chunks") or {}).get("size") == PART else None
+        shared = session if session is not None and rel in session.files else None
+        if shared is not None:  # what was verified before is offered; this node's share first: others wait for it
+            for off in done:
+                shared.mark(rel, off)
+            ranges.sort(key=lambda rng: not shared.owned_here(rel, rng[0]))
 
         def fetch(rng: Tuple[int, int]) -> None:
             start, end = rng
-            resp = self._call(f"downloading {entry['path']}", self.client.get_object, Bucket=self.bucket, Key=key,
-                              Range=f"bytes={start}-{end}", **self._sse_read)
-            digest = hashlib.sha256()
-            fd = os.open(part, os.O_WRONLY)
-            try:
-                off = start
-                for chunk in iter(lambda: resp["Body"].read(1 << 20), b""):
-                    os.pwrite(fd, chunk, off)
-                    digest.update(chunk)
-                    off += len(chunk)
-                    self._tick(len(chunk))
-                if off != end + 1:
-                    raise StoreError(f"store {self.root}: {key}: short read ({off - start} of {end - start + 1} bytes)")
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-            if chunks is not None and digest.hexdigest() != chunks[start // PART][2]:
-                raise StoreError(f"store {self.root}: {key}: chunk {start // PART} (bytes {start}-{end}) does not "
-                                 "match its SHA256 in the manifest (corrupted in the store or in transit)")
-            with lock, open(ledger, "a", encoding="ascii") as handle:
+            data = None if shared is None or shared.owned_here(rel, start) else shared.fetch(rel, start)
+            if data is not None:
+                self._put_range(part, start, data)
+                self._tick(len(data))
+            else:
+                got = self._get_range(key, rel, part, start, end)
+                if chunks is not None and got != chunks[start // PART][2]:
+                    raise StoreError(f"store {self.root}: {key}: chunk {start // PART} (bytes {start}-{end}) does "
+                                     "not match its SHA256 in the manifest (corrupted in the store or in transit)")
+            with self._lock, open(ledger, "a", encoding="ascii") as handle:
                 handle.write(f"{start}\n")
+            if shared is not None:
+                shared.mark(rel, start)
 
-        if size == 0:
-            pass
-        elif ranges:
+        if ranges:
             with concurrent.futures.ThreadPoolExecutor(max_workers=self.concurrency) as pool:
                 list(pool.map(fetch, ranges))
         # what arrived was checked chunk by chunk; a resumed or unchunked download is hashed here
@@ -517,7 +576,6 @@ class S3Store:
                              "(corrupted in the store or in transit)")
         os.rename(part, path)
         os.unlink(ledger)
-        self.transfer["downloaded"] += size
 
     # -- deleting -----------------------------------------------------------------
     def delete_keys(self, keys: List[str]) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Any, Dict, Optional
 
+from ansible_collections.warmstart.snapshot.plugins.module_utils._peers import PeerConfig
 from ansible_collections.warmstart.snapshot.plugins.module_utils._s3store import (
     CREDENTIAL_OPTIONS, DEFAULT_CACHE, S3Store, sse_settings)
 from ansible_collections.warmstart.snapshot.plugins.module_utils._securestore import SecureStore, SecurityConfig
@@ -40,11 +41,15 @@ def _backend(spec: Any, options: Optional[Dict[str, Any]] = None) -> Store:
         return S3Store(spec, endpoint_url=o.get("endpoint_url"), region=o.get("region"), profile=o.get("profile"),
                        cache=o.get("cache_dir") or DEFAULT_CACHE, concurrency=int(o.get("concurrency") or 8),
                        credentials=credentials or None,
-                       sse=sse_settings(o.get("sse"), o.get("sse_kms_key_id"), o.get("sse_customer_key")))
+                       sse=sse_settings(o.get("sse"), o.get("sse_kms_key_id"), o.get("sse_customer_key")),
+                       peers=PeerConfig.from_options(o))
     sse = [k for k in ("sse", "sse_kms_key_id", "sse_customer_key") if o.get(k)]
     if sse:
         raise StoreError(f"store_options {', '.join(sse)}: server-side encryption applies to s3:// stores only "
                          "(store_options.encryption encrypts any store)")
+    if o.get("peers"):
+        raise StoreError("store_options peers: nodes share what they download from an s3:// store; a filesystem "
+                         "store is read in place by every node (drop peers)")
     if isinstance(spec, str):
         return FsStore(spec)
     if isinstance(spec, dict):

@@ -120,11 +120,11 @@ def loopback(address: str) -> bool:
         return False  # a host name: it may resolve to any address
 
 
-def check_listen(address: str, tls: Optional[TlsFiles], insecure: bool) -> None:
+def check_listen(address: str, tls: Optional[TlsFiles], insecure: bool, what: str = "page server") -> None:
     """Refuse to serve pages in the clear beyond this node: a non-loopback ``address`` needs TLS or ``insecure``."""
     if tls is not None or insecure or loopback(address):
         return
-    raise TlsError(f"page server: refusing to listen on {address} without TLS: anyone who can reach it could read "
+    raise TlsError(f"{what}: refusing to listen on {address} without TLS: anyone who can reach it could read "
                    "the snapshot's memory, and anyone who can intercept it could feed the restore other pages. "
                    "Set tls: true (certificates distributed by node_prep, or tls_ca/tls_cert/tls_key), listen on a "
                    "loopback address, or set insecure: true on a network you trust")

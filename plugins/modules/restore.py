@@ -345,6 +345,17 @@ restore:
       type: dict
       returned: not in check mode
       sample: {restore: 0.14, cuda_restore: 2.1, cuda_unlock: 0.001}
+    transfer:
+      description:
+        - Bytes the store moved for this restore - V(downloaded) from the store, V(reused) from this node's
+          verified cache, V(seconds) spent fetching.
+        - With O(store_options.peers) also V(from_peers) (chunks other nodes sent, each checked against the
+          manifest), V(served) (bytes this node sent them), V(peer_rejected) (chunks a peer sent that did not
+          match, fetched again from the store) and V(peer_refused) (connections refused, for example a
+          failed TLS handshake).
+      type: dict
+      returned: not in check mode
+      sample: {downloaded: 1430257664, reused: 0, uploaded: 0, seconds: 3.2, from_peers: 2860515328, served: 2860515328}
     verify:
       description:
         - How the checksums were checked, for a process restore. V(overlapped=true) - everything but the page

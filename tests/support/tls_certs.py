@@ -50,19 +50,21 @@ class Pki:
         return self._write(name, cert, key)[0]
 
     def issue(self, name: str, ca: str, ips: Optional[List[str]] = None, dns: Optional[List[str]] = None,
-              server: bool = False) -> Tuple[Path, Path]:
-        """A certificate ``name`` issued by CA ``ca`` (its subjectAltName: ``ips`` and ``dns``); (cert, key) paths."""
+              server: bool = False, both: bool = False) -> Tuple[Path, Path]:
+        """A certificate ``name`` issued by CA ``ca`` (its subjectAltName: ``ips`` and ``dns``); (cert, key) paths.
+        ``server``: for TLS servers only; ``both``: for servers and clients (a peer node); else clients only."""
         ca_cert, ca_key = self._cas[ca]
         key = ec.generate_private_key(ec.SECP256R1())
         now = datetime.datetime.now(datetime.timezone.utc)
         names: List[x509.GeneralName] = [x509.IPAddress(ipaddress.ip_address(ip)) for ip in ips or []]
         names += [x509.DNSName(d) for d in dns or [name]]
-        usage = ExtendedKeyUsageOID.SERVER_AUTH if server else ExtendedKeyUsageOID.CLIENT_AUTH
+        usages = [ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH] if both else \
+            [ExtendedKeyUsageOID.SERVER_AUTH if server else ExtendedKeyUsageOID.CLIENT_AUTH]
         cert = (x509.CertificateBuilder().subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)]))
                 .issuer_name(ca_cert.subject).public_key(key.public_key()).serial_number(x509.random_serial_number())
                 .not_valid_before(now - datetime.timedelta(minutes=5)).not_valid_after(now + datetime.timedelta(days=2))
                 .add_extension(x509.SubjectAlternativeName(names), critical=False)
                 .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-                .add_extension(x509.ExtendedKeyUsage([usage]), critical=False)
+                .add_extension(x509.ExtendedKeyUsage(usages), critical=False)
                 .sign(ca_key, hashes.SHA256()))
         return self._write(name, cert, key)
