@@ -339,7 +339,7 @@ class Session:
             cap = time.monotonic() + self.config.wait
             while time.monotonic() < cap and time.monotonic() - self.last_request < self.config.linger:
                 with self.lock:
-                    if set(others) <= self.done_peers:
+                    if set(others) - self.dead <= self.done_peers:  # a peer found down will not ask
                         break
                 time.sleep(_RETRY)
         if self.server is not None:

@@ -434,7 +434,11 @@ class S3Store:
         files = {e["path"]: peers_.Session.entry(os.path.join(dest, e["path"]), int(e["size"]),
                                                  [d for _o, _n, d in dg.pieces(e)])
                  for e in doc["files"] if (e.get("chunks") or {}).get("size") == PART}
-        return peers_.Session(self.peers, str(doc["id"]), files, PART, self.transfer).start()
+        try:
+            return peers_.Session(self.peers, str(doc["id"]), files, PART, self.transfer).start()
+        except peers_.PeerError as exc:  # cannot serve (the port is taken): this node fetches alone
+            self.transfer["peer_error"] = str(exc)
+            return None
 
     def _fill(self, doc: Dict[str, Any], dest: str, session: Optional[peers_.Session]) -> None:
         """Every file of ``doc`` into ``dest``: the intact ones kept, the others fetched."""

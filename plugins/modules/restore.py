@@ -352,7 +352,8 @@ restore:
         - With O(store_options.peers) also V(from_peers) (chunks other nodes sent, each checked against the
           manifest), V(served) (bytes this node sent them), V(peer_rejected) (chunks a peer sent that did not
           match, fetched again from the store) and V(peer_refused) (connections refused, for example a
-          failed TLS handshake).
+          failed TLS handshake); V(peer_error) when this node could not serve (its port taken) and fetched
+          everything from the store.
       type: dict
       returned: not in check mode
       sample: {downloaded: 1430257664, reused: 0, uploaded: 0, seconds: 3.2, from_peers: 2860515328, served: 2860515328}

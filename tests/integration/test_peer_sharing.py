@@ -144,3 +144,19 @@ def test_a_node_with_the_snapshot_cached_serves_its_share(s3: Dict[str, Any], la
     assert owned_by_n0 > 0
     assert stores[1].transfer["from_peers"] == owned_by_n0
     assert stores[1].transfer["downloaded"] == sum(SIZES.values()) - owned_by_n0
+
+
+def test_a_node_that_cannot_listen_fetches_alone(s3: Dict[str, Any], lab: Lab, published: Dict[str, Any]) -> None:
+    """Its port taken, a node cannot serve: it says so in its transfer report and reads the bucket itself."""
+    import socket  # pylint: disable=import-outside-toplevel
+    stores = nodes(s3, lab, 2)
+    assert stores[0].peers is not None
+    taken = socket.socket()
+    taken.bind(pr.split_address(stores[0].peers.listen))
+    taken.listen()
+    try:
+        assert_whole(stores[0].local_dir(published["id"]), published["blobs"])
+    finally:
+        taken.close()
+    assert "cannot listen on" in stores[0].transfer["peer_error"]
+    assert stores[0].transfer["downloaded"] == sum(SIZES.values())
