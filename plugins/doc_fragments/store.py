@@ -27,7 +27,7 @@ options:
     OPTIONS = r"""
 options:
   store_options:
-    description: Settings of an V(s3://) store, and the store's signing, trust set and encryption at rest.
+    description: Settings of an V(s3://) store, and the store's signing, trust set, encryption and compression at rest.
     type: dict
     default: {}
     suboptions:
@@ -104,6 +104,25 @@ options:
             whose KEK this node lacks, or whose data key does not unwrap, is refused before anything is touched.
         type: bool
         default: false
+      compression:
+        description:
+          - Compress snapshots at rest (any store) with zstd, on this node before they reach the store (and before
+            encryption, when both are on). Page images and files of 1 MiB or more are stored as independent zstd
+            frames of 4 MiB of plaintext each; smaller files as they are. The manifest (signed, when signing is on)
+            records each compressed file's plaintext size, SHA256 and frame sizes.
+          - Restores decompress on every core into this node's cache (O(store_options.cache_dir),
+            C(plain/zstd/), 0700/0600) after the stored bytes were checked, and check the plaintext SHA256 before
+            CRIU reads it; no frame may inflate past its declared size. The node that took a snapshot keeps its
+            plaintext copy (a restore on it decompresses nothing).
+          - Reading does not depend on this switch - a compressed snapshot restores wherever the node has the
+            Python zstandard library (roles/node_prep installs it), and an uncompressed one everywhere.
+          - When not given, the default of the store's kind (currently V(none) for filesystem and S3 stores).
+        type: str
+        choices: [none, zstd]
+      compression_level:
+        description: The zstd level O(store_options.compression) writes with (1-19; higher is smaller and slower).
+        type: int
+        default: 3
       kek_dir:
         description:
           - Directory of the key-encryption keys (C(*.key), each the base64 text of 32 random bytes, mode 0600; a

@@ -30,11 +30,12 @@ import re
 import shutil
 import stat
 import uuid
-from typing import Any, Deque, Dict, Iterator, List, Optional, Set
+from typing import Any, Callable, Deque, Dict, Iterator, List, Optional, Set
 
 from ansible_collections.warmstart.snapshot.plugins.module_utils import _crypt as cr
 from ansible_collections.warmstart.snapshot.plugins.module_utils import _manifest as mf
 from ansible_collections.warmstart.snapshot.plugins.module_utils import _progress as prog
+from ansible_collections.warmstart.snapshot.plugins.module_utils._errors import WarmstartError
 from ansible_collections.warmstart.snapshot.plugins.module_utils._store import (
     StoreError, local_staging, lock_down, real_dirs, tree_size, unaccounted)
 from ansible_collections.warmstart.snapshot.plugins.module_utils._storeapi import Store
@@ -97,10 +98,7 @@ class Encryption:
     # -- writing ---------------------------------------------------------------------------------------
     def new_staging(self) -> str:
         """A node-local plaintext staging directory for CRIU (0700)."""
-        os.makedirs(self.tmp, mode=0o700, exist_ok=True)
-        path = os.path.join(self.tmp, uuid.uuid4().hex)
-        os.mkdir(path, 0o700)
-        return path
+        return new_local_staging(self.tmp)
 
     def encrypt_into(self, plain: str, dest: str, manifest: Dict[str, Any], kek: cr.Kek) -> None:
         """Every file ``manifest`` lists, from ``plain`` encrypted into ``dest``; the manifest's ``files`` and
@@ -130,7 +128,7 @@ class Encryption:
         os.makedirs(self.plain_root, mode=0o700, exist_ok=True)
         lock_down(plain)
         os.rename(plain, dest)
-        _finish_copy(dest, manifest)
+        finish_copy(dest, manifest)
         self.docs[sid] = manifest
         self.ready.add(sid)
         cached = self.inner.cache_root()
@@ -144,22 +142,10 @@ class Encryption:
     def _complete(self, doc: Dict[str, Any]) -> bool:
         """This node holds a finished plaintext copy of exactly ``doc``."""
         sid = doc["id"]
-        dest = self.plain_dir(sid)
         if sid in self.ready:
             return True
-        try:
-            if os.path.lexists(os.path.join(dest, UNSYNCED)):
-                with open(os.path.join(dest, UNSYNCED), "r", encoding="ascii") as handle:
-                    if handle.read() != _boot_id():
-                        return False
-            if mf.load(os.path.join(dest, mf.MANIFEST)) != doc:
-                return False
-            chunk = int(doc["encryption"]["chunk"])
-            for entry in doc["files"]:
-                info = os.lstat(os.path.join(dest, entry["path"]))
-                if not stat.S_ISREG(info.st_mode) or info.st_size != cr.plain_size(int(entry["size"]), chunk):
-                    return False
-        except (OSError, mf.ManifestError, cr.CryptError):
+        chunk = int(doc["encryption"]["chunk"])
+        if not copy_complete(self.plain_dir(sid), doc, lambda e: cr.plain_size(int(e["size"]), chunk)):
             return False
         self.ready.add(sid)
         return True
@@ -172,24 +158,11 @@ class Encryption:
                 self.inner.transfer["reused"] = self.inner.transfer.get("reused", 0) + int(doc.get("size") or 0)
             return []
         self.ready.discard(sid)
-        dest = self.plain_dir(sid)
-        shutil.rmtree(dest, ignore_errors=True)
-        os.makedirs(dest, mode=0o700)
         prog.phase("decrypt", sum(int(e["size"]) for e in doc["files"]))
-        problems = []
-        for entry in doc["files"]:
-            try:
-                self.decrypt_file(doc, entry, os.path.join(dest, entry["path"]))
-            except (StoreError, cr.CryptError, OSError) as exc:
-                why = str(getattr(exc, "strerror", None) or exc)
-                problems.append(why if why.startswith(f"{entry['path']}: ") else f"{entry['path']}: {why}")
-        if problems:
-            shutil.rmtree(dest, ignore_errors=True)
-            return problems
-        lock_down(dest)
-        _finish_copy(dest, doc)
-        self.ready.add(sid)
-        return []
+        problems = build_copy(self.plain_dir(sid), doc, lambda entry, path: self.decrypt_file(doc, entry, path))
+        if not problems:
+            self.ready.add(sid)
+        return problems
 
     def local_dir(self, doc: Dict[str, Any]) -> str:
         problems = self.copy(doc)
@@ -351,7 +324,68 @@ class Encryption:
         return size
 
 
-def _finish_copy(dest: str, doc: Dict[str, Any]) -> None:
+def new_local_staging(tmp: str) -> str:
+    """A new node-local staging directory ``<tmp>/<32 hex>`` (0700), as ``_store.local_staging`` lists them."""
+    os.makedirs(tmp, mode=0o700, exist_ok=True)
+    path = os.path.join(tmp, uuid.uuid4().hex)
+    os.mkdir(path, 0o700)
+    return path
+
+
+def private_dirs(path: str) -> None:
+    """``path`` and every missing directory above it created 0700 (``os.makedirs`` gives the parents the umask's
+    mode); existing ones are left as they are."""
+    parent = os.path.dirname(path)
+    if parent and parent != path and not os.path.isdir(parent):
+        private_dirs(parent)
+    try:
+        os.mkdir(path, 0o700)
+    except FileExistsError:
+        pass
+
+
+def build_copy(dest: str, doc: Dict[str, Any], one: Callable[[Dict[str, Any], str], None]) -> List[str]:
+    """Make ``dest`` (0700, replaced) a complete copy of ``doc``: ``one(entry, path)`` writes each listed file
+    (checked); problems as sentences naming the file, and then no copy is left; else ``finish_copy``."""
+    shutil.rmtree(dest, ignore_errors=True)
+    private_dirs(os.path.dirname(dest))
+    os.mkdir(dest, 0o700)
+    problems = []
+    for entry in doc["files"]:
+        try:
+            one(entry, os.path.join(dest, entry["path"]))
+        except (WarmstartError, OSError) as exc:
+            why = str(getattr(exc, "strerror", None) or exc)
+            problems.append(why if why.startswith(f"{entry['path']}: ") else f"{entry['path']}: {why}")
+    if problems:
+        shutil.rmtree(dest, ignore_errors=True)
+        return problems
+    lock_down(dest)
+    finish_copy(dest, doc)
+    return []
+
+
+def copy_complete(dest: str, doc: Dict[str, Any], plain_size: Callable[[Dict[str, Any]], int]) -> bool:
+    """Whether ``dest`` is a finished node-local copy of exactly ``doc``, valid in this boot: its manifest is
+    ``doc`` and each ``files[]`` entry is a regular file of ``plain_size(entry)`` bytes (the encrypted and the
+    compressed stores' plaintext copies alike)."""
+    try:
+        if os.path.lexists(os.path.join(dest, UNSYNCED)):
+            with open(os.path.join(dest, UNSYNCED), "r", encoding="ascii") as handle:
+                if handle.read() != _boot_id():
+                    return False
+        if mf.load(os.path.join(dest, mf.MANIFEST)) != doc:
+            return False
+        for entry in doc["files"]:
+            info = os.lstat(os.path.join(dest, entry["path"]))
+            if not stat.S_ISREG(info.st_mode) or info.st_size != plain_size(entry):
+                return False
+    except (OSError, mf.ManifestError, WarmstartError, KeyError, TypeError, ValueError):
+        return False
+    return True
+
+
+def finish_copy(dest: str, doc: Dict[str, Any]) -> None:
     """Mark ``dest`` a complete copy of ``doc``, valid in this boot: the boot id, then the manifest, last."""
     with os.fdopen(os.open(os.path.join(dest, UNSYNCED), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w",
                    encoding="ascii") as handle:

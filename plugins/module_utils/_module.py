@@ -81,6 +81,8 @@ def store_argument_spec() -> Dict[str, Any]:
             peer_wait=dict(type="float", default=60.0),
             peer_linger=dict(type="float", default=10.0),
             encryption=dict(type="bool", default=False),
+            compression=dict(type="str", choices=["none", "zstd"]),
+            compression_level=dict(type="int", default=3),
             kek_dir=dict(type="path", no_log=False),
             kek=dict(type="str", no_log=False),
             sse=dict(type="str", choices=["AES256", "aws:kms"]),

@@ -16,7 +16,8 @@ Invariants:
 - nothing but the target's ``pages-*.img`` is deferred: every file the restore writes onto the node or
   CRIU parses (images, the workload's files) is verified before anything is touched, as without overlap;
 - it is used only where what CRIU reads is what is hashed and nothing else must run first: a store read
-  in place (the images are the store's files; an object store verifies while it fetches), an eager
+  in place (the images are the store's files; an object store verifies while it fetches), a snapshot
+  without compression (a compressed one is checked as it is decompressed into the node's copy), an eager
   restore (no lazy-pages daemon serving pages to a running tree), no GPU state, ``verify`` on.
 """
 from __future__ import annotations
@@ -46,6 +47,8 @@ def usable(doc: Dict[str, Any], verify: bool, reads_in_place: bool, lazy: bool) 
         return False, "verify: false"
     if not reads_in_place:
         return False, "the store's copy is verified as it is fetched"
+    if doc.get("compression") is not None:
+        return False, "a compressed snapshot is checked as it is decompressed"
     if lazy:
         return False, "a lazy restore serves pages to a running tree"
     if doc.get("gpu"):

@@ -31,6 +31,9 @@ MAX_FILES = 100_000
 MAX_TARGETS = 64
 MAX_PATH = 4096
 MIN_CHUNK, MAX_CHUNK = 1 << 20, 1 << 30   # chunk digests (_digest)
+ZSTD_ALG = "zstd-frames-v1"                # the compression block (_zstd)
+MIN_FRAME, MAX_FRAME = 1 << 16, 1 << 26
+MAX_PLAIN = 1 << 44                        # 16 TiB: a compressed file's declared plaintext size
 
 _NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 _ID_RE = re.compile(r"[0-9]{8}T[0-9]{6}Z-[0-9a-f]{8}")
@@ -280,6 +283,58 @@ def _gpu(value: Any, out: List[str]) -> None:
         out.append("gpu.gpus: not a list of {uuid: string, ...}")
 
 
+def frame_bound(plain: int) -> int:
+    """The most stored bytes a zstd frame of ``plain`` bytes may take (zstd's compress bound, plus its header
+    and checksum)."""
+    return plain + (plain >> 8) + ((128 << 10) - plain >> 11 if plain < 128 << 10 else 0) + 32
+
+
+def _stored_frame_ok(stored: Any, plain: int) -> bool:
+    return isinstance(stored, int) and not isinstance(stored, bool) and 0 < stored <= frame_bound(plain)
+
+
+def _compression(value: Any, files: Any, encrypted: bool, out: List[str]) -> None:
+    """The compression block (``_zstd``): every file it names is listed in ``files``, with a plaintext size of at
+    most ``MAX_PLAIN``, a plaintext SHA256, and exactly one stored size per frame, each within zstd's bound for
+    its frame; without encryption the frames add up to the stored size (with it, the decrypted size is checked
+    when read). A reader then never expects more plaintext than the block declares."""
+    if value is None:
+        return
+    if not isinstance(value, dict) or not isinstance(value.get("files"), dict):
+        out.append("compression: not a mapping with a mapping files")
+        return
+    if value.get("alg") != ZSTD_ALG:
+        out.append(f"compression.alg: {str(value.get('alg'))[:40]!r} is not {ZSTD_ALG}")
+    frame = value.get("frame")
+    if not isinstance(frame, int) or isinstance(frame, bool) or not MIN_FRAME <= frame <= MAX_FRAME:
+        out.append(f"compression.frame: not an integer from {MIN_FRAME} to {MAX_FRAME}")
+        return
+    stored = {e.get("path"): e.get("size") for e in files if isinstance(e, dict)} if isinstance(files, list) else {}
+    if len(value["files"]) > len(stored):
+        out.append(f"compression.files: {len(value['files'])} entries, more than files has")
+        return
+    for rel, entry in value["files"].items():
+        where = f"compression.files[{str(rel)[:200]!r}]"
+        if rel not in stored:
+            out.append(f"{where}: not listed in files")
+            continue
+        size = entry.get("size") if isinstance(entry, dict) else None
+        frames = entry.get("frames") if isinstance(entry, dict) else None
+        if not isinstance(size, int) or isinstance(size, bool) or not 0 <= size <= MAX_PLAIN:
+            out.append(f"{where}.size: not an integer from 0 to {MAX_PLAIN}")
+            continue
+        if not isinstance(entry.get("sha256"), str) or not _SHA256_RE.fullmatch(entry["sha256"]):
+            out.append(f"{where}.sha256: not 64 lowercase hex digits")
+        count = -(-size // frame)
+        if not isinstance(frames, list) or len(frames) != count:
+            out.append(f"{where}.frames: not a list of {count} stored frame sizes for {size} bytes in {frame}-byte "
+                       "frames")
+        elif not all(_stored_frame_ok(n, min(frame, size - i * frame)) for i, n in enumerate(frames)):
+            out.append(f"{where}.frames: a stored frame size is not a positive integer within zstd's bound")
+        elif not encrypted and sum(frames) != stored[rel]:
+            out.append(f"{where}.frames: add up to {sum(frames)} bytes, files says {stored[rel]} are stored")
+
+
 def _signature(value: Any, out: List[str]) -> None:
     """The signature block (``_signing``): its shape only; whether it verifies is the trust set's business."""
     if value is None:
@@ -331,5 +386,6 @@ def problems(doc: Any, schema_version: int) -> List[str]:
     for key, kind in (("size", int), ("timings", dict), ("pod", dict)):
         _typed(doc, key, kind, "", out, required=False)
     _gpu(doc.get("gpu"), out)
+    _compression(doc.get("compression"), files, doc.get("encryption") is not None, out)
     _signature(doc.get("signature"), out)
     return out

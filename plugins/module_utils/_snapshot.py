@@ -45,6 +45,7 @@ from ansible_collections.warmstart.snapshot.plugins.module_utils import _safefs 
 from ansible_collections.warmstart.snapshot.plugins.module_utils import _store as st
 from ansible_collections.warmstart.snapshot.plugins.module_utils import _tcp as tcpm
 from ansible_collections.warmstart.snapshot.plugins.module_utils import _workload as wl
+from ansible_collections.warmstart.snapshot.plugins.module_utils import _zstd as zs
 from ansible_collections.warmstart.snapshot.plugins.module_utils._compat import (
     CUDA_MODES,
     GpuNode,
@@ -901,7 +902,7 @@ def _stage_remote(store: Store, doc: Dict[str, Any], target: Dict[str, Any], ima
     for entry in doc.get("files", []):
         fname = entry["path"][len(prefix):] if entry["path"].startswith(prefix) else None
         if fname is not None and fname.startswith("pages-"):
-            sizes[fname] = entry["size"]  # served by the page server, but for what CRIU restores itself
+            sizes[fname] = zs.plain_size(doc, entry)  # served by the page server, but for what CRIU restores itself
             continue
         if fname is not None and "/" not in fname and fname != "dump.log":
             dst = os.path.join(images, fname)

@@ -212,10 +212,14 @@ def _fsync_dir(path: str) -> None:
 
 def refuse_encrypted(store: Any, doc: Dict[str, Any]) -> Dict[str, Any]:
     """``doc`` from a bare backend, refused when it is encrypted: only a ``SecureStore`` (which sets the backend's
-    ``admits_encrypted``) reads encrypted snapshots, so they never reach CRIU undecrypted."""
+    ``admits_encrypted``) reads encrypted snapshots, so they never reach CRIU undecrypted; likewise compressed
+    ones, which only a ``_zstore.CompressedStore`` (``admits_compressed``) reads."""
     if doc.get("encryption") is not None and not getattr(store, "admits_encrypted", False):
         raise StoreError(f"snapshot {doc['id']} in store {store.root} is encrypted: set store_options.encryption "
                          "(with this node's key-encryption keys, node_prep_keks)")
+    if doc.get("compression") is not None and not getattr(store, "admits_compressed", False):
+        raise StoreError(f"snapshot {doc['id']} in store {store.root} is compressed: open the store with "
+                         "store_options.compression (a module always does) so it is decompressed before CRIU")
     return doc
 
 
@@ -224,6 +228,7 @@ class FsStore:
 
     kind = "fs"
     admits_encrypted = False  # set by a SecureStore around it
+    admits_compressed = False  # set by a CompressedStore around it
 
     def __init__(self, root: str) -> None:
         if not root or not os.path.isabs(root):

@@ -17,14 +17,20 @@ from ansible_collections.warmstart.snapshot.plugins.module_utils._s3store import
 from ansible_collections.warmstart.snapshot.plugins.module_utils._securestore import SecureStore, SecurityConfig
 from ansible_collections.warmstart.snapshot.plugins.module_utils._store import FsStore, StoreError
 from ansible_collections.warmstart.snapshot.plugins.module_utils._storeapi import Store
+from ansible_collections.warmstart.snapshot.plugins.module_utils._zstore import CompressedStore, CompressionConfig
 
 
 def open_store(spec: Any, options: Optional[Dict[str, Any]] = None) -> Store:
     """The backend store of ``spec``, wrapped in a ``SecureStore`` when the node signs or trusts keys or the
-    store is encrypted (``_securestore.SecurityConfig``)."""
+    store is encrypted (``_securestore.SecurityConfig``), and that in a ``CompressedStore`` when the options carry
+    ``compression`` (``_zstore``: a module's always do; it compresses with ``zstd`` and reads compressed
+    snapshots either way). Without it, a compressed snapshot is refused by the backend."""
+    cache = (options or {}).get("cache_dir") or DEFAULT_CACHE
     backend = _backend(spec, options)
-    config = SecurityConfig.from_options(options, (options or {}).get("cache_dir") or DEFAULT_CACHE)
-    return SecureStore(backend, config) if config.active else backend
+    config = SecurityConfig.from_options(options, cache)
+    store = SecureStore(backend, config) if config.active else backend
+    compression = CompressionConfig.from_options(options, cache)
+    return CompressedStore(store, compression) if compression.present else store
 
 
 def _backend(spec: Any, options: Optional[Dict[str, Any]] = None) -> Store:

@@ -23,6 +23,7 @@ from ansible_collections.warmstart.snapshot.plugins.module_utils import _store a
 from ansible_collections.warmstart.snapshot.plugins.module_utils import _stores as stores
 from ansible_collections.warmstart.snapshot.plugins.module_utils._errors import WarmstartError
 from ansible_collections.warmstart.snapshot.plugins.module_utils._securestore import SecureStore, SecurityConfig
+from tests.support.store_fixtures import moto_bucket, publish_images
 
 C = 4096
 MARKER = os.urandom(64)
@@ -56,18 +57,7 @@ def open_enc(tmp_path: Path, spec: Optional[str] = None, **opts: Any) -> SecureS
 
 def snapshot(store: Any, pages: bytes = MARKER * 200, extra: bytes = b"") -> Dict[str, Any]:
     """Stage files as CRIU would (pages, core, an empty file), record them, publish; the manifest published."""
-    sid = mf.new_id()
-    staging = store.stage(sid)
-    images = os.path.join(staging.path, "containers", "w", "criu")
-    os.makedirs(images, mode=0o700)
-    for name, data in (("pages-1.img", pages), ("core-1.img", b"core" + extra), ("empty.img", b"")):
-        with open(os.path.join(images, name), "wb") as handle:
-            handle.write(data)
-    doc = mf.new_manifest(sid, "w", {}, {"hostname": "node-a"})
-    doc["files"] = [{k: e[k] for k in ("path", "size", "sha256")} for e in st.record_files(staging.path)]
-    doc["targets"] = [{"name": "w", "kind": "process", "path": "containers/w"}]
-    staging.publish(doc)
-    return store.load(sid)
+    return publish_images(store, {"pages-1.img": pages, "core-1.img": b"core" + extra, "empty.img": b""})
 
 
 def stored_bytes(top: Path) -> Iterator[bytes]:
@@ -279,16 +269,7 @@ def test_secrets_stay_out_of_describe_and_messages(tmp_path: Path, keys: Path) -
 
 @pytest.fixture(name="bucket")
 def fixture_bucket(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
-    moto = pytest.importorskip("moto")
-    boto3 = pytest.importorskip("boto3")
-    for k, v in (("AWS_ACCESS_KEY_ID", "t"), ("AWS_SECRET_ACCESS_KEY", "t"), ("AWS_DEFAULT_REGION", "us-east-1")):
-        monkeypatch.setenv(k, v)
-    monkeypatch.delenv("AWS_ENDPOINT_URL", raising=False)
-    monkeypatch.delenv("AWS_ENDPOINT_URL_S3", raising=False)
-    with moto.mock_aws():
-        client = boto3.client("s3")
-        client.create_bucket(Bucket="enc")
-        yield client
+    yield from moto_bucket(monkeypatch, "enc")
 
 
 def objects(client: Any) -> Dict[str, bytes]:
