@@ -59,7 +59,7 @@ options:
             (O(store_options.peer_wait)) or sends other bytes is replaced by the bucket for that chunk.
           - In the clear a node serves on a loopback address only; across nodes set O(store_options.peer_tls)
             (or O(store_options.peer_insecure) on a network you trust). The playbook
-            P(warmstart.snapshot.restore#playbook) fills this in with C(warmstart_restore_share).
+            C(warmstart.snapshot.restore) fills this in with C(warmstart_restore_share).
         type: list
         elements: str
       peer_listen:

@@ -45,7 +45,7 @@ def published(s3: Dict[str, Any], lab: Lab, monkeypatch: pytest.MonkeyPatch) -> 
 
 
 def nodes(s3: Dict[str, Any], lab: Lab, count: int, **options: Any) -> List[s3s.S3Store]:
-    addresses = [f"127.0.0.1:{free_port()}" for _ in range(count)]
+    addresses = [f"127.0.0.1:{free_port()}" for _n in range(count)]
     stores = []
     for n, me in enumerate(addresses):
         config = pr.PeerConfig.from_options({"peers": addresses, "peer_listen": me, "peer_wait": 20,
@@ -80,8 +80,8 @@ def assert_whole(local: Any, blobs: Dict[str, bytes]) -> None:
     assert not list(Path(local).glob("*.part*")), "no partial download left behind"
 
 
-def test_three_nodes_read_the_snapshot_from_the_bucket_about_once(s3: Dict[str, Any], lab: Lab,
-                                                                    published: Dict[str, Any]) -> None:
+def test_three_nodes_read_the_snapshot_from_the_bucket_about_once(
+        s3: Dict[str, Any], lab: Lab, published: Dict[str, Any]) -> None:
     stores = nodes(s3, lab, 3)
     results = fetch_all(stores, published["id"])
     for local in results:
