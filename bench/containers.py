@@ -265,21 +265,6 @@ def markdown(results: Dict[str, Any], summary: Dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write_section(path: str, text: str, begin: str = BEGIN, end: str = END) -> None:
-    """Replace the section between ``begin`` and ``end`` in ``path`` (or append it)."""
-    try:
-        with open(path, "r", encoding="utf-8") as handle:
-            doc = handle.read()
-    except FileNotFoundError:
-        doc = ""
-    if begin in doc and end in doc:
-        doc = doc[:doc.index(begin)] + text.rstrip("\n") + doc[doc.index(end) + len(end):]
-    else:
-        doc = doc.rstrip("\n") + "\n\n" + text
-    with open(path, "w", encoding="utf-8") as handle:
-        handle.write(doc)
-
-
 def main(argv: Optional[List[str]] = None) -> int:
     ap = argparse.ArgumentParser(prog="python3 -m bench.containers", description=__doc__.split("\n\n", 1)[0])
     ap.add_argument("--sizes", default="512,2048")
@@ -323,7 +308,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     text = markdown(results, summarize(results))
     print(text)
     if args.markdown:
-        write_section(args.markdown, text)
+        base.write_section(args.markdown, text, BEGIN, END)
     return 0
 
 

@@ -3,20 +3,26 @@
 # Copyright (c) warmstart developers
 # GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
-"""Fan-out restore across nodes, and S3 vs shared filesystem, through the fleet playbooks.
+"""Fan-out restore across nodes, from a shared filesystem and from S3 (nodes sharing chunks or not), and S3 vs
+shared filesystem, through the fleet playbooks.
 
   eval "$(tests/support/podman-env.sh)"
   sudo -E /usr/bin/python3 -m bench.fleet [--mib 512] [--reps 3] [--markdown docs/benchmarks.md]
 
-Three privileged podman "nodes" (the local node image) on their own network,
+Five privileged podman "nodes" (the local node image) on their own network,
 a shared store directory mounted at /store in each and moto's S3 server on
-the network gateway - the molecule ``fleet`` set-up. prepare_nodes runs on
-them; a workload holding MIB MiB (bench/mem_workload.py) is snapshotted on
-node1 into both stores; then, timed:
+the network gateway - the molecule ``fleet`` set-up, with a test CA's TLS
+certificate per node (its address) in /etc/warmstart/keys/tls. prepare_nodes
+runs on them; a workload holding MIB MiB (bench/mem_workload.py) is
+snapshotted on node1 into both stores; then, timed:
 
 - fan-out: ``ansible-playbook warmstart.snapshot.restore`` from the shared
-  filesystem store onto 1, 2 and 3 nodes at once (wall time of the playbook,
+  filesystem store onto 1, 3 and 5 nodes at once (wall time of the playbook,
   and the slowest node's own restore time from the summary JSON);
+- fan-out from S3 with empty node caches onto 1, 3 and 5 nodes, each node
+  reading the whole snapshot from the bucket, and with
+  ``warmstart_restore_share`` (nodes share chunks over mutual TLS): the bytes
+  the bucket sent (the structural figure) next to the times;
 - S3 vs filesystem onto one node (node2): S3 with an empty node cache (the
   download is part of it), S3 again with the cache warm, and the filesystem.
 
@@ -38,12 +44,14 @@ from typing import Any, Dict, List, Optional
 
 from . import HERE, REPO
 from . import containers as cbench
-from .run import log
+from .run import log, write_section
 
 BEGIN, END = "<!-- fleet:begin -->", "<!-- fleet:end -->"
 NET, SUBNET, GW, S3PORT = "wsbench-fleet", "10.89.148.0/24", "10.89.148.1", 18748
-NODES = ["node1", "node2", "node3"]
+NODES = ["node1", "node2", "node3", "node4", "node5"]
+ADDRESS = {node: f"10.89.148.{11 + n}" for n, node in enumerate(NODES)}
 PREFIX = "wsbench-fleet-"
+FANOUT = (1, 3, 5)
 
 
 def sh(*argv: str, check: bool = True, env: Optional[Dict[str, str]] = None) -> subprocess.CompletedProcess:
@@ -68,9 +76,15 @@ class Fleet:
         self.down()
         os.makedirs(self.store, mode=0o700, exist_ok=True)
         cbench.podman("network", "create", "--subnet", SUBNET, "--gateway", GW, NET)
+        pki = self.pki()
         for node in NODES:
             cbench.podman("run", "-d", "--name", PREFIX + node, "--hostname", node, "--privileged", "--init",
-                          "--network", NET, "-v", f"{self.store}:/store", image, "sleep", "infinity")
+                          "--network", NET, "--ip", ADDRESS[node], "-v", f"{self.store}:/store", image, "sleep", "infinity")
+            sh("podman", "exec", PREFIX + node, "mkdir", "-p", "-m", "0700", "/etc/warmstart/keys/tls")
+            for name in ("ca.pem", "cert.pem", "key.pem"):
+                src = os.path.join(pki, node if name != "ca.pem" else "", name)
+                sh("podman", "cp", src, f"{PREFIX}{node}:/etc/warmstart/keys/tls/{name}")
+            sh("podman", "exec", PREFIX + node, "chmod", "0600", "/etc/warmstart/keys/tls/key.pem")
             sh("podman", "exec", PREFIX + node, "mkdir", "-p", "/opt/bench", "/root/.aws")
             sh("podman", "cp", os.path.join(HERE, "mem_workload.py"), f"{PREFIX}{node}:/opt/bench/mem_workload.py")
             sh("podman", "exec", PREFIX + node, "sh", "-c",
@@ -85,8 +99,24 @@ class Fleet:
         with open(self.inventory, "w", encoding="ascii") as handle:
             handle.write("[nodes]\n")
             for node in NODES:
-                handle.write(f"{node} ansible_connection=containers.podman.podman ansible_host={PREFIX}{node}\n")
+                handle.write(f"{node} ansible_connection=containers.podman.podman ansible_host={PREFIX}{node} "
+                             f"warmstart_restore_share_address={ADDRESS[node]}\n")
             handle.write("[nodes:vars]\nprepare_nodes_become=false\nwarmstart_become=false\n")
+
+    def pki(self) -> str:
+        """A CA and a certificate per node naming its address (server and client: nodes are both), as files."""
+        sys.path.insert(0, REPO)
+        from tests.support.tls_certs import Pki  # pylint: disable=import-outside-toplevel
+        root = os.path.join(self.dir, "pki")
+        shutil.rmtree(root, ignore_errors=True)
+        pki = Pki(__import__("pathlib").Path(root))
+        shutil.copy(pki.ca("fleet"), os.path.join(root, "ca.pem"))
+        for node in NODES:
+            cert, key = pki.issue(node, "fleet", ips=[ADDRESS[node]], both=True)
+            os.makedirs(os.path.join(root, node), exist_ok=True)
+            shutil.copy(cert, os.path.join(root, node, "cert.pem"))
+            shutil.copy(key, os.path.join(root, node, "key.pem"))
+        return root
 
     def down(self) -> None:
         for node in NODES:
@@ -124,6 +154,7 @@ class Fleet:
             raise RuntimeError(f"restore {tag}: {bad}")
         res["slowest_node"] = max(float(r["total_s"]) for r in res["rows"])
         res["downloaded"] = sum(int(r.get("downloaded") or 0) for r in res["rows"])
+        res["from_peers"] = sum(int(r.get("from_peers") or 0) for r in res["rows"])
         self.adhoc(":".join(hosts), "warmstart.snapshot.workload", {"name": "bench", "state": "stopped"})
         return res
 
@@ -132,7 +163,7 @@ def run(args: argparse.Namespace) -> Dict[str, Any]:
     fleet = Fleet(args)
     results: Dict[str, Any] = {"started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "mib": args.mib,
                                "reps": args.reps, "cpus": os.cpu_count(), "kernel": os.uname().release,
-                               "fanout": {}, "stores": {"s3_cold": [], "s3_warm": [], "fs": []}}
+                               "fanout": {}, "s3_fanout": {}, "stores": {"s3_cold": [], "s3_warm": [], "fs": []}}
     try:
         log("nodes up")
         fleet.up()
@@ -151,10 +182,18 @@ def run(args: argparse.Namespace) -> Dict[str, Any]:
                           "snap-s3")
         results["bytes"] = int(snap["rows"][0]["bytes"])
         for rep in range(args.reps):
-            for k in (1, 2, 3) if rep % 2 == 0 else (3, 2, 1):
+            for k in FANOUT if rep % 2 == 0 else FANOUT[::-1]:
                 log(f"fan-out rep {rep + 1}: {k} node(s)")
                 res = fleet.restore(NODES[:k], {"warmstart_store": "/store"}, f"fan{k}-{rep}")
                 results["fanout"].setdefault(str(k), []).append({"wall": res["wall"], "slowest_node": res["slowest_node"]})
+                for share in (False, True) if k > 1 else (False,):
+                    log(f"fan-out from S3 rep {rep + 1}: {k} node(s), sharing {'on' if share else 'off'}")
+                    for node in NODES[:k]:
+                        sh("podman", "exec", PREFIX + node, "rm", "-rf", "/var/lib/warmstart/cache")
+                    res = fleet.restore(NODES[:k], dict(fleet.s3(), warmstart_restore_share=share),
+                                        f"s3fan{k}{'s' if share else ''}-{rep}")
+                    results["s3_fanout"].setdefault(f"{k}{'s' if share else ''}", []).append(
+                        {key: res[key] for key in ("wall", "slowest_node", "downloaded", "from_peers")})
             log(f"stores rep {rep + 1}")
             sh("podman", "exec", PREFIX + "node2", "rm", "-rf", "/var/lib/warmstart/cache")
             for key, extra in (("s3_cold", fleet.s3()), ("s3_warm", fleet.s3()), ("fs", {"warmstart_store": "/store"})):
@@ -173,16 +212,19 @@ def med(values: List[Dict[str, Any]], key: str) -> float:
 def markdown(r: Dict[str, Any]) -> str:
     one = med(r["fanout"]["1"], "wall")
     one_node = med(r["fanout"]["1"], "slowest_node")
+    ks = sorted(r["fanout"], key=int)
     lines = [BEGIN, "## Fleet: fan-out restore, and S3 vs shared filesystem", "",
-             f"Run {r['started']} on {r['cpus']} vCPUs (all three nodes share them), kernel {r['kernel']}; "
-             f"`python3 -m bench.fleet --mib {r['mib']} --reps {r['reps']}`. Three podman nodes (the molecule `fleet` set-up), "
+             f"Run {r['started']} on {r['cpus']} vCPUs (all {ks[-1]} nodes share them), kernel {r['kernel']}; "
+             f"`python3 -m bench.fleet --mib {r['mib']} --reps {r['reps']}`. Podman nodes (the molecule `fleet` set-up), "
              f"one snapshot of a workload holding {r['mib']} MiB ({r['bytes'] / 2**20:.0f} MiB of images), restored "
              "with `ansible-playbook warmstart.snapshot.restore` (its check-mode preflight on every node included). "
              "Wall = the whole playbook run; node = the slowest node's own restore (`total_s` of its summary row).",
-             "", "| nodes | wall | ratio to 1 node | node | ratio to 1 node |", "|---|---|---|---|---|"]
-    for k in ("1", "2", "3"):
+             "", "From the shared filesystem store:", "",
+             "| nodes | wall | ratio to 1 node | node | ratio to 1 node |", "|---|---|---|---|---|"]
+    for k in ks:
         w, n = med(r["fanout"][k], "wall"), med(r["fanout"][k], "slowest_node")
         lines.append(f"| {k} | {w:.2f} s | {w / one:.2f}x | {n:.2f} s | {n / one_node:.2f}x |")
+    lines += s3_fanout_lines(r)
     fs = med(r["stores"]["fs"], "wall")
     lines += ["", "Same snapshot onto node2 from each store:", "",
               "| store | wall | ratio to filesystem | node | downloaded |", "|---|---|---|---|---|"]
@@ -198,6 +240,27 @@ def markdown(r: Dict[str, Any]) -> str:
               "the same two cores and the same disk, so fan-out here measures contention, not the parallelism a "
               "real fleet of separate machines gets; the S3 server is moto on loopback-class networking.", END]
     return "\n".join(lines) + "\n"
+
+
+def s3_fanout_lines(r: Dict[str, Any]) -> List[str]:
+    """The S3 fan-out table: per node count, sharing off and on; bytes the bucket sent against the snapshot."""
+    runs = r.get("s3_fanout") or {}
+    if "1" not in runs:
+        return []
+    one, one_node, size = med(runs["1"], "wall"), med(runs["1"], "slowest_node"), float(r["bytes"])
+    lines = ["", "From S3, every node's cache empty; sharing = `warmstart_restore_share` (each node downloads its "
+             "share of the chunks and gets the rest from the others over mutual TLS, each chunk checked against "
+             "the manifest). Read from the bucket = bytes all nodes downloaded from it, as a multiple of the "
+             "snapshot (target with sharing: at most 1.2x):", "",
+             "| nodes | sharing | wall | ratio to 1 node | node | ratio to 1 node | read from the bucket | from peers |",
+             "|---|---|---|---|---|---|---|---|"]
+    for key in sorted(runs, key=lambda k: (int(k.rstrip("s")), k)):
+        w, n = med(runs[key], "wall"), med(runs[key], "slowest_node")
+        got, peers = med(runs[key], "downloaded"), med(runs[key], "from_peers")
+        lines.append(f"| {key.rstrip('s')} | {'on' if key.endswith('s') else 'off'} | {w:.2f} s | {w / one:.2f}x | "
+                     f"{n:.2f} s | {n / one_node:.2f}x | {got / 2**20:.0f} MiB ({got / size:.2f}x) | "
+                     f"{peers / 2**20:.0f} MiB |")
+    return lines
 
 
 def main(argv: Optional[List[str]] = None) -> int:
@@ -224,7 +287,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     text = markdown(results)
     print(text)
     if args.markdown:
-        cbench.write_section(args.markdown, text, BEGIN, END)
+        write_section(args.markdown, text, BEGIN, END)
     return 0
 
 

@@ -145,20 +145,6 @@ def markdown(results: Dict[str, Any]) -> str:
     ])
 
 
-def write_markdown(path: str, text: str) -> None:
-    try:
-        with open(path, "r", encoding="utf-8") as handle:
-            old = handle.read()
-    except FileNotFoundError:
-        old = ""
-    if BEGIN in old and END in old:
-        new = old[:old.index(BEGIN)] + text + old[old.index(END) + len(END):]
-    else:
-        new = old.rstrip("\n") + "\n\n" + text + "\n"
-    with open(path, "w", encoding="utf-8") as handle:
-        handle.write(new)
-
-
 def parse_args(argv: Optional[List[str]]) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python3 -m bench.fresh_node", description=__doc__.split("\n", 1)[0])
     p.add_argument("--dir", default=br.DEFAULT_DIR + "-fresh", help="work dir (default %(default)s)")
@@ -184,7 +170,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         results = measure(args, argv)
     print(table(results))
     if args.markdown:
-        write_markdown(args.markdown, markdown(results))
+        br.write_section(args.markdown, markdown(results), BEGIN, END)
     return 0
 
 

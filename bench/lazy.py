@@ -604,24 +604,6 @@ def section(results: Dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def write_markdown(path: str, text: str) -> None:
-    try:
-        with open(path, "r", encoding="utf-8") as handle:
-            old = handle.read()
-    except FileNotFoundError:
-        old = ""
-    if BEGIN in old and END in old:
-        new = old[:old.index(BEGIN)] + text + old[old.index(END) + len(END):]
-    elif "<!-- containers:begin -->" in old:
-        i = old.index("<!-- containers:begin -->")
-        new = old[:i] + text + "\n\n" + old[i:]
-    else:
-        new = old.rstrip("\n") + ("\n\n" if old else "") + text + "\n"
-    with open(path, "w", encoding="utf-8") as handle:
-        handle.write(new)
-    log(f"wrote the lazy section of {path}")
-
-
 def plot(args: argparse.Namespace, results_path: str) -> None:
     py = args.plot_python
     if not os.access(py, os.X_OK):
@@ -677,7 +659,7 @@ def render(args: argparse.Namespace, results: Dict[str, Any], results_path: str)
     text = section(results)
     print(text)
     if args.markdown:
-        write_markdown(args.markdown, text)
+        R.write_section(args.markdown, text, BEGIN, END, before="<!-- containers:begin -->")
     if args.plot:
         plot(args, results_path)
 

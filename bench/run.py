@@ -84,6 +84,31 @@ def command_line(module: str, argv: Optional[List[str]]) -> str:
                     + (argv if argv is not None else sys.argv[1:]))
 
 
+# sections of docs/benchmarks.md that other benchmarks own: a rewrite of this one's keeps them
+OTHER_SECTIONS = ("containers", "containerd", "fleet", "security", "fresh-node", "compression", "s3-cold")
+
+
+def write_section(path: str, text: str, begin: str, end: str, before: Optional[str] = None) -> None:
+    """Put ``text`` (a section that starts with ``begin`` and ends with ``end``) into the markdown file
+    ``path``: in place of the section already there, else just before the marker ``before`` when the file has
+    it, else at the end. The rest of the file is kept as it is."""
+    try:
+        with open(path, "r", encoding="utf-8") as handle:
+            doc = handle.read()
+    except FileNotFoundError:
+        doc = ""
+    text = text.rstrip("\n")
+    if begin in doc and end in doc:
+        doc = doc[:doc.index(begin)] + text + doc[doc.index(end) + len(end):]
+    elif before and before in doc:
+        doc = doc[:doc.index(before)] + text + "\n\n" + doc[doc.index(before):]
+    else:
+        doc = doc.rstrip("\n") + ("\n\n" if doc else "") + text + "\n"
+    with open(path, "w", encoding="utf-8") as handle:
+        handle.write(doc)
+    log(f"wrote {begin} ... {end} in {path}")
+
+
 # --- the engine ---------------------------------------------------------------
 
 def load_engine() -> SimpleNamespace:
@@ -994,8 +1019,7 @@ def render(results: Dict[str, Any], md_path: Optional[str]) -> None:
         try:
             with open(md_path, "r", encoding="utf-8") as handle:
                 old = handle.read()
-            # sections other benchmarks own (bench/containers.py, bench/fleet.py, bench/security.py) survive a rewrite
-            for part in ("containers", "containerd", "fleet", "security", "fresh-node"):
+            for part in OTHER_SECTIONS:  # sections other benchmarks own survive a rewrite
                 begin, end = f"<!-- {part}:begin -->", f"<!-- {part}:end -->"
                 if begin in old and end in old:
                     kept += "\n" + old[old.index(begin):old.index(end) + len(end)] + "\n"

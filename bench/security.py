@@ -43,7 +43,7 @@ import time
 from typing import Any, Dict, List, Optional
 
 from . import run as base
-from .containers import write_section
+from .run import write_section
 
 BEGIN, END = "<!-- security:begin -->", "<!-- security:end -->"
 DEFAULT_DIR = "/var/tmp/warmstart-bench-security"
