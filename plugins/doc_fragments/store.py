@@ -116,7 +116,9 @@ options:
             plaintext copy (a restore on it decompresses nothing).
           - Reading does not depend on this switch - a compressed snapshot restores wherever the node has the
             Python zstandard library (roles/node_prep installs it), and an uncompressed one everywhere.
-          - When not given, the default of the store's kind (currently V(none) for filesystem and S3 stores).
+          - When not given, the default of the store's kind - V(none) for both filesystem and V(s3://) stores, set
+            from C(docs/benchmarks.md) (Compression) - turn V(zstd) on for an object store reached at 1 Gbit/s or
+            less per node when the workload's memory compresses (the demo server's moved 5x faster there).
         type: str
         choices: [none, zstd]
       compression_level:

@@ -275,6 +275,7 @@ class CompressedStore:
             return self.inner.verify(doc, fetch=fetch, cached=cached)
         self.docs[doc["id"]] = doc
         if cached and self._complete(doc):
+            self.transfer["reused"] = self.transfer.get("reused", 0) + sum(int(e["size"]) for e in doc["files"])
             return unaccounted(self.inner.snapshot_dir(doc["id"]), doc) if self.inner.reads_in_place else []
         self._require(doc["id"])
         problems = self.inner.verify(doc, fetch=True, cached=cached)

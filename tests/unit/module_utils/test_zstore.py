@@ -77,6 +77,7 @@ def test_another_node_decompresses_once_and_reuses_its_copy(tmp_path: Path) -> N
     mtime = (local / PAGES).stat().st_mtime_ns
     assert again.verify(again.load(doc["id"]), cached=True) == []
     assert (local / PAGES).stat().st_mtime_ns == mtime, "reused, not decompressed again"
+    assert again.transfer["reused"] == doc["size"], "a reused copy counts as reused, as an S3 cache hit does"
 
 
 def test_range_reads_and_fetch_file_decompress_what_they_need(tmp_path: Path) -> None:
