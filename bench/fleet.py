@@ -105,8 +105,12 @@ class Fleet:
 
     def pki(self) -> str:
         """A CA and a certificate per node naming its address (server and client: nodes are both), as files."""
-        sys.path.insert(0, REPO)
-        from tests.support.tls_certs import Pki  # pylint: disable=import-outside-toplevel
+        import importlib.util  # pylint: disable=import-outside-toplevel
+        spec = importlib.util.spec_from_file_location("tls_certs", os.path.join(REPO, "tests", "support", "tls_certs.py"))
+        assert spec is not None and spec.loader is not None
+        certs = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(certs)  # the tests' PKI helper (cryptography), loaded from its file
+        Pki = certs.Pki  # noqa: N806 - a class
         root = os.path.join(self.dir, "pki")
         shutil.rmtree(root, ignore_errors=True)
         pki = Pki(__import__("pathlib").Path(root))

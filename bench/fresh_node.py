@@ -25,8 +25,6 @@ The table goes into ``--markdown`` between ``<!-- fresh-node:begin -->`` and ``<
 from __future__ import annotations
 
 import argparse
-import datetime
-import json
 import os
 import shutil
 import statistics
@@ -160,30 +158,12 @@ def parse_args(argv: Optional[List[str]]) -> argparse.Namespace:
 
 def main(argv: Optional[List[str]] = None) -> int:
     args = parse_args(argv)
-    if args.from_json:
-        with open(args.from_json, "r", encoding="utf-8") as handle:
-            results = json.load(handle)
-    else:
-        if os.geteuid() != 0:
-            sys.stderr.write("bench.fresh_node needs root (CRIU does)\n")
-            return 2
-        results = measure(args, argv)
-    print(table(results))
-    if args.markdown:
-        br.write_section(args.markdown, markdown(results), BEGIN, END)
-    return 0
+    return br.bench_main(args, "bench.fresh_node", lambda: measure(args, argv), table, markdown, BEGIN, END)
 
 
 def measure(args: argparse.Namespace, argv: Optional[List[str]]) -> Dict[str, Any]:
-    args.dir = os.path.abspath(args.dir)
-    os.makedirs(args.dir, mode=0o700, exist_ok=True)
-    os.environ.setdefault("WARMSTART_VERIFIED_DIR", os.path.join(args.dir, "verified"))
-    E = br.load_engine()
-    args.criu = E.find_criu(args.criu)
-    br.become_subreaper()
-    results: Dict[str, Any] = {
-        "started_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "command": br.command_line("bench.fresh_node", argv), "machine": br.machine(E, args), "sizes": []}
+    E, results = br.prepare_run(args, "bench.fresh_node", argv)
+    results["sizes"] = []
     try:
         for mib in [int(x) for x in args.sizes.split(",") if x.strip()]:
             results["sizes"].append(run(E, args, mib))
@@ -191,10 +171,7 @@ def measure(args: argparse.Namespace, argv: Optional[List[str]]) -> Dict[str, An
         br.kill_all(E)
         for sub in ("store", "raw", "restore", "workloads"):
             shutil.rmtree(os.path.join(args.dir, sub), ignore_errors=True)
-    path = os.path.join(args.dir, "results.json")
-    with open(path, "w", encoding="utf-8") as handle:
-        json.dump(results, handle, indent=1, default=str)
-    br.log(f"results: {path}")
+    br.save_results(args, results)
     return results
 
 

@@ -53,7 +53,7 @@ import subprocess
 import sys
 import time
 from types import SimpleNamespace
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 from . import COLLECTIONS, HERE, REPO
 
@@ -85,7 +85,8 @@ def command_line(module: str, argv: Optional[List[str]]) -> str:
 
 
 # sections of docs/benchmarks.md that other benchmarks own: a rewrite of this one's keeps them
-OTHER_SECTIONS = ("containers", "containerd", "fleet", "security", "fresh-node", "compression", "s3-cold")
+OTHER_SECTIONS = ("containers", "containerd", "fleet", "security", "fresh-node", "s3-cold", "compression",
+                  "targets")
 
 
 def write_section(path: str, text: str, begin: str, end: str, before: Optional[str] = None) -> None:
@@ -107,6 +108,51 @@ def write_section(path: str, text: str, begin: str, end: str, before: Optional[s
     with open(path, "w", encoding="utf-8") as handle:
         handle.write(doc)
     log(f"wrote {begin} ... {end} in {path}")
+
+
+def prepare_run(args: argparse.Namespace, module: str, argv: Optional[List[str]]) -> Tuple[SimpleNamespace, Dict[str, Any]]:
+    """For a benchmark run as root: ``args.dir`` made (0700, absolute), this node's record of hashed files kept
+    there, the engine loaded, CRIU found, this process a subreaper; the engine and the results' header."""
+    args.dir = os.path.abspath(args.dir)
+    os.makedirs(args.dir, mode=0o700, exist_ok=True)
+    os.environ.setdefault("WARMSTART_VERIFIED_DIR", os.path.join(args.dir, "verified"))
+    E = load_engine()
+    args.criu = E.find_criu(args.criu)
+    become_subreaper()
+    return E, {"started_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+               "command": command_line(module, argv), "machine": machine(E, args)}
+
+
+def save_results(args: argparse.Namespace, results: Dict[str, Any]) -> str:
+    """``results`` as ``<args.dir>/results.json``; its path."""
+    path = os.path.join(args.dir, "results.json")
+    with open(path, "w", encoding="utf-8") as handle:
+        json.dump(results, handle, indent=1, default=str)
+    log(f"results: {path}")
+    return path
+
+
+def load_results(path: str) -> Dict[str, Any]:
+    with open(path, "r", encoding="utf-8") as handle:
+        out: Dict[str, Any] = json.load(handle)
+    return out
+
+
+def bench_main(args: argparse.Namespace, module: str, measure: Any, table: Any, markdown: Any,
+               begin: str, end: str) -> int:
+    """A size-table benchmark's main: render ``--from-json`` or (as root) ``measure()``; print ``table``;
+    put ``markdown`` between ``begin`` and ``end`` of ``--markdown``."""
+    if args.from_json:
+        results = load_results(args.from_json)
+    else:
+        if os.geteuid() != 0:
+            sys.stderr.write(f"{module} needs root (CRIU does)\n")
+            return 2
+        results = measure()
+    print(table(results))
+    if args.markdown:
+        write_section(args.markdown, markdown(results), begin, end)
+    return 0
 
 
 # --- the engine ---------------------------------------------------------------
