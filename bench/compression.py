@@ -156,8 +156,8 @@ def transfer(files: List[str], mode: str, link: str, out: str, port: int) -> Dic
     wrap = [] if link == "loopback" else ["ip", "netns", "exec", NS_STORE]
     wrap_node = [] if link == "loopback" else ["ip", "netns", "exec", NS_NODE]
     py = [sys.executable, "-m", "bench.compression"]
-    sender = subprocess.Popen(wrap + py + ["send", "--address", address, "--port", str(port), "--level", str(level),
-                                          *files], cwd=br.REPO, stdout=subprocess.PIPE, text=True)
+    argv = wrap + py + ["send", "--address", address, "--port", str(port), "--level", str(level), *files]
+    sender = subprocess.Popen(argv, cwd=br.REPO, stdout=subprocess.PIPE, text=True)
     try:
         if sender.stdout is None or sender.stdout.readline().strip() != "listening":
             raise br.BenchError(f"{mode} over {link}: the sender did not start")

@@ -50,7 +50,7 @@ def moto(args: argparse.Namespace) -> subprocess.Popen:
     args.endpoint = f"http://127.0.0.1:{port}"
     os.environ.update(AWS_ACCESS_KEY_ID="bench", AWS_SECRET_ACCESS_KEY="bench-secret", AWS_DEFAULT_REGION="us-east-1")
     import boto3  # pylint: disable=import-outside-toplevel
-    for _ in range(100):
+    for _attempt in range(100):
         try:
             boto3.client("s3", endpoint_url=args.endpoint).create_bucket(Bucket=BUCKET)
             return proc
@@ -62,8 +62,8 @@ def moto(args: argparse.Namespace) -> subprocess.Popen:
 
 def s3_store(args: argparse.Namespace, cache: str) -> Any:
     from ansible_collections.warmstart.snapshot.plugins.module_utils import _stores  # pylint: disable=import-outside-toplevel
-    return _stores.open_store(f"s3://{BUCKET}/cold", {"endpoint_url": args.endpoint, "cache_dir": cache,
-                                                       "concurrency": 8})
+    options = {"endpoint_url": args.endpoint, "cache_dir": cache, "concurrency": 8}
+    return _stores.open_store(f"s3://{BUCKET}/cold", options)
 
 
 def restore(E: SimpleNamespace, args: argparse.Namespace, sid: str, cache: str, src: Dict[str, Any],
@@ -161,7 +161,7 @@ def measure(args: argparse.Namespace, argv: Optional[List[str]]) -> Dict[str, An
     server = moto(args)
     try:
         for mib in [int(x) for x in args.sizes.split(",") if x.strip()]:
-            results["sizes"].append({"mib": mib, "reps": [cycle(E, args, mib) for _ in range(args.reps)]})
+            results["sizes"].append({"mib": mib, "reps": [cycle(E, args, mib) for _rep in range(args.reps)]})
     finally:
         br.kill_all(E)
         server.kill()
