@@ -45,12 +45,16 @@ def test_snapshot_restore_cleanup_playbooks(lab: Lab, s3: Dict[str, Any]) -> Non
     assert snap["table"][0] == "warmstart snapshot" and snap["table"][1].split()[:3] == ["host", "result", "snapshot"]
     assert any(row["snapshot"] in line for line in snap["table"])
 
+    # with chunk sharing on (a fleet of one on loopback: the playbook builds peers from the hosts' addresses)
+    share = {"warmstart_restore_share": True, "warmstart_restore_share_address": "127.0.0.1",
+             "warmstart_restore_share_port": free_port(), "warmstart_restore_share_tls": False}
     rst = run("restore", lab, dict(common, warmstart_restore_labels={"app": "fleet"},
-                                   warmstart_restore_workloads_root=str(lab.workloads)), "restore")
+                                   warmstart_restore_workloads_root=str(lab.workloads), **share), "restore")
     assert rst["rc"] == 0, rst["messages"]
     row = rst["summary"]["rows"][0]
     assert row["result"] == "restored" and row["snapshot"] == snap["summary"]["rows"][0]["snapshot"]
     assert row["reused"] > 0 and row["downloaded"] == 0, "the checkpointing node restores from its own cache"
+    assert row["from_peers"] == 0, f"sharing was on (None: off): {row}"
     assert query(port)["token"] == token
 
     # a snapshot that does not fit this node: refused with the reason, nothing attempted
