@@ -19,7 +19,11 @@ node reading a shared store for the first time):
 - hash: the page images hashed alone, by chunk on every core (``_digest.check_files``) and as one
   whole-file SHA256 on one core (what a verify cost before chunk digests).
 
-Every restored process's memory is checked (CRC32 of its buffer against the source's).
+- demo: the demo embedding server (when demo/setup.sh made its venv) checkpointed, then restored raw (``criu
+  restore`` of the snapshot's own images), verified as a fresh node and unverified (``bench.run.run_demo``).
+
+Every restored process's memory is checked (CRC32 of its buffer against the source's; the demo server's
+embeddings against the cold process's).
 The table goes into ``--markdown`` between ``<!-- fresh-node:begin -->`` and ``<!-- fresh-node:end -->``.
 """
 from __future__ import annotations
@@ -115,6 +119,13 @@ def table(results: Dict[str, Any]) -> str:
         gib = reps[0]["ours"]["image_bytes"] / (1 << 30)
         rows.append(f"| {size['mib']} MiB synthetic, n={len(reps)} | {gib:.2f} GiB | {raw:.2f} s | {ver:.2f} s | "
                     f"**{ver / raw:.2f}×** | {unv:.2f} s | {chunks:.2f} s | {whole:.2f} s |")
+    demo = (results.get("demo") or {}).get("reps") or []
+    if demo:
+        raw, ver, unv = (_median([r[k]["restore_wall"] for r in demo])
+                         for k in ("raw", "ours_verify_on", "ours_verify_off"))
+        gib = demo[0]["checkpoint"]["image_bytes"] / (1 << 30)
+        rows.append(f"| demo embedding server (restore call; embeddings checked), n={len(demo)} | {gib:.2f} GiB | "
+                    f"{raw:.2f} s | {ver:.2f} s | **{ver / raw:.2f}×** | {unv:.2f} s | – | – |")
     return "\n".join(rows)
 
 
@@ -139,6 +150,8 @@ def markdown(results: Dict[str, Any]) -> str:
         "sizes is a fixed cost of about 0.1 s (the module's preflight and CRIU's RPC start), not the checksums:",
         "the unverified restore pays it too. The hash columns are the page images alone, page cache dropped:",
         "reading them from disk bounds both, so chunks on every core gain most when the images are cached.",
+        "The demo row times the restore call (the server's embeddings are compared after each restore); its",
+        "raw restore is `criu restore` of the very images warmstart restores.",
         END,
     ])
 
@@ -148,11 +161,15 @@ def parse_args(argv: Optional[List[str]]) -> argparse.Namespace:
     p.add_argument("--dir", default=br.DEFAULT_DIR + "-fresh", help="work dir (default %(default)s)")
     p.add_argument("--sizes", default="512,4096", help="workload sizes in MiB (default %(default)s)")
     p.add_argument("--reps", type=int, default=2, help="repetitions per size (default %(default)s)")
+    p.add_argument("--demo-reps", type=int, default=3,
+                   help="repetitions of the demo server (its venv: demo/setup.sh; 0: none; default %(default)s)")
+    p.add_argument("--demo-python", default=br.DEMO_PYTHON, help="the demo venv's python (default %(default)s)")
     p.add_argument("--criu", default=None, help="CRIU binary (default: the engine's find_criu)")
     p.add_argument("--markdown", default=None, metavar="PATH", help="put the table into this document")
     p.add_argument("--from-json", default=None, metavar="PATH", help="render a previous results JSON; run nothing")
     args = p.parse_args(argv)
     args.drop_caches, args.no_sync = True, False
+    args.demo_port, args.demo_timeout, args.demo_fresh = 0, 600.0, True
     return args
 
 
@@ -167,6 +184,8 @@ def measure(args: argparse.Namespace, argv: Optional[List[str]]) -> Dict[str, An
     try:
         for mib in [int(x) for x in args.sizes.split(",") if x.strip()]:
             results["sizes"].append(run(E, args, mib))
+        if args.demo_reps > 0 and os.access(args.demo_python, os.X_OK):
+            results["demo"] = br.run_demo(E, args)  # verified restores with this node's record forgotten
     finally:
         br.kill_all(E)
         for sub in ("store", "raw", "restore", "workloads"):

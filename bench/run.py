@@ -460,6 +460,8 @@ def run_demo(E: SimpleNamespace, args: argparse.Namespace) -> Dict[str, Any]:
         variants = variants[rep % 3:] + variants[:rep % 3]
         row["order"] = variants
         for variant in variants:
+            if getattr(args, "demo_fresh", False):
+                E.st.VerifiedFiles(ck["id"]).forget()  # as a node that never saw the snapshot
             settle(args, before_restore=True)
             log(f"demo rep {rep + 1}/{args.demo_reps}: restore {variant}")
             work = None

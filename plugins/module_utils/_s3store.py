@@ -511,7 +511,7 @@ class S3Store:
         fd = os.open(part, os.O_WRONLY)
         try:
             off = start
-            for chunk in iter(lambda: resp["Body"].read(1 << 20), b""):
+            for chunk in iter(lambda: self._read_body(resp, rel), b""):
                 os.pwrite(fd, chunk, off)
                 digest.update(chunk)
                 off += len(chunk)
@@ -524,6 +524,14 @@ class S3Store:
         with self._lock:
             self.transfer["downloaded"] += end + 1 - start
         return digest.hexdigest()
+
+    def _read_body(self, resp: Dict[str, Any], rel: str) -> bytes:
+        """The next MiB of a GET's body; a connection lost mid-stream is a StoreError naming the file."""
+        try:
+            return bytes(resp["Body"].read(1 << 20))
+        except Exception as exc:  # socket errors, botocore's and urllib3's streaming errors
+            raise self._err(f"downloading {rel} (cut off mid-range; what was verified is kept: run again to "
+                            "resume)", exc) from None
 
     @staticmethod
     def _put_range(part: str, start: int, data: bytes) -> None:

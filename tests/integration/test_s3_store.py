@@ -12,7 +12,7 @@ import os
 import re
 import uuid
 from pathlib import Path
-from typing import Any, Dict
+from typing import Any, Dict, List
 
 import pytest
 
@@ -148,6 +148,57 @@ def test_download_resumes_where_it_stopped(s3: Dict[str, Any], lab: Lab, monkeyp
     local = reader.local_dir(sid)
     assert calls["n"] == -100 + 1 + 3, "only the 3 missing ranges (plus the manifest) should be fetched again"
     assert (Path(local) / "data.bin").read_bytes() == blob and not part.exists()
+
+
+def test_a_download_cut_mid_chunk_resumes(s3: Dict[str, Any], lab: Lab, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The connection drops half-way through a chunk: the half-written range is not in the ledger (only
+    verified ranges are), so the next run fetches it again whole and the file comes out intact."""
+    monkeypatch.setattr(s3s, "PART", 1 << 20)
+    store = s3s.S3Store(s3["url"], endpoint_url=s3["opts"]["endpoint_url"], cache=str(lab.tmp / "c1"), concurrency=1)
+    sid = mf.new_id()
+    staging = store.stage(sid)
+    blob = os.urandom((4 << 20) + 777)
+    (Path(staging.path) / "pages-1.img").write_bytes(blob)
+    manifest = mf.new_manifest(sid, "cut", {}, {"hostname": "x"})
+    manifest["files"] = [dg.hash_file(str(Path(staging.path) / "pages-1.img"), "pages-1.img", chunk_size=1 << 20)]
+    staging.publish(manifest)
+
+    reader = s3s.S3Store(s3["url"], endpoint_url=s3["opts"]["endpoint_url"], cache=str(lab.tmp / "c2"), concurrency=1)
+    real = reader.client.get_object
+
+    class Cut:
+        """A body that breaks after half a chunk."""
+
+        def __init__(self, body: Any) -> None:
+            self.body, self.sent = body, 0
+
+        def read(self, size: int = -1) -> bytes:
+            if self.sent >= 1 << 19:
+                raise ConnectionError("connection reset mid-chunk")
+            data = self.body.read(min(size, (1 << 19) - self.sent) if size > 0 else (1 << 19) - self.sent)
+            self.sent += len(data)
+            return bytes(data)
+
+    def cut_third_range(**kwargs: Any) -> Any:
+        resp = real(**kwargs)
+        if kwargs.get("Range", "").startswith(f"bytes={2 << 20}-"):
+            resp["Body"] = Cut(resp["Body"])
+        return resp
+
+    monkeypatch.setattr(reader.client, "get_object", cut_third_range)
+    with pytest.raises(st.StoreError, match="connection reset mid-chunk"):
+        reader.local_dir(sid)
+    ledger = Path(reader.cache_dir(sid)) / "pages-1.img.part.done"
+    kept = {int(x) for x in ledger.read_text().split()}
+    assert {0, 1 << 20} <= kept and (2 << 20) not in kept, "the verified ranges are kept, the cut one is not"
+    fetched: List[Any] = []
+    monkeypatch.setattr(reader.client, "get_object", lambda **kw: fetched.append(kw.get("Range")) or real(**kw))
+    local = reader.local_dir(sid)
+    assert (Path(local) / "pages-1.img").read_bytes() == blob
+    ends = {0: (1 << 20) - 1, 1 << 20: (2 << 20) - 1, 2 << 20: (3 << 20) - 1, 3 << 20: (4 << 20) - 1,
+            4 << 20: (4 << 20) + 776}
+    assert sorted(r for r in fetched if r) == sorted(f"bytes={o}-{e}" for o, e in ends.items() if o not in kept), \
+        "exactly the ranges not verified before are fetched again, the cut one whole"
 
 
 def test_chunks_are_checked_as_they_arrive(s3: Dict[str, Any], lab: Lab, monkeypatch: pytest.MonkeyPatch) -> None:
