@@ -16,7 +16,8 @@ Invariants:
   store for that chunk. Only files with 64 MiB chunk digests are shared; the rest always comes from the store.
 - A node never waits on a peer for its own share, so no two nodes wait on each other: every wait is bounded.
   A peer that refuses connections is taken for one not started yet during ``GRACE`` seconds, then for down
-  (the store sends its share); one that fails the TLS handshake or breaks a connection is down at once.
+  (the store sends its share); one that fails the TLS handshake or breaks a connection is down at once, and
+  so is one that kept the node waiting ``wait`` seconds for a chunk (a peer that stalls costs one wait).
 - A node serves only chunks it has verified, of the one snapshot it is fetching, of files that snapshot's
   manifest lists: a request names a manifest path, which is looked up, never joined onto a directory.
 - Serving stops once every peer said it is done, or nobody asked for ``linger`` seconds, and always when the
@@ -323,6 +324,7 @@ class Session:
             if code != 409:
                 return None
             time.sleep(_RETRY)
+        self.dead.add(owner)  # kept this node waiting ``wait`` seconds: its other chunks come from the store
         return None
 
     # -- ending ---------------------------------------------------------------------------------

@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import os
 import socket
+import time
 from pathlib import Path
 from typing import Any, Dict, List
 
@@ -165,3 +166,23 @@ def test_finish_waits_for_the_other_nodes_then_stops(tmp_path: Path) -> None:
     assert s.server is None
     with pytest.raises(OSError):
         socket.create_connection(pr.split_address(a), timeout=1).close()
+
+
+def test_a_peer_that_stalls_costs_one_wait(tmp_path: Path) -> None:
+    """A peer that answers "not yet" for ever keeps the node waiting ``wait`` seconds once, then is down."""
+    a, b = f"127.0.0.1:{port()}", f"127.0.0.1:{port()}"
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    blob = os.urandom(4 * CHUNK)
+    staller = session(tmp_path / "a", blob, listen=a, peers=(b,)).start()  # never marks a chunk verified
+    try:
+        client = session(tmp_path / "b", blob, content=b"", listen=b, peers=(a,))
+        client.config = pr.PeerConfig(peers=client.config.peers, listen=b, wait=0.5, linger=0.2)
+        theirs = [o for o in range(0, 4 * CHUNK, CHUNK) if not client.owned_here("pages-1.img", o)]
+        assert len(theirs) >= 2
+        t0 = time.monotonic()
+        assert [client.fetch("pages-1.img", o) for o in theirs] == [None] * len(theirs)
+        assert time.monotonic() - t0 < 0.5 + 0.4, "one wait, not one per chunk"
+        assert a in client.dead
+    finally:
+        staller.finish(ok=False)
