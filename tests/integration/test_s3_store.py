@@ -150,18 +150,26 @@ def test_download_resumes_where_it_stopped(s3: Dict[str, Any], lab: Lab, monkeyp
     assert (Path(local) / "data.bin").read_bytes() == blob and not part.exists()
 
 
+def publish_pages(s3: Dict[str, Any], lab: Lab, size: int, label: str) -> Dict[str, Any]:
+    """A snapshot of one random ``pages-1.img`` of ``size`` bytes with 1 MiB chunk digests, published to the
+    bucket (``PART`` is 1 MiB in these tests); its id, the bytes and the manifest."""
+    store = s3s.S3Store(s3["url"], endpoint_url=s3["opts"]["endpoint_url"], cache=str(lab.tmp / "c1"), concurrency=1)
+    sid = mf.new_id()
+    staging = store.stage(sid)
+    blob = os.urandom(size)
+    (Path(staging.path) / "pages-1.img").write_bytes(blob)
+    manifest = mf.new_manifest(sid, label, {}, {"hostname": "x"})
+    manifest["files"] = [dg.hash_file(str(Path(staging.path) / "pages-1.img"), "pages-1.img", chunk_size=1 << 20)]
+    staging.publish(manifest)
+    return {"id": sid, "blob": blob, "manifest": manifest}
+
+
 def test_a_download_cut_mid_chunk_resumes(s3: Dict[str, Any], lab: Lab, monkeypatch: pytest.MonkeyPatch) -> None:
     """The connection drops half-way through a chunk: the half-written range is not in the ledger (only
     verified ranges are), so the next run fetches it again whole and the file comes out intact."""
     monkeypatch.setattr(s3s, "PART", 1 << 20)
-    store = s3s.S3Store(s3["url"], endpoint_url=s3["opts"]["endpoint_url"], cache=str(lab.tmp / "c1"), concurrency=1)
-    sid = mf.new_id()
-    staging = store.stage(sid)
-    blob = os.urandom((4 << 20) + 777)
-    (Path(staging.path) / "pages-1.img").write_bytes(blob)
-    manifest = mf.new_manifest(sid, "cut", {}, {"hostname": "x"})
-    manifest["files"] = [dg.hash_file(str(Path(staging.path) / "pages-1.img"), "pages-1.img", chunk_size=1 << 20)]
-    staging.publish(manifest)
+    published = publish_pages(s3, lab, (4 << 20) + 777, "cut")
+    sid, blob = published["id"], published["blob"]
 
     reader = s3s.S3Store(s3["url"], endpoint_url=s3["opts"]["endpoint_url"], cache=str(lab.tmp / "c2"), concurrency=1)
     real = reader.client.get_object
@@ -205,21 +213,14 @@ def test_chunks_are_checked_as_they_arrive(s3: Dict[str, Any], lab: Lab, monkeyp
     """A file with chunk digests is checked range by range while it downloads: a corrupt chunk is named, the
     intact ranges are kept, and once the object is good again only the bad range is fetched."""
     monkeypatch.setattr(s3s, "PART", 1 << 20)
-    store = s3s.S3Store(s3["url"], endpoint_url=s3["opts"]["endpoint_url"], cache=str(lab.tmp / "c1"), concurrency=1)
-    sid = mf.new_id()
-    staging = store.stage(sid)
-    blob = os.urandom((5 << 20) + 99)
-    (Path(staging.path) / "pages-1.img").write_bytes(blob)
-    manifest = mf.new_manifest(sid, "chunks", {}, {"hostname": "x"})
-    manifest["files"] = [dg.hash_file(str(Path(staging.path) / "pages-1.img"), "pages-1.img", chunk_size=1 << 20)]
-    assert len(manifest["files"][0]["chunks"]["sha256"]) == 6
-    staging.publish(manifest)
-    key = store.key(sid, "pages-1.img")
+    published = publish_pages(s3, lab, (5 << 20) + 99, "chunks")
+    sid, blob = published["id"], published["blob"]
+    assert len(published["manifest"]["files"][0]["chunks"]["sha256"]) == 6
+    reader = s3s.S3Store(s3["url"], endpoint_url=s3["opts"]["endpoint_url"], cache=str(lab.tmp / "c2"), concurrency=1)
+    key = reader.key(sid, "pages-1.img")
     bad = bytearray(blob)
     bad[(2 << 20) + 5] ^= 0xFF
     s3["client"].put_object(Bucket=s3["bucket"], Key=key, Body=bytes(bad))
-
-    reader = s3s.S3Store(s3["url"], endpoint_url=s3["opts"]["endpoint_url"], cache=str(lab.tmp / "c2"), concurrency=1)
     with pytest.raises(st.StoreError, match=r"chunk 2 \(bytes 2097152-3145727\) does not match its SHA256"):
         reader.local_dir(sid)
     ledger = Path(reader.cache_dir(sid)) / "pages-1.img.part.done"
