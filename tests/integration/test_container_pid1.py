@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import time
 from typing import Any, Dict, Iterator, List
 
@@ -136,10 +137,23 @@ def in_pod(pod: Pod, where: str, name: str, *cmd: str) -> str:
     return full
 
 
-def pod_ip(pod: Pod, where: str) -> str:
+def pod_infra(pod: Pod, where: str) -> str:
     infra = json.loads(pod.podman("pod", "inspect", where).stdout)
     infra = infra[0] if isinstance(infra, list) else infra
-    return pod.ip(infra["InfraContainerID"])
+    return str(infra["InfraContainerID"])
+
+
+def pod_ip(pod: Pod, where: str) -> str:
+    return pod.ip(pod_infra(pod, where))
+
+
+def next_pid_in(pod: Pod, where: str, pid: int) -> None:
+    """Make ``pid`` the next PID handed out in the pod's PID namespace (a shell inside it writes
+    ns_last_pid), so that the next container started in the pod gets it whatever ran there before."""
+    pod.podman("pod", "start", where)
+    host = pod.pid1(pod_infra(pod, where))
+    subprocess.run(["nsenter", "-t", str(host), "-p", "--", "sh", "-c",
+                    f"echo {pid - 1} > /proc/sys/kernel/ns_last_pid"], check=True, timeout=30)
 
 
 @pytest.fixture(scope="module")
@@ -151,7 +165,9 @@ def shared(pod: Pod) -> Iterator[Dict[str, Any]]:
         src = in_pod(pod, pods[0], "shapp", "python3", "/app/app.py")
         wait_file(pod.control("shapp") / "ready-for-snapshot", 60)
         before = ask(pod_ip(pod, pods[0]))
+        next_pid_in(pod, pods[1], before["pid"])
         taken = in_pod(pod, pods[1], "shph-taken", "sleep", "infinity")
+        assert nspid(pod.pid1(taken))[-1] == before["pid"], "the placeholder did not take the app's PID"
         for n in range(3):
             pod.podman("run", "--rm", "--pod", pods[2], pod.image, "true")
         free = in_pod(pod, pods[2], "shph-free", "sleep", "infinity")
