@@ -38,6 +38,7 @@ from ansible_collections.warmstart.snapshot.plugins.module_utils import _gpuplac
 from ansible_collections.warmstart.snapshot.plugins.module_utils import _lazy as lz
 from ansible_collections.warmstart.snapshot.plugins.module_utils import _manifest as mf
 from ansible_collections.warmstart.snapshot.plugins.module_utils import _overlap as ov
+from ansible_collections.warmstart.snapshot.plugins.module_utils import _pageranges as pr
 from ansible_collections.warmstart.snapshot.plugins.module_utils import _progress as prog
 from ansible_collections.warmstart.snapshot.plugins.module_utils import _proc as proc
 from ansible_collections.warmstart.snapshot.plugins.module_utils import _restorer as rst
@@ -894,7 +895,8 @@ def _lazy_plan(criu: str, doc: Dict[str, Any], wanted: bool) -> Dict[str, Any]:
 def _stage_remote(store: Store, doc: Dict[str, Any], target: Dict[str, Any], images: str,
                   verify: bool) -> Any:
     """Images for a restore whose pages come from a page server: every image but the pages, verified, and
-    each pages image as a sparse file holding only what CRIU restores itself. (problems, bytes of pages read)."""
+    each pages image as a sparse file holding only what CRIU restores itself, from checked pieces of the store's
+    (``_pageranges``). (problems, bytes of pages read)."""
     prefix, files_prefix = f"{target['path']}/criu/", f"{target['path']}/files/"
     os.makedirs(images, mode=0o700)
     sizes, problems = {}, []
@@ -917,10 +919,13 @@ def _stage_remote(store: Store, doc: Dict[str, Any], target: Dict[str, Any], ima
             problems.append(f"{entry['path']}: {exc}")
     if problems:
         return problems, 0
+    ranges = pr.PageRanges(store, doc, prefix, os.path.join(os.path.dirname(images), "pages-fetch"), verify)
     try:
-        fetched = lz.sparse_pages(images, sizes, lambda name, off, n: store.read_range(doc["id"], prefix + name, off, n))
+        fetched = lz.sparse_pages(images, sizes, ranges.read)
     except (lz.LazyError, st.StoreError, OSError) as exc:
         return [f"pages: {exc}"], 0
+    finally:
+        ranges.close()
     return [], fetched
 
 

@@ -239,6 +239,34 @@ def test_page_server_serves_a_lazy_restore(lab: Lab) -> None:
     assert st.verify_files(str(top), manifest, phase=False) == [], "serving the snapshot changed it"
 
 
+def test_an_eager_page_corrupted_in_the_restoring_nodes_store_is_refused(lab: Lab) -> None:
+    """The pages CRIU restores itself come from the restoring node's store, not from the page server: a byte
+    changed there (the page server's copy intact) is refused before anything runs."""
+    snap = snapshot(lab, "lazy12", 32)
+    theirs = lab.tmp / "store-b"
+    shutil.copytree(lab.store / "snapshots" / snap["id"], theirs / "snapshots" / snap["id"])
+    pages = max((theirs / "snapshots" / snap["id"]).rglob("pages-*.img"), key=lambda p: p.stat().st_size)
+    assert pages.stat().st_size <= 64 << 20, "the image has chunks: the flipped byte may miss the eager ones"
+    with open(pages, "r+b") as handle:
+        handle.seek(pages.stat().st_size // 2)
+        byte = handle.read(1)
+        handle.seek(pages.stat().st_size // 2)
+        handle.write(bytes([byte[0] ^ 0x01]))
+    port = free_port()
+    served = lab.play([{"name": "serve", "warmstart.snapshot.page_server": {
+        "store": str(lab.store), "snapshot": snap["id"], "address": "127.0.0.1", "port": port, "timeout": 60,
+        "log_dir": str(lab.tmp / "ps12")}}])["serve"]["page_server"]
+    try:
+        res = lab.play([lab.restore("restore", store=theirs, snapshot=snap["id"], page_server=f"127.0.0.1:{port}",
+                                    expect_fail=True)])["restore"]
+        assert res["failed"] and res.get("outcome") == "incompatible", res
+        assert any("pages: " in r and "SHA256 mismatch" in r and pages.name in r for r in res["reasons"]), res
+        assert not lab.ours(), "a restore of corrupted eager pages started a process"
+        assert not list(lab.restore_root.iterdir()), "a refused restore left a work dir"
+    finally:
+        os.kill(served["pid"], signal.SIGTERM)
+
+
 def test_page_server_unreachable(lab: Lab) -> None:
     snap = snapshot(lab, "lazy10", 32)
     with socket.socket() as sock:  # a port nobody listens on
