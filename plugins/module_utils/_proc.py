@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 import stat
 import time
@@ -238,14 +239,30 @@ def files_in_use(pid: int, exclude: Tuple[str, ...] = ()) -> Dict[str, int]:
     return out
 
 
+_NODE_LOCAL_HINTS = (
+    (re.compile(r"^/tmp/hsperfdata_[^/]+/\d+$"),
+     "a JVM's performance-data file, which exists only where that JVM started: run the JVM with "
+     "-XX:-UsePerfData (or -XX:+PerfDisableSharedMem) so that it maps no file of its own"),
+    (re.compile(r"^/dev/shm/"),
+     "a shared-memory file (POSIX shm), which lives only on the node that took the snapshot: restore there, or "
+     "let the workload create it after the restore"),
+)
+
+
+def _missing_hint(path: str) -> str:
+    """Why a file a process maps can be missing on another node, for files that are node-local by nature."""
+    return next(("; " + hint for pattern, hint in _NODE_LOCAL_HINTS if pattern.match(path)), "")
+
+
 def file_mismatches(expected: Dict[str, int], limit: int = 8) -> List[str]:
-    """Reasons, one per file, why this node's files differ from ``expected`` sizes."""
+    """Reasons, one per file, why this node's files differ from ``expected`` sizes (with a hint for files that
+    are node-local by nature, such as a JVM's perf data)."""
     reasons = []
     for path, size in sorted(expected.items()):
         try:
             have = os.stat(path).st_size
         except FileNotFoundError:
-            reasons.append(f"file {path}: missing on this node")
+            reasons.append(f"file {path}: missing on this node{_missing_hint(path)}")
             continue
         except OSError as exc:
             reasons.append(f"file {path}: {exc.strerror}")

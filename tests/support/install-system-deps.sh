@@ -11,8 +11,9 @@ packages=(
     debootstrap                                              # the local node image
     python3 python3-venv                                     # the interpreter modules run with
     shellcheck                                               # ansible-test sanity runs it on our scripts
-    gcc libc6-dev                                            # the fake libcuda the tests compile
+    gcc libc6-dev                                            # the fake libcuda and the C workload the tests compile
     default-jre-headless                                     # ansible-rulebook (the node agent) runs on Java 17+
+    default-jdk-headless nodejs                              # workloads in other languages (test_languages.py)
     git make curl xz-utils ca-certificates
 )
 

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import os
+from pathlib import Path
 
 from ansible_collections.warmstart.snapshot.plugins.module_utils import _proc as proc
 
@@ -29,3 +30,19 @@ def test_detach_runs_the_body_in_its_own_session_with_only_the_kept_descriptors(
     assert stray_r not in got["fds"] and stray_w not in got["fds"] and rfd not in got["fds"]
     assert len(set(got["fds"]) - {0, 1, 2, wfd}) <= 1  # listdir's own descriptor at most
     assert got["stdin"] == os.devnull
+
+
+def test_file_mismatches_name_each_file_and_hint_at_node_local_ones(tmp_path: Path) -> None:
+    same = tmp_path / "lib.so"
+    same.write_bytes(b"x" * 10)
+    other = tmp_path / "model.bin"
+    other.write_bytes(b"y" * 5)
+    got = proc.file_mismatches({str(same): 10, str(other): 7, "/tmp/hsperfdata_root/1": 32768,
+                                "/dev/shm/psm_1234": 4096, str(tmp_path / "gone.so"): 3})
+    assert got[0].startswith("file /dev/shm/psm_1234: missing on this node; a shared-memory file"), got
+    jvm = next(r for r in got if r.startswith("file /tmp/hsperfdata_root/1: "))
+    assert "missing on this node; a JVM's performance-data file" in jvm and "-XX:-UsePerfData" in jvm, jvm
+    assert f"file {tmp_path / 'gone.so'}: missing on this node" in got
+    assert f"file {other}: 5 bytes on this node, 7 at checkpoint (different software)" in got
+    assert len(got) == 4, "an unchanged file was reported"
+    assert proc.file_mismatches({f"/nonexistent/{n}": 1 for n in range(12)}, limit=8)[-1] == "... and 4 more files differ"
