@@ -57,8 +57,10 @@ options:
             restore.
           - A chunk from a peer is used only once its SHA256 matched the manifest's; a peer that is down, slow
             (O(store_options.peer_wait)) or sends other bytes is replaced by the bucket for that chunk.
-          - Shared are the stored bytes of files with chunk digests (page images), compressed or not; an encrypted
-            store (O(store_options.encryption)) reads the bucket directly and shares nothing yet.
+          - Shared are the stored bytes of files with chunk digests (page images), compressed or not. With
+            O(store_options.encryption) the nodes share the encrypted chunks (no plaintext travels between
+            nodes), then each decrypts its own copy; an encrypted snapshot whose manifest has no chunk digests of
+            its stored bytes (taken by an older version) is read from the bucket by each node.
           - In the clear a node serves on a loopback address only; across nodes set O(store_options.peer_tls)
             (or O(store_options.peer_insecure) on a network you trust). The playbook
             C(warmstart.snapshot.restore) fills this in with C(warmstart_restore_share).

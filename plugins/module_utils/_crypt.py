@@ -35,6 +35,7 @@ import stat
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Tuple
 
+from ansible_collections.warmstart.snapshot.plugins.module_utils import _digest as dg
 from ansible_collections.warmstart.snapshot.plugins.module_utils._errors import WarmstartError
 
 ALG = "AES-256-GCM-chunked-v1"
@@ -289,20 +290,20 @@ def _chunks_of(handle: Any, chunk: int) -> Iterator[Tuple[bytes, bool]]:
 
 
 def encrypt_file(src: str, dst: str, cipher: FileCipher, chunk: int = CHUNK,
-                 progress: Optional[Callable[[int], None]] = None) -> Tuple[int, str]:
-    """Encrypt ``src`` into ``dst`` (new, 0600, not fsynced); returns the stored size and the SHA256 of the
-    stored bytes."""
-    digest, size = hashlib.sha256(), 0
+                 progress: Optional[Callable[[int], None]] = None, digest_chunk: Optional[int] = None) -> Dict[str, Any]:
+    """Encrypt ``src`` into ``dst`` (new, 0600, not fsynced); returns the manifest entry of the stored bytes
+    (``path`` the cipher's file, ``size``, ``sha256`` and, past ``digest_chunk`` bytes (default
+    ``_digest.CHUNK_SIZE``), ``chunks``: what an object store's download checks range by range and nodes share)."""
+    hasher = dg.ChunkedHasher(digest_chunk or dg.CHUNK_SIZE)
     with open(src, "rb", buffering=0) as inp, \
             os.fdopen(os.open(dst, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600), "wb") as out:
         for index, (plain, last) in enumerate(_chunks_of(inp, chunk)):
             sealed = cipher.seal(index, last, plain)
-            digest.update(sealed)
+            hasher.update(sealed)
             out.write(sealed)
-            size += len(sealed)
             if progress:
                 progress(len(plain))
-    return size, digest.hexdigest()  # not fsynced, as the backend's own files: a store's reader checks digests
+    return hasher.entry(cipher.rel)  # not fsynced, as the backend's own files: a store's reader checks digests
 
 
 def decrypt_stream(sealed_chunks: Iterable[bytes], cipher: FileCipher, count: int, write: Callable[[bytes], Any],

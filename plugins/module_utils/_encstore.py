@@ -111,9 +111,8 @@ class Encryption:
             rel = entry["path"]
             out = os.path.join(dest, rel)
             os.makedirs(os.path.dirname(out), mode=0o700, exist_ok=True)
-            size, digest = cr.encrypt_file(os.path.join(plain, rel), out, cr.FileCipher(data_key, sid, rel),
-                                           self.chunk, prog.add)
-            files.append({"path": rel, "size": size, "sha256": digest})
+            files.append(cr.encrypt_file(os.path.join(plain, rel), out, cr.FileCipher(data_key, sid, rel),
+                                         self.chunk, prog.add))
         manifest["files"] = files
         manifest["size"] = sum(e["size"] for e in files)
         manifest["encryption"] = cr.wrap(data_key, kek, sid, self.chunk)
@@ -158,11 +157,29 @@ class Encryption:
                 self.inner.transfer["reused"] = self.inner.transfer.get("reused", 0) + int(doc.get("size") or 0)
             return []
         self.ready.discard(sid)
-        prog.phase("decrypt", sum(int(e["size"]) for e in doc["files"]))
-        problems = build_copy(self.plain_dir(sid), doc, lambda entry, path: self.decrypt_file(doc, entry, path))
+        try:
+            stored = self._shared_copy(doc)
+        except StoreError as exc:
+            return [str(exc)]
+        try:
+            prog.phase("decrypt", sum(int(e["size"]) for e in doc["files"]))
+            problems = build_copy(self.plain_dir(sid), doc,
+                                  lambda entry, path: self.decrypt_file(doc, entry, path, stored))
+        finally:
+            if stored is not None:  # the stored bytes were only the way to the plaintext copy
+                shutil.rmtree(stored, ignore_errors=True)
+                getattr(self.inner, "verified", {}).pop(sid, None)
         if not problems:
             self.ready.add(sid)
         return problems
+
+    def _shared_copy(self, doc: Dict[str, Any]) -> Optional[str]:
+        """With ``peers`` (an object store whose nodes share downloads, ``_peers``): the stored, encrypted bytes
+        fetched into the backend's cache, every chunk checked and shared with the other nodes; else None (the
+        decrypting pass reads the bucket directly). Only ciphertext travels between nodes."""
+        if self.inner.reads_in_place or getattr(self.inner, "peers", None) is None:
+            return None
+        return self.inner.local_dir(doc["id"])
 
     def local_dir(self, doc: Dict[str, Any]) -> str:
         problems = self.copy(doc)
@@ -182,8 +199,9 @@ class Encryption:
         return problems + self.copy(doc, reuse=cached)
 
     # -- decrypting ----------------------------------------------------------------------------------
-    def decrypt_file(self, doc: Dict[str, Any], entry: Dict[str, Any], path: str) -> None:
-        """One file: stored bytes hashed and decrypted in one pass into ``path`` (renamed in when intact)."""
+    def decrypt_file(self, doc: Dict[str, Any], entry: Dict[str, Any], path: str, stored: Optional[str] = None) -> None:
+        """One file: stored bytes hashed and decrypted in one pass into ``path`` (renamed in when intact); read from
+        ``stored`` (a local copy of the stored bytes, ``_shared_copy``) when given."""
         sid, rel, size = doc["id"], entry["path"], int(entry["size"])
         chunk = int(doc["encryption"]["chunk"])
         cipher = cr.FileCipher(self.keys[sid], sid, rel)
@@ -193,8 +211,8 @@ class Encryption:
         fd = os.open(part, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
         try:
             with os.fdopen(fd, "wb") as out:
-                digest = cr.decrypt_stream(self._stored_chunks(sid, rel, size, chunk), cipher, count, out.write,
-                                           prog.add)
+                digest = cr.decrypt_stream(self._stored_chunks(sid, rel, size, chunk, stored), cipher, count,
+                                           out.write, prog.add)
             if digest != entry["sha256"]:
                 raise StoreError("SHA256 mismatch (corrupted)")
             os.rename(part, path)
@@ -202,18 +220,19 @@ class Encryption:
             if os.path.lexists(part):
                 os.unlink(part)
             raise
-        if not self.inner.reads_in_place:
+        if not self.inner.reads_in_place and stored is None:  # a shared copy's bytes were counted as it came
             self.inner.transfer["downloaded"] = self.inner.transfer.get("downloaded", 0) + size
 
-    def _stored_chunks(self, sid: str, rel: str, size: int, chunk: int) -> Iterator[bytes]:
+    def _stored_chunks(self, sid: str, rel: str, size: int, chunk: int, stored: Optional[str] = None) -> Iterator[bytes]:
         spans = cr.spans(size, chunk)
-        if self.inner.reads_in_place:
-            return self._local_chunks(sid, rel, size, spans)
+        if self.inner.reads_in_place or stored is not None:
+            return self._local_chunks(sid, rel, size, spans, stored)
         return self._remote_chunks(sid, rel, spans)
 
-    def _open_stored(self, sid: str, rel: str, size: Optional[int]) -> int:
-        """A read-only fd of a filesystem store's file: real directories, no symlink, a regular file of ``size``."""
-        top = self.inner.snapshot_dir(sid)
+    def _open_stored(self, sid: str, rel: str, size: Optional[int], top: Optional[str] = None) -> int:
+        """A read-only fd of a filesystem store's file (or of one under ``top``): real directories, no symlink, a
+        regular file of ``size``."""
+        top = top or self.inner.snapshot_dir(sid)
         parent = os.path.dirname(rel)
         why = real_dirs(top, parent) if parent else None
         if why:
@@ -230,8 +249,8 @@ class Encryption:
                              if stat.S_ISREG(info.st_mode) else "not a regular file")
         return fd
 
-    def _local_chunks(self, sid: str, rel: str, size: int, spans: List[Any]) -> Iterator[bytes]:
-        fd = self._open_stored(sid, rel, size)
+    def _local_chunks(self, sid: str, rel: str, size: int, spans: List[Any], top: Optional[str] = None) -> Iterator[bytes]:
+        fd = self._open_stored(sid, rel, size, top)
         try:
             for _index, offset, length in spans:
                 yield _pread_all(fd, length, offset)

@@ -6,6 +6,7 @@ is caught by the chunk digests and replaced by the bucket; a peer that is down c
 """
 from __future__ import annotations
 
+import base64
 import os
 import threading
 from pathlib import Path
@@ -17,6 +18,8 @@ from ansible_collections.warmstart.snapshot.plugins.module_utils import _digest 
 from ansible_collections.warmstart.snapshot.plugins.module_utils import _manifest as mf
 from ansible_collections.warmstart.snapshot.plugins.module_utils import _peers as pr
 from ansible_collections.warmstart.snapshot.plugins.module_utils import _s3store as s3s
+from ansible_collections.warmstart.snapshot.plugins.module_utils import _stores as stores
+from tests.support.store_fixtures import publish_images
 
 from .process_lab import Lab, free_port
 
@@ -160,3 +163,33 @@ def test_a_node_that_cannot_listen_fetches_alone(s3: Dict[str, Any], lab: Lab, p
         taken.close()
     assert "cannot listen on" in stores[0].transfer["peer_error"]
     assert stores[0].transfer["downloaded"] == sum(SIZES.values())
+
+
+def test_encrypted_snapshots_are_shared_as_ciphertext(s3: Dict[str, Any], lab: Lab,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """With encryption at rest the nodes share the stored, encrypted chunks (each checked against the manifest),
+    then decrypt their own copy; the ciphertext copy is dropped once the plaintext one is whole."""
+    monkeypatch.setattr(s3s, "PART", MIB)
+    monkeypatch.setattr(dg, "CHUNK_SIZE", MIB)  # the stored bytes' chunk digests, as the 64 MiB ones at full size
+    keys = lab.tmp / "keys" / "kek"
+    keys.mkdir(parents=True, mode=0o700)
+    (keys / "fleet.key").write_text(base64.b64encode(os.urandom(32)).decode())
+    (keys / "fleet.key").chmod(0o600)
+    monkeypatch.setenv("WARMSTART_KEYS_DIR", str(keys.parent))
+    blobs = {"pages-1.img": os.urandom(6 * MIB + 777), "core-1.img": os.urandom(3000)}
+    writer = stores.open_store(s3["url"], dict(s3["opts"], encryption=True, cache_dir=str(lab.tmp / "writer")))
+    doc = publish_images(writer, blobs)
+    assert all(e["size"] <= MIB or e["chunks"]["size"] == MIB for e in doc["files"]), "no chunk digests of stored bytes"
+    addresses = [f"127.0.0.1:{free_port()}" for _n in range(3)]
+    nodes = [stores.open_store(s3["url"], dict(s3["opts"], encryption=True, cache_dir=str(lab.tmp / f"e{n}"),
+                                               peers=addresses, peer_listen=me, peer_wait=20, peer_linger=2))
+             for n, me in enumerate(addresses)]
+    results = fetch_all(nodes, doc["id"])
+    for n, local in enumerate(results):
+        assert_whole(local, {f"containers/w/criu/{k}": v for k, v in blobs.items()})
+        assert not os.path.exists(getattr(nodes[n], "inner").cache_dir(doc["id"])), "the ciphertext copy was kept"
+        assert [p.name for p in (lab.tmp / f"e{n}").rglob(doc["id"])] == [doc["id"]], "one copy: the plaintext one"
+    transfers = [getattr(s, "inner").transfer for s in nodes]
+    stored = sum(e["size"] for e in doc["files"])
+    assert sum(t["downloaded"] for t in transfers) <= 1.2 * stored, transfers
+    assert all(t["from_peers"] > 0 and t["served"] > 0 for t in transfers), transfers

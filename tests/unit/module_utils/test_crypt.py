@@ -188,12 +188,22 @@ def test_encrypt_file_matches_the_format(tmp_path: Path) -> None:
     data = os.urandom(2 * C + 7)
     (tmp_path / "plain").write_bytes(data)
     seen: List[int] = []
-    size, digest = cr.encrypt_file(str(tmp_path / "plain"), str(tmp_path / "stored"),
-                                   cr.FileCipher(key, SID, "a/pages-1.img"), C, seen.append)
+    entry = cr.encrypt_file(str(tmp_path / "plain"), str(tmp_path / "stored"),
+                            cr.FileCipher(key, SID, "a/pages-1.img"), C, seen.append)
     stored = (tmp_path / "stored").read_bytes()
-    assert (size, digest) == (len(stored), hashlib.sha256(stored).hexdigest())
+    assert entry == {"path": "a/pages-1.img", "size": len(stored), "sha256": hashlib.sha256(stored).hexdigest()}
     assert sum(seen) == len(data) and (tmp_path / "stored").stat().st_mode & 0o777 == 0o600
     assert decrypt(stored, key) == data and data[:64] not in stored
+
+
+def test_encrypt_file_records_chunk_digests_of_the_stored_bytes_of_a_large_file(tmp_path: Path) -> None:
+    (tmp_path / "plain").write_bytes(os.urandom(3 * C))
+    entry = cr.encrypt_file(str(tmp_path / "plain"), str(tmp_path / "stored"), cr.FileCipher(os.urandom(32), SID, "p"), C,
+                            digest_chunk=1000)
+    stored = (tmp_path / "stored").read_bytes()
+    assert entry["chunks"]["size"] == 1000 and entry["size"] == len(stored) > 1000
+    assert entry["chunks"]["sha256"] == [hashlib.sha256(stored[i:i + 1000]).hexdigest()
+                                         for i in range(0, len(stored), 1000)]
 
 
 @pytest.mark.parametrize("offset,length", [(0, 1), (C - 3, 6), (C, C), (C - 1, 2 * C + 2), (3 * C, 200),
