@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import concurrent.futures
 import hashlib
 import os
 import stat
@@ -296,13 +297,19 @@ def encrypt_file(src: str, dst: str, cipher: FileCipher, chunk: int = CHUNK,
     ``_digest.CHUNK_SIZE``), ``chunks``: what an object store's download checks range by range and nodes share)."""
     hasher = dg.ChunkedHasher(digest_chunk or dg.CHUNK_SIZE)
     with open(src, "rb", buffering=0) as inp, \
-            os.fdopen(os.open(dst, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600), "wb") as out:
+            os.fdopen(os.open(dst, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600), "wb") as out, \
+            concurrent.futures.ThreadPoolExecutor(max_workers=1) as hashing:
+        hashed: Optional[concurrent.futures.Future[None]] = None
         for index, (plain, last) in enumerate(_chunks_of(inp, chunk)):
             sealed = cipher.seal(index, last, plain)
-            hasher.update(sealed)
+            if hashed is not None:
+                hashed.result()
+            hashed = hashing.submit(hasher.update, sealed)  # on another core while the next chunk is sealed
             out.write(sealed)
             if progress:
                 progress(len(plain))
+        if hashed is not None:
+            hashed.result()
     return hasher.entry(cipher.rel)  # not fsynced, as the backend's own files: a store's reader checks digests
 
 
