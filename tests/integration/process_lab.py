@@ -191,6 +191,16 @@ def pids_running(needle: str) -> List[int]:
     return out
 
 
+def gone(pid: int, timeout: float) -> bool:
+    """``pid`` no longer runs (gone, or a zombie that can run no code), within ``timeout``."""
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if proc_state(pid) in ("-", "Z", "X"):
+            return True
+        time.sleep(0.05)
+    return False
+
+
 class Lab:
     """One test's world: script, store, workloads root and restore root under its tmp dir."""
 
@@ -309,3 +319,11 @@ class Lab:
             time.sleep(0.05)
         for path in reversed(self.mounts):
             subprocess.run(["umount", "-l", str(path)], capture_output=True, check=False)
+
+
+def checkpointed(lab: "Lab", name: str, mb: int, *extra: str) -> Dict[str, Any]:
+    """A workload of ``mb`` MiB started and checkpointed (source stopped): its snapshot id, port and name."""
+    port = free_port()
+    res = lab.play([lab.start(name, port, mb, *extra),
+                    lab.checkpoint("checkpoint", workload=name, leave_running=False)])
+    return {"id": res["checkpoint"]["snapshot"]["id"], "port": port, "name": name}

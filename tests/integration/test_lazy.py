@@ -22,7 +22,7 @@ import pytest
 from ansible_collections.warmstart.snapshot.plugins.module_utils import _store as st
 
 from .ansible_run import REPO
-from .process_lab import Lab, free_port, proc_state, query
+from .process_lab import Lab, checkpointed, free_port, gone, proc_state, query
 
 pytestmark = pytest.mark.integration
 
@@ -32,14 +32,6 @@ CRIU = "/opt/warmstart/criu/current/bin/criu"
 
 def criu_bin() -> str:
     return CRIU if os.access(CRIU, os.X_OK) else "/usr/local/bin/criu"
-
-
-def snapshot(lab: Lab, name: str, mb: int, *extra: str) -> Dict[str, Any]:
-    """A workload of ``mb`` MiB, checkpointed (source stopped); its state as it answered before."""
-    port = free_port()
-    res = lab.play([lab.start(name, port, mb, *extra),
-                    lab.checkpoint("checkpoint", workload=name, leave_running=False)])
-    return {"id": res["checkpoint"]["snapshot"]["id"], "port": port, "name": name}
 
 
 def drive(lab: Lab, snap_id: str, *args: str) -> Dict[str, Any]:
@@ -65,16 +57,6 @@ def wait_state(work_dir: str, want: str, timeout: float) -> Dict[str, Any]:
     pytest.fail(f"lazy restore in {work_dir} did not become {want!r} within {timeout} s: {state(work_dir)}")
 
 
-def gone(pid: int, timeout: float) -> bool:
-    """``pid`` no longer runs (gone, or a zombie that can run no code), within ``timeout``."""
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if proc_state(pid) in ("-", "Z", "X"):
-            return True
-        time.sleep(0.05)
-    return False
-
-
 def digest(port: int) -> Dict[str, Any]:
     got = query(port)
     assert got["sha256"] == got["digest_at_start"], "restored memory differs from the source's"
@@ -82,7 +64,7 @@ def digest(port: int) -> Dict[str, Any]:
 
 
 def test_lazy_restore_answers_and_memory_completes(lab: Lab) -> None:
-    snap = snapshot(lab, "lazy1", 96)
+    snap = checkpointed(lab, "lazy1", 96)
     res = lab.play([lab.restore("lazy restore", snapshot=snap["id"], lazy=True),
                     lab.restore("second copy refused", snapshot=snap["id"], lazy=True, expect_fail=True)])
     out = res["lazy restore"]["restore"]
@@ -101,7 +83,7 @@ def test_lazy_restore_answers_and_memory_completes(lab: Lab) -> None:
 
 
 def test_lazy_wait_reports_memory_complete_and_checkpoint_after_it(lab: Lab) -> None:
-    snap = snapshot(lab, "lazy2", 64)
+    snap = checkpointed(lab, "lazy2", 64)
     res = lab.play([lab.restore("lazy restore", snapshot=snap["id"], lazy=True, lazy_wait=True),
                     lab.checkpoint("checkpoint again", workload="lazy2", leave_running=True)])
     lazy = res["lazy restore"]["restore"]["lazy"]
@@ -112,7 +94,7 @@ def test_lazy_wait_reports_memory_complete_and_checkpoint_after_it(lab: Lab) -> 
 
 
 def test_checkpoint_refused_while_memory_is_loading(lab: Lab) -> None:
-    snap = snapshot(lab, "lazy3", 256, "--pattern")
+    snap = checkpointed(lab, "lazy3", 256, "--pattern")
     out = drive(lab, snap["id"], "--stop-daemon")
     assert out["lazy"]["used"] is True, out
     try:
@@ -126,7 +108,7 @@ def test_checkpoint_refused_while_memory_is_loading(lab: Lab) -> None:
 
 
 def test_daemon_killed_mid_stream_kills_the_restored_tree(lab: Lab) -> None:
-    snap = snapshot(lab, "lazy4", 256, "--pattern")
+    snap = checkpointed(lab, "lazy4", 256, "--pattern")
     out = drive(lab, snap["id"], "--stop-daemon")
     pid, daemon = out["pid"], out["lazy"]["daemon_pid"]
     assert state(out["work_dir"]).get("held_uffds", 0) >= 1, "the supervisor holds no userfault descriptor"
@@ -141,7 +123,7 @@ def test_daemon_killed_mid_stream_kills_the_restored_tree(lab: Lab) -> None:
 
 
 def test_lazy_timeout_bounds_a_stalled_daemon(lab: Lab) -> None:
-    snap = snapshot(lab, "lazy5", 256, "--pattern")
+    snap = checkpointed(lab, "lazy5", 256, "--pattern")
     t0 = time.monotonic()
     out = drive(lab, snap["id"], "--stop-daemon", "--lazy-timeout", "4")
     final = wait_state(out["work_dir"], "failed", 30)
@@ -154,7 +136,7 @@ def test_lazy_timeout_bounds_a_stalled_daemon(lab: Lab) -> None:
 
 def test_images_deleted_during_lazy_restore(lab: Lab) -> None:
     """The daemon holds the page images open: deleting the snapshot under it loses nothing."""
-    snap = snapshot(lab, "lazy6", 256, "--pattern")  # big enough that the daemon cannot finish before it is stopped
+    snap = checkpointed(lab, "lazy6", 256, "--pattern")  # big enough that the daemon cannot finish before it is stopped
     out = drive(lab, snap["id"], "--stop-daemon")
     assert state(out["work_dir"]).get("state") != "complete", "memory was complete before the daemon was stopped"
     shutil.rmtree(lab.store / "snapshots" / snap["id"])
@@ -165,7 +147,7 @@ def test_images_deleted_during_lazy_restore(lab: Lab) -> None:
 
 
 def test_images_deleted_before_lazy_restore_is_refused(lab: Lab) -> None:
-    snap = snapshot(lab, "lazy7", 32)
+    snap = checkpointed(lab, "lazy7", 32)
     pages = sorted((lab.store / "snapshots" / snap["id"]).rglob("pages-*.img"))
     assert pages
     pages[0].unlink()
@@ -179,7 +161,7 @@ def test_images_deleted_before_lazy_restore_is_refused(lab: Lab) -> None:
 def test_a_page_corrupted_after_the_checkpoint_is_refused(lab: Lab, lazy: bool) -> None:
     """The checkpoint records its digests for this node (no second hashing pass on restore); a page changed
     behind its back, even with its mtime put back, is still hashed and refused before anything runs."""
-    snap = snapshot(lab, f"corrupt{int(lazy)}", 32)
+    snap = checkpointed(lab, f"corrupt{int(lazy)}", 32)
     pages = max((lab.store / "snapshots" / snap["id"]).rglob("pages-*.img"), key=lambda p: p.stat().st_size)
     before = pages.stat()
     with open(pages, "r+b") as handle:
@@ -202,7 +184,7 @@ def test_no_uffd_falls_back_to_eager(lab: Lab, tmp_path: Path) -> None:
                        "echo \"$3 is not supported\"; exit 1;; esac; fi\n"
                        f"exec {criu_bin()} \"$@\"\n")
     wrapper.chmod(0o755)
-    snap = snapshot(lab, "lazy8", 32)
+    snap = checkpointed(lab, "lazy8", 32)
     res = lab.play([lab.restore("lazy restore", snapshot=snap["id"], lazy=True, criu_path=str(wrapper))])
     lazy = res["lazy restore"]["restore"]["lazy"]
     assert lazy["used"] is False and "uffd" in lazy["reason"] and "restored eagerly" in lazy["reason"], lazy
@@ -211,7 +193,7 @@ def test_no_uffd_falls_back_to_eager(lab: Lab, tmp_path: Path) -> None:
 
 
 def test_page_server_serves_a_lazy_restore(lab: Lab) -> None:
-    snap = snapshot(lab, "lazy9", 96)
+    snap = checkpointed(lab, "lazy9", 96)
     port = free_port()
     res = lab.play([
         {"name": "serve (check)", "check_mode": True, "warmstart.snapshot.page_server": {
@@ -242,7 +224,7 @@ def test_page_server_serves_a_lazy_restore(lab: Lab) -> None:
 def test_an_eager_page_corrupted_in_the_restoring_nodes_store_is_refused(lab: Lab) -> None:
     """The pages CRIU restores itself come from the restoring node's store, not from the page server: a byte
     changed there (the page server's copy intact) is refused before anything runs."""
-    snap = snapshot(lab, "lazy12", 32)
+    snap = checkpointed(lab, "lazy12", 32)
     theirs = lab.tmp / "store-b"
     shutil.copytree(lab.store / "snapshots" / snap["id"], theirs / "snapshots" / snap["id"])
     pages = max((theirs / "snapshots" / snap["id"]).rglob("pages-*.img"), key=lambda p: p.stat().st_size)
@@ -268,7 +250,7 @@ def test_an_eager_page_corrupted_in_the_restoring_nodes_store_is_refused(lab: La
 
 
 def test_page_server_unreachable(lab: Lab) -> None:
-    snap = snapshot(lab, "lazy10", 32)
+    snap = checkpointed(lab, "lazy10", 32)
     with socket.socket() as sock:  # a port nobody listens on
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
@@ -284,7 +266,7 @@ def test_page_server_unreachable(lab: Lab) -> None:
 @pytest.mark.parametrize("probes", [1, 3])
 def test_page_server_ignores_probes_and_serves_the_restore(lab: Lab, probes: int) -> None:
     """A port probe or health check (connect, close) used to end the page server before its restore came."""
-    snap = snapshot(lab, f"lazyp{probes}", 32)
+    snap = checkpointed(lab, f"lazyp{probes}", 32)
     port = free_port()
     served = lab.play([{"name": "serve", "warmstart.snapshot.page_server": {
         "store": str(lab.store), "snapshot": snap["id"], "address": "127.0.0.1", "port": port, "timeout": 120,

@@ -23,7 +23,7 @@ import pytest
 from tests.support.tls_certs import Pki
 
 from .ansible_run import playbook
-from .process_lab import Lab, free_port, port_open, proc_state, query
+from .process_lab import Lab, checkpointed, free_port, gone, port_open, query
 
 pytestmark = pytest.mark.integration
 
@@ -48,13 +48,6 @@ def fixture_pki(lab: Lab, monkeypatch: pytest.MonkeyPatch) -> Dict[str, Any]:
             "rogue": (str(rogue_cert), str(rogue_key)), "keys": keys}
 
 
-def snapshot(lab: Lab, name: str, mb: int) -> Dict[str, Any]:
-    """A workload of ``mb`` MiB, checkpointed (source stopped)."""
-    port = free_port()
-    res = lab.play([lab.start(name, port, mb), lab.checkpoint("checkpoint", workload=name, leave_running=False)])
-    return {"id": res["checkpoint"]["snapshot"]["id"], "port": port, "name": name}
-
-
 def serve(lab: Lab, snap_id: str, port: int, expect_fail: bool = False, **args: Any) -> Dict[str, Any]:
     task: Dict[str, Any] = {"name": "serve", "warmstart.snapshot.page_server": {
         "store": str(lab.store), "snapshot": snap_id, "address": "0.0.0.0", "port": port, "timeout": 120,
@@ -62,15 +55,6 @@ def serve(lab: Lab, snap_id: str, port: int, expect_fail: bool = False, **args: 
     if expect_fail:
         task["ignore_errors"] = True
     return lab.play([task])["serve"]
-
-
-def gone(pid: int, timeout: float) -> bool:
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if proc_state(pid) in ("-", "Z", "X"):
-            return True
-        time.sleep(0.05)
-    return False
 
 
 def tls_client(port: int, ca: str, cert: Optional[str] = None, key: Optional[str] = None) -> bytes:
@@ -107,7 +91,7 @@ def stop(pid: int) -> None:
 def test_tls_lazy_restore_after_refused_clients(lab: Lab, pki: Dict[str, Any]) -> None:
     """Clients without a certificate of the CA are refused in the handshake and noted; the page server then
     serves its restore (TLS files from the node's keys dir) and the memory is the source's."""
-    snap = snapshot(lab, "tls1", 64)
+    snap = checkpointed(lab, "tls1", 64)
     port = free_port()
     served = serve(lab, snap["id"], port, **pki["server"])["page_server"]
     assert served["tls"] is True and served["address"] == "0.0.0.0"
@@ -132,7 +116,7 @@ def test_tls_lazy_restore_after_refused_clients(lab: Lab, pki: Dict[str, Any]) -
 def test_restore_with_the_wrong_certificate_fails_cleanly(lab: Lab, pki: Dict[str, Any]) -> None:
     """A restore presenting a certificate of another CA, or none (plain TCP), is refused by the page server's
     CRIU before a page is sent; the restore fails with the reason and nothing of it runs."""
-    snap = snapshot(lab, "tls2", 32)
+    snap = checkpointed(lab, "tls2", 32)
     port = free_port()
     served = serve(lab, snap["id"], port, **pki["server"])["page_server"]
     try:
@@ -159,7 +143,7 @@ def test_restore_with_the_wrong_certificate_fails_cleanly(lab: Lab, pki: Dict[st
 
 def test_plain_tcp_beyond_loopback_needs_insecure(lab: Lab, pki: Dict[str, Any]) -> None:
     """Without TLS, 0.0.0.0 is refused before anything listens; with insecure: true it serves as before."""
-    snap = snapshot(lab, "tls3", 32)
+    snap = checkpointed(lab, "tls3", 32)
     port = free_port()
     refused = serve(lab, snap["id"], port, expect_fail=True)
     assert refused["failed"] and refused["msg"].startswith("page server: refusing to listen on 0.0.0.0 without TLS")
