@@ -214,9 +214,10 @@ def where_time_goes(results: Dict[str, Any]) -> List[str]:
                        f"{preflight:.2f} s ({mb / preflight:.0f} MB/s).")
     m = results["machine"]
     if out and m.get("sha256_mb_per_s_in_memory"):
-        out.append(f"- this machine hashes SHA256 at {m['sha256_mb_per_s_in_memory']} MB/s in memory (one core); both "
-                   "encrypted passes run on one core, AES-256-GCM and SHA256 in turn, 4 MiB at a time (spreading "
-                   "chunks over cores is the next step).")
+        out.append(f"- this machine hashes SHA256 at {m['sha256_mb_per_s_in_memory']} MB/s in memory (one core). "
+                   "Publish seals 4 MiB at a time (AES-256-GCM) while a second thread hashes what was sealed (whole "
+                   "file and 64 MiB chunk digests); the other node's pass hashes, authenticates and decrypts in turn "
+                   "on one core (spreading it over cores is the next step).")
     return out
 
 
