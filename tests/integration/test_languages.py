@@ -1,7 +1,8 @@
 """Workloads that are not Python: a Node.js server, a Java server (JIT, GC and a dozen JVM threads) and a C
 server with a pthread, each holding random memory and a listening socket, checkpointed and restored eagerly and
 lazily with real CRIU; after the restore each answers with the memory digest it computed at start, recomputed
-over its memory now, and a counter that went on.
+over its memory now, and a counter that went on. A Node.js cluster (a primary handing connections to two
+workers over its IPC channels) comes back as the same tree.
 
 A JVM maps a performance-data file of its own (``/tmp/hsperfdata_<user>/<pid>``) that exists only where it
 started: on a node without it the restore is refused before anything runs, naming the file and the JVM flag
@@ -14,6 +15,7 @@ import os
 import shutil
 import signal
 import subprocess
+import time
 from pathlib import Path
 from typing import Any, Dict, Iterator, List
 
@@ -37,6 +39,26 @@ net.createServer((sock) => {
                              digest: sha()}) + '\n');
   });
 }).listen(parseInt(process.argv[2]), '127.0.0.1');
+"""
+
+CLUSTER = r"""
+const cluster = require('cluster'), net = require('net'), crypto = require('crypto');
+cluster.schedulingPolicy = cluster.SCHED_RR;  // the primary accepts and hands each connection to the next worker
+if (cluster.isPrimary) {
+  for (let i = 0; i < 2; i++) cluster.fork();
+} else {
+  const mem = crypto.randomBytes(16 << 20);
+  const sha = () => crypto.createHash('sha256').update(mem).digest('hex');
+  const atStart = sha();
+  let counter = 0;
+  net.createServer((sock) => {
+    sock.once('data', () => {
+      counter++;
+      sock.end(JSON.stringify({lang: 'node-cluster', pid: process.pid, ppid: process.ppid, counter, ticks: 0,
+                               digest_at_start: atStart, digest: sha()}) + '\n');
+    });
+  }).listen(parseInt(process.argv[2]), '127.0.0.1');
+}
 """
 
 JAVA = r"""
@@ -179,6 +201,28 @@ def test_a_server_in_another_language_comes_back_with_its_memory(world: Lab, tmp
     assert after["counter"] == before["counter"] + 1, (before, after)
     assert after["ticks"] >= before["ticks"], "its threads' state went back"
     assert world.pidfile_pid(lang) == out["pid"]
+
+
+def test_a_node_cluster_comes_back_as_a_tree_whose_workers_keep_their_memory(world: Lab, tmp_path: Path) -> None:
+    """A process tree in another language: a Node.js cluster primary that accepts connections and hands each one,
+    over its IPC channel, to the next of its two workers (each with memory of its own)."""
+    port = free_port()
+    (tmp_path / "cluster.js").write_text(CLUSTER)
+    world.play([start(world, "cluster", [need("node"), str(tmp_path / "cluster.js")], port)])
+    before: Dict[int, Dict[str, Any]] = {}
+    end = time.monotonic() + 60
+    while len(before) < 2 and time.monotonic() < end:  # a worker gets connections once it listens
+        got = ask(port)
+        before[got["pid"]] = got
+    assert len(before) == 2, f"the two workers did not both answer: {before}"
+    res = world.play([world.checkpoint("checkpoint", workload="cluster", leave_running=False),
+                      world.restore("restore", name="cluster", lazy=True, lazy_wait=True)])
+    assert len(res["restore"]["restore"]["pids"]) == 3, res["restore"]["restore"]["pids"]
+    after = {got["pid"]: got for got in [ask(port, 30) for _n in range(4)]}
+    assert set(after) == set(before), (before, after)
+    for pid, got in after.items():
+        assert got["digest_at_start"] == before[pid]["digest_at_start"] and got["ppid"] == before[pid]["ppid"]
+        assert got["counter"] > before[pid]["counter"], (before[pid], got)
 
 
 def test_a_jvm_is_refused_where_its_perf_data_file_is_missing_and_restores_without_one(world: Lab,
