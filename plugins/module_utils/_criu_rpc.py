@@ -81,6 +81,9 @@ class CriuOptions:
     inherit_fd: List[InheritFd] = field(default_factory=list)
     join_ns: List[JoinNs] = field(default_factory=list)
     mntns_compat_mode: bool = False
+    skip_mnt: List[str] = field(default_factory=list)   # dump: mountpoints of the tree's mount namespace left out
+    auto_ext_mnt: bool = False          # mounts that are views of the node's are external (--external mnt[])
+    ext_masters: bool = False           # ... and may be slaves of the node's (--enable-external-masters)
     lazy_pages: bool = False            # restore: memory from a lazy-pages daemon (_lazy)
     leave_stopped: bool = False         # restore: the tree stays SIGSTOPped (a verify still runs, _overlap)
 
@@ -181,6 +184,12 @@ def _target_to_rpc(o: CriuOptions, opts: Any) -> None:
         ns.ns, ns.ns_file = join.ns, join.ns_file
     if o.mntns_compat_mode:
         opts.mntns_compat_mode = True
+    for point in o.skip_mnt:
+        opts.skip_mnt.append(point)
+    if o.auto_ext_mnt:
+        opts.auto_ext_mnt = True
+    if o.ext_masters:
+        opts.ext_masters = True
     if o.lazy_pages:
         opts.lazy_pages = True
     if o.leave_stopped:

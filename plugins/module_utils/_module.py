@@ -380,7 +380,8 @@ def workload(p: Params, check_mode: bool) -> Result:
         changed, result = wl.ensure(
             p["root"], p["name"], p["state"], _command(p["command"]),
             env={k: str(v) for k, v in p["env"].items()}, chdir=p["chdir"], wait_ready=p["wait_ready"],
-            ready_timeout=p["ready_timeout"], stop_timeout=p["stop_timeout"], check_mode=check_mode)
+            ready_timeout=p["ready_timeout"], stop_timeout=p["stop_timeout"], check_mode=check_mode,
+            mount_namespace=p.get("mount_namespace", True) is not False)
     except (WarmstartError, ValueError, OSError) as exc:
         raise wl.WorkloadError(f"workload {p['name']}: {exc}") from exc
     return dict(changed=changed, workload=result)

@@ -16,6 +16,7 @@
 from __future__ import annotations
 
 import ctypes
+import errno
 import fcntl
 import os
 import socket
@@ -44,6 +45,17 @@ class Mount:
     options: str
     fstype: str
     source: str
+    tags: Tuple[str, ...] = ()  # mountinfo's optional fields: shared:N, master:N, propagate_from:N, unbindable
+
+    @property
+    def slave(self) -> bool:
+        """Whether the mount receives mounts from a peer group (``master:N``)."""
+        return any(t.startswith("master:") for t in self.tags)
+
+    @property
+    def shared(self) -> bool:
+        """Whether the mount is in a peer group (``shared:N``): a slave's master can be found through it."""
+        return any(t.startswith("shared:") for t in self.tags)
 
 
 def _unescape(text: str) -> str:
@@ -67,7 +79,7 @@ def parse_mountinfo(text: str) -> List[Mount]:
             continue
         sep = parts.index("-")
         mounts.append(Mount(int(parts[0]), int(parts[1]), parts[2], _unescape(parts[3]), _unescape(parts[4]),
-                            parts[5], parts[sep + 1], _unescape(parts[sep + 2])))
+                            parts[5], parts[sep + 1], _unescape(parts[sep + 2]), tuple(parts[6:sep])))
     return mounts
 
 
@@ -179,7 +191,8 @@ def enter_pid_ns_for_children(fd: int) -> None:
     _setns(fd, CLONE_NEWPID)
 
 
-MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REC, MS_PRIVATE = 0x2, 0x4, 0x8, 0x4000, 0x40000
+MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REC, MS_PRIVATE, MS_SLAVE = 0x2, 0x4, 0x8, 0x4000, 0x40000, 0x80000
+MNT_DETACH = 0x2
 
 
 def _libc_call(name: str, *args: Any) -> None:
@@ -196,6 +209,24 @@ def own_proc() -> None:
     process born in another PID namespace than its parent's (the host's /proc would show other PIDs)."""
     _libc_call("unshare", CLONE_NEWNS)
     _libc_call("mount", None, b"/", None, MS_REC | MS_PRIVATE, None)
+    _libc_call("mount", b"proc", b"/proc", b"proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, None)
+
+
+def slave_mount_ns() -> None:
+    """Give this process a mount namespace of its own in which every mount is a slave of the node's: mounts and
+    unmounts on the node still reach it (it pins nothing the node unmounts), none of its own reach the node."""
+    _libc_call("unshare", CLONE_NEWNS)
+    _libc_call("mount", None, b"/", None, MS_REC | MS_SLAVE, None)
+
+
+def replace_proc() -> None:
+    """In the init of a new PID namespace that has a mount namespace of its own (``slave_mount_ns``): the node's
+    /proc (and what is mounted under it) detached, a /proc that shows this PID namespace mounted instead."""
+    try:
+        _libc_call("umount2", b"/proc", MNT_DETACH)
+    except OSError as exc:
+        if exc.errno != errno.EINVAL:  # nothing mounted on /proc
+            raise
     _libc_call("mount", b"proc", b"/proc", b"proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, None)
 
 

@@ -203,16 +203,18 @@ def files_in_use(pid: int, exclude: Tuple[str, ...] = ()) -> Dict[str, int]:
     CRIU refuses to restore when such a file has another size on the
     restoring node; the restore preflight compares them before it starts.
     Files under ``exclude`` prefixes (restored from the snapshot itself),
-    deleted files (CRIU carries those) and pseudo files are left out.
+    deleted files (CRIU carries those) and pseudo files are left out. Each
+    is looked at as its process sees it (through ``/proc/<pid>/root``: a
+    workload's mount namespace may differ from ours).
     """
-    paths = set()
+    paths: Dict[str, int] = {}
     for p in descendants(pid):
         try:
             with open(f"/proc/{p}/maps", "r", encoding="utf-8", errors="replace") as handle:
                 for line in handle:
                     parts = line.split(None, 5)
                     if len(parts) == 6 and parts[5].startswith("/") and not parts[5].rstrip().endswith("(deleted)"):
-                        paths.add(parts[5].rstrip("\n"))
+                        paths.setdefault(parts[5].rstrip("\n"), p)
         except OSError:
             continue
         try:
@@ -225,13 +227,13 @@ def files_in_use(pid: int, exclude: Tuple[str, ...] = ()) -> Dict[str, int]:
             except OSError:
                 continue
             if target.startswith("/") and not target.endswith("(deleted)"):
-                paths.add(target)
+                paths.setdefault(target, p)
     out = {}
     for path in sorted(paths):
         if path.startswith(("/dev/", "/proc/", "/sys/", "/memfd:")) or any(path.startswith(e) for e in exclude):
             continue
         try:
-            st = os.stat(path)
+            st = os.stat(f"/proc/{paths[path]}/root{path}")
         except OSError:
             continue
         if stat.S_ISREG(st.st_mode):

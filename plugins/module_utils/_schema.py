@@ -247,7 +247,33 @@ def _target(entry: Any, n: int, out: List[str]) -> None:
         out.append(f"{where}external_mounts: not a list of {{mountpoint: absolute path, ...}}")
     if isinstance(entry.get("stdio"), list) and not all(isinstance(s, str) for s in entry["stdio"]):
         out.append(f"{where}stdio: not a list of strings")
+    if entry.get("mount_namespace") is not None:
+        _mount_namespace(entry["mount_namespace"], where, out)
     _criu_options(entry.get("criu"), where, out)
+
+
+def _mount_namespace(value: Any, where: str, out: List[str]) -> None:
+    """A process target's own mount namespace (``_mountns``): the mounts kept (absolute paths, a file system type,
+    slave or not), the mountpoints left out, whether its /proc was its own."""
+    at = f"{where}mount_namespace"
+    if not isinstance(value, dict):
+        out.append(f"{at}: not a mapping")
+        return
+    if not isinstance(value.get("own_proc"), bool):
+        out.append(f"{at}.own_proc: not a boolean")
+    mounts = value.get("mounts")
+    if not isinstance(mounts, list) or len(mounts) > MAX_FILES:
+        out.append(f"{at}.mounts: not a list (of at most {MAX_FILES})")
+    else:
+        for n, m in enumerate(mounts):
+            ok = (isinstance(m, dict) and abspath_problem(m.get("path")) is None and isinstance(m.get("fstype"), str)
+                  and len(m["fstype"]) <= 64 and not _CONTROL_RE.search(m["fstype"]) and isinstance(m.get("slave"), bool))
+            if not ok:
+                out.append(f"{at}.mounts[{n}]: not {{path: absolute path, fstype: string, slave: boolean}}")
+    skipped = value.get("skipped")
+    if not isinstance(skipped, list) or len(skipped) > MAX_FILES or \
+            not all(abspath_problem(p) is None for p in skipped):
+        out.append(f"{at}.skipped: not a list of absolute paths")
 
 
 def _source(value: Any, out: List[str]) -> None:

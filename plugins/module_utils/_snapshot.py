@@ -37,6 +37,7 @@ from ansible_collections.warmstart.snapshot.plugins.module_utils import _cuda as
 from ansible_collections.warmstart.snapshot.plugins.module_utils import _gpuplace as gpl
 from ansible_collections.warmstart.snapshot.plugins.module_utils import _lazy as lz
 from ansible_collections.warmstart.snapshot.plugins.module_utils import _manifest as mf
+from ansible_collections.warmstart.snapshot.plugins.module_utils import _mountns as mns
 from ansible_collections.warmstart.snapshot.plugins.module_utils import _overlap as ov
 from ansible_collections.warmstart.snapshot.plugins.module_utils import _pageranges as pr
 from ansible_collections.warmstart.snapshot.plugins.module_utils import _progress as prog
@@ -494,6 +495,7 @@ class _Job:
     files: List[Dict[str, Any]] = field(default_factory=list)  # the workload's own files
     in_use: Dict[str, int] = field(default_factory=dict)       # files the tree maps, as CRIU saw them
     extra: Dict[str, Any] = field(default_factory=dict)        # what the target kind captured while stopped
+    mount_ns: Optional[Dict[str, Any]] = None                  # the tree's own mount namespace (_mountns)
 
     @property
     def images(self) -> str:
@@ -588,7 +590,7 @@ def _stop_and_dump(job: _Job, target: Target, options: CriuOptions, criu: str, p
     Onto ``stopped``: the CUDA rollback once they are locked, then the tree's resume (before the
     dump: a failed dump may leave it stopped); unwound in reverse, the tree runs before CUDA is restored.
     """
-    dump_options = target.capture.criu_options(options) if target.capture else options
+    dump_options = target.capture.criu_options(options) if target.capture else _mount_options(job, target, options)
     if plan.used:
         prog.phase("cuda checkpoint")
         try:
@@ -608,6 +610,18 @@ def _stop_and_dump(job: _Job, target: Target, options: CriuOptions, criu: str, p
     finally:
         job.hashed = hasher.finish()
     timings["dump"] = time.monotonic() - t0
+
+
+def _mount_options(job: _Job, target: Target, options: CriuOptions) -> CriuOptions:
+    """A process tree in a mount namespace of its own (a workload's): what CRIU dumps of it (``_mountns``)."""
+    try:
+        mounts = mns.plan(target.pid, proc.descendants(target.pid))
+    except mns.MountNsError as exc:
+        raise SnapshotError(f"{_checkpoint_what(target)}: {exc}; nothing was touched") from None
+    if mounts is None:
+        return options
+    job.mount_ns = mounts.record()
+    return mounts.criu_options(options)
 
 
 def _rollback_cuda(plan: CudaPlan, notes: List[str]) -> None:
@@ -698,6 +712,8 @@ def _target_entry(job: _Job, target: Target, options: CriuOptions) -> Dict[str, 
         "stats": read_stats(os.path.join(job.images, "stats-dump")),
         "path": f"containers/{target.name}",
     }
+    if job.mount_ns is not None:
+        entry["mount_namespace"] = job.mount_ns
     if target.capture:
         entry.update(target.capture.entry())
         entry.update(job.extra)
@@ -792,6 +808,7 @@ def preflight(store: Store, doc: Dict[str, Any], node: Dict[str, Any], verify: b
     else:
         t = targets[0]
         problems += _layout_problems(store, doc, t, verify)
+        problems += mns.restore_problems(t.get("mount_namespace"))
         if t.get("workload"):
             if t.get("workloads_root") not in (None, workloads_root):
                 problems.append(
@@ -1135,6 +1152,7 @@ def _restore_locked(store: Store, doc: Dict[str, Any], node: Dict[str, Any], cri
     tcp = _tcp_plan(doc, node, a)[0]
     opts = dataclasses.replace(a.options or CriuOptions.from_manifest(target["criu"]["options"]), tcp=tcp.criu_tcp,
                                leave_stopped=overlap is not None)
+    opts = mns.restore_options(target.get("mount_namespace"), opts)
     t0 = time.monotonic()
     pid, session = _criu_phase(criu, work, opts, lazy_plan, a, control, doc, pidfile, remote, overlap)
     timings["restore"] = time.monotonic() - t0

@@ -6,7 +6,11 @@
 
 A workload runs as the init of its own PID namespace (restored PIDs cannot
 collide with the node's), leads its own session, reads /dev/null and writes
-stdout/stderr to files that only it holds. Its state lives in
+stdout/stderr to files that only it holds. By default it also has a mount
+namespace of its own: every mount a slave of the node's (the node's mounts and
+unmounts still reach it) and a /proc that shows its PID namespace - CUDA
+refuses to initialise where /proc/self is another process (see _mountns for
+what a snapshot keeps of it). Its state lives in
 ``<root>/<name>/``: ``pid``, ``spec.json``, ``stdout.log``, ``stderr.log`` and
 ``control/`` (exported as SNAPSHOT_CONTROL_DIR).
 """
@@ -19,6 +23,7 @@ import signal
 from typing import Any, Dict, List, Optional
 
 from ansible_collections.warmstart.snapshot.plugins.module_utils import _control as ctl
+from ansible_collections.warmstart.snapshot.plugins.module_utils import _namespaces as nsu
 from ansible_collections.warmstart.snapshot.plugins.module_utils import _proc as proc
 from ansible_collections.warmstart.snapshot.plugins.module_utils._errors import WarmstartError
 from ansible_collections.warmstart.snapshot.plugins.module_utils._manifest import check_name
@@ -74,8 +79,11 @@ def _unshare_pid() -> None:
 
 
 def start(root: str, name: str, command: List[str], env: Optional[Dict[str, str]] = None,
-          chdir: Optional[str] = None, inherit_env: bool = True) -> Dict[str, Any]:
-    """Start ``command`` as a restorable workload; returns its info."""
+          chdir: Optional[str] = None, inherit_env: bool = True, mount_namespace: bool = True) -> Dict[str, Any]:
+    """Start ``command`` as a restorable workload; returns its info.
+
+    ``mount_namespace``: in a mount namespace of its own with its own /proc (else the node's, whose /proc shows
+    the node's PIDs)."""
     if not command:
         raise WorkloadError("command is empty")
     if chdir and not os.path.isdir(chdir):
@@ -93,7 +101,8 @@ def start(root: str, name: str, command: List[str], env: Optional[Dict[str, str]
     full_env.update(env or {})
     full_env[ctl.ENV_VAR] = p["control"]
     with open(p["spec"] + ".tmp", "w", encoding="utf-8") as handle:
-        json.dump({"command": command, "env": env or {}, "chdir": chdir}, handle, indent=2)
+        json.dump({"command": command, "env": env or {}, "chdir": chdir, "mount_namespace": mount_namespace},
+                  handle, indent=2)
     os.rename(p["spec"] + ".tmp", p["spec"])
 
     rfd, wfd = os.pipe()
@@ -102,9 +111,11 @@ def start(root: str, name: str, command: List[str], env: Optional[Dict[str, str]
         try:
             os.close(rfd)
             _unshare_pid()
+            if mount_namespace:
+                nsu.slave_mount_ns()
             second = os.fork()
             if second == 0:
-                _exec_workload(command, full_env, chdir, p, wfd)
+                _exec_workload(command, full_env, chdir, p, wfd, mount_namespace)
             os.write(wfd, f"pid {second}\n".encode())
         except BaseException as exc:  # report anything to the parent, never return into Ansible
             os.write(wfd, f"error {exc}\n".encode())
@@ -127,8 +138,10 @@ def start(root: str, name: str, command: List[str], env: Optional[Dict[str, str]
 
 
 def _exec_workload(command: List[str], env: Dict[str, str], chdir: Optional[str],
-                   p: Dict[str, str], report_fd: int) -> None:  # pragma: no cover - child
+                   p: Dict[str, str], report_fd: int, own_proc: bool) -> None:  # pragma: no cover - child
     try:
+        if own_proc:  # we are the init of the new PID namespace: a /proc that shows it
+            nsu.replace_proc()
         os.setsid()
         null = os.open("/dev/null", os.O_RDONLY)
         out = os.open(p["stdout"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
@@ -165,7 +178,8 @@ def stop(root: str, name: str, timeout: float = 10.0) -> Dict[str, Any]:
 
 def ensure(root: str, name: str, state: str, command: List[str], env: Optional[Dict[str, str]] = None,
            chdir: Optional[str] = None, wait_ready: bool = False, ready_timeout: float = 300,
-           stop_timeout: float = 10, check_mode: bool = False) -> "tuple[bool, Dict[str, Any]]":
+           stop_timeout: float = 10, check_mode: bool = False,
+           mount_namespace: bool = True) -> "tuple[bool, Dict[str, Any]]":
     """Bring workload ``name`` to ``state``; returns (changed, info)."""
     pid = running_pid(root, name)
     if state == "stopped":
@@ -179,7 +193,7 @@ def ensure(root: str, name: str, state: str, command: List[str], env: Optional[D
         return False, info(root, name)
     if check_mode:
         return True, info(root, name)
-    result = start(root, name, command, env=env, chdir=chdir)
+    result = start(root, name, command, env=env, chdir=chdir, mount_namespace=mount_namespace)
     if wait_ready:
         try:
             result["ready_after"] = round(ctl.wait_for(result["control"], ctl.READY, ready_timeout, alive=result["pid"]), 3)

@@ -15,6 +15,10 @@ description:
     appended to files that only it holds (CRIU checks the size of open files at restore).
   - Its state lives in C(<root>/<name>/) - C(pid), C(spec.json), C(stdout.log), C(stderr.log) and
     C(control/), exported to the command as E(SNAPSHOT_CONTROL_DIR).
+  - By default it also has a mount namespace of its own - every mount a slave of the node's (mounts and
+    unmounts on the node still reach it, its own do not reach the node) and a C(/proc) that shows its PID
+    namespace, as CUDA and anything else that reads C(/proc/self) need. A checkpoint keeps that namespace;
+    see O(mount_namespace) for what a restore needs of the node.
   - Idempotent - an already running workload of that name is left alone (C(changed=false)).
 author:
   - warmstart developers (!UNKNOWN)
@@ -64,6 +68,18 @@ options:
     description: Seconds between SIGTERM and SIGKILL when stopping.
     type: int
     default: 10
+  mount_namespace:
+    description:
+      - Run the workload in a mount namespace of its own with a C(/proc) of its PID namespace (V(true)), or in
+        the node's, whose C(/proc) shows the node's PIDs (V(false); a CUDA process then fails to initialise).
+      - A snapshot keeps the mounts the workload saw, except those of other containers, pods and sessions
+        (container runtimes' and the kubelet's directories, C(/run/user), C(/run/netns), overlay roots, kernel
+        debug file systems) that no process of it holds a file on. A restore binds each kept mount again from
+        the same path of the restoring node, and refuses, naming them, when a path is missing there or is not
+        a shared mount where the source's copy received the node's mounts.
+      - Takes effect when the workload starts; recorded in C(spec.json).
+    type: bool
+    default: true
 """
 
 EXAMPLES = r"""
@@ -132,6 +148,11 @@ workload:
       type: float
       returned: when waited
       sample: 12.5
+    spec:
+      description: What it was started with (C(spec.json) - command, env, chdir, mount_namespace).
+      type: dict
+      returned: when the workload was ever started
+      sample: {"command": ["python3", "server.py"], "env": {}, "chdir": null, "mount_namespace": true}
     stopped:
       description: How it was stopped (terminated, killed, not running).
       type: str
@@ -156,6 +177,7 @@ def main() -> None:
             wait_ready=dict(type="bool", default=False),
             ready_timeout=dict(type="int", default=300),
             stop_timeout=dict(type="int", default=10),
+            mount_namespace=dict(type="bool", default=True),
         ),
         required_if=[("state", "started", ("command",))],
         supports_check_mode=True,

@@ -48,8 +48,10 @@ def ansible_env() -> dict[str, str]:
     return env
 
 
-def playbook(name: str, *args: str, extra: dict | None = None, timeout: int = 1200) -> Run:
-    cmd = [str(VENV_BIN / "ansible-playbook"), name, "-i", "localhost,", "-c", "local", *args]
+def playbook(name: str, *args: str, extra: dict | None = None, timeout: int = 1200,
+             prefix: tuple[str, ...] = ()) -> Run:
+    """``ansible-playbook name`` on localhost; ``prefix``: a command it runs under (e.g. in a namespace)."""
+    cmd = [*prefix, str(VENV_BIN / "ansible-playbook"), name, "-i", "localhost,", "-c", "local", *args]
     # no summary JSON unless a test asks for one: runs of different tests would rewrite one shared file
     cmd += ["-e", json.dumps({"warmstart_summary_file": ""})]
     if extra:

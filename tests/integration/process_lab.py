@@ -216,15 +216,16 @@ class Lab:
         self.last: Optional[Run] = None
 
     # -- playbooks ---------------------------------------------------------
-    def play(self, tasks: List[Dict[str, Any]], timeout: int = 300) -> Dict[str, Dict[str, Any]]:
-        """Run ``tasks`` (each named) on localhost; each task's result by name.
+    def play(self, tasks: List[Dict[str, Any]], timeout: int = 300,
+             prefix: Tuple[str, ...] = ()) -> Dict[str, Dict[str, Any]]:
+        """Run ``tasks`` (each named) on localhost (under the command ``prefix``); each task's result by name.
 
         A task that fails without ``ignore_errors`` fails the test; those with it are the expected failures.
         """
         self.runs += 1
         path = self.tmp / f"play{self.runs}.yml"
         path.write_text(json.dumps([{"hosts": "localhost", "gather_facts": False, "tasks": tasks}], indent=1))
-        run = playbook(str(path), timeout=timeout)
+        run = playbook(str(path), timeout=timeout, prefix=prefix)
         self.last = run
         try:
             plays = run.result["plays"]

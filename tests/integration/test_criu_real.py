@@ -60,3 +60,4 @@ def _check_real(rpc_pb2: Any) -> None:
     assert [(i.key, i.fd) for i in opts.inherit_fd] == [("warmstart-net", 7), ("pipe:[42]", 9)]
     assert [(j.ns, j.ns_file) for j in opts.join_ns] == [("uts", "/proc/1/fd/5"), ("ipc", "/proc/1/fd/6")]
     assert list(opts.external) == FULL.external and opts.lazy_pages and opts.mntns_compat_mode and opts.leave_stopped
+    assert list(opts.skip_mnt) == FULL.skip_mnt and opts.auto_ext_mnt and opts.ext_masters

@@ -10,4 +10,5 @@ FULL = CriuOptions(
     external=["net[4026532001]:warmstart-net", "pid[4026532002]:warmstart-pid"],
     ext_mnt=[ExtMount("/data", "/srv/data")], inherit_fd=[InheritFd("warmstart-net", 7), InheritFd("pipe:[42]", 9)],
     join_ns=[JoinNs("uts", "/proc/1/fd/5"), JoinNs("ipc", "/proc/1/fd/6")], mntns_compat_mode=True,
+    skip_mnt=["/run/user/0", "/var/lib/kubelet/pods/x"], auto_ext_mnt=True, ext_masters=True,
     lazy_pages=True, leave_stopped=True)

@@ -22,7 +22,7 @@ class Repeated(List[Any]):
 
 
 def bag() -> SimpleNamespace:
-    return SimpleNamespace(external=[], ext_mnt=Repeated(), inherit_fd=Repeated(), join_ns=Repeated(),
+    return SimpleNamespace(external=[], skip_mnt=[], ext_mnt=Repeated(), inherit_fd=Repeated(), join_ns=Repeated(),
                            cg_root=Repeated())
 
 
@@ -42,6 +42,8 @@ def test_every_field_lands_in_its_rpc_field() -> None:
     assert [(i.key, i.fd) for i in opts.inherit_fd] == [("warmstart-net", 7), ("pipe:[42]", 9)]
     assert [(j.ns, j.ns_file) for j in opts.join_ns] == [("uts", "/proc/1/fd/5"), ("ipc", "/proc/1/fd/6")]
     assert opts.mntns_compat_mode is True and opts.lazy_pages is True and opts.leave_stopped is True
+    assert opts.skip_mnt == ["/run/user/0", "/var/lib/kubelet/pods/x"]
+    assert opts.auto_ext_mnt is True and opts.ext_masters is True
 
 
 def test_defaults_leave_the_target_fields_at_criu_defaults() -> None:
@@ -49,9 +51,10 @@ def test_defaults_leave_the_target_fields_at_criu_defaults() -> None:
     to_rpc(CriuOptions(), opts)
     assert opts.tcp_established is True and opts.network_lock == NETWORK_LOCK["nftables"]
     assert not hasattr(opts, "timeout"), "timeout 0 means CRIU's default"
-    for name in ("root", "manage_cgroups", "manage_cgroups_mode", "mntns_compat_mode", "lazy_pages", "leave_stopped"):
+    for name in ("root", "manage_cgroups", "manage_cgroups_mode", "mntns_compat_mode", "lazy_pages", "leave_stopped",
+                 "auto_ext_mnt", "ext_masters"):
         assert not hasattr(opts, name), name
-    assert not (opts.external or opts.ext_mnt or opts.inherit_fd or opts.join_ns or opts.cg_root)
+    assert not (opts.external or opts.skip_mnt or opts.ext_mnt or opts.inherit_fd or opts.join_ns or opts.cg_root)
 
 
 def test_a_manifest_sets_only_the_options_it_records() -> None:

@@ -152,6 +152,13 @@ def test_the_gpu_section_the_cuda_restore_reads_is_checked(gpu: Any, fragment: s
     ("ns_pids", ["1"], "ns_pids: not a list of positive integers"),
     ("external_mounts", {"/data": "/"}, "external_mounts: not a list of {mountpoint: absolute path"),
     ("external_mounts", [{"mountpoint": "../etc", "source": "/"}], "external_mounts: not a list"),
+    ("mount_namespace", [], "mount_namespace: not a mapping"),
+    ("mount_namespace", {"own_proc": "yes", "mounts": [], "skipped": []}, "mount_namespace.own_proc: not a boolean"),
+    ("mount_namespace", {"own_proc": True, "mounts": [{"path": "../etc", "fstype": "ext4", "slave": False}],
+                         "skipped": []}, "mount_namespace.mounts[0]: not {path: absolute path"),
+    ("mount_namespace", {"own_proc": True, "mounts": [{"path": "/", "fstype": 7, "slave": False}], "skipped": []},
+     "mount_namespace.mounts[0]: not {path"),
+    ("mount_namespace", {"own_proc": True, "mounts": [], "skipped": [1]}, "mount_namespace.skipped: not a list"),
 ])
 def test_target_fields_that_steered_writes_are_refused(field: str, value: Any, fragment: str) -> None:
     doc = good_doc()
