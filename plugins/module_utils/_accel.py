@@ -281,4 +281,14 @@ def ascend_gpu_node(accel: Optional[AscendAccelerator] = None) -> GpuNode:
     """The engine's accelerator node for ``accelerator: ascend``: the agent backend, no GPU list to remap."""
     backend = AscendBackend(accel)
     return GpuNode(availability=lambda: (backend, backend.describe()),
-                   inventory=lambda: ([], "Ascend NPUs are restored onto the same device ids (no remapping)"))
+                   inventory=lambda: ([], "Ascend NPUs are restored onto the same device ids (no remapping)"),
+                   accelerator="ascend", absent=npu_absent)
+
+
+def npu_absent(dev: str = "/dev") -> Optional[str]:
+    """Why this node has no Ascend NPU (no ``/dev/davinci<N>``), or None when it has one."""
+    try:
+        found = [n for n in os.listdir(dev) if n.startswith("davinci") and n[len("davinci"):].isdigit()]
+    except OSError:
+        found = []
+    return None if found else f"this node has no Ascend NPU ({dev}/davinci<N> missing)"

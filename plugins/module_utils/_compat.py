@@ -68,15 +68,36 @@ def incompatibilities(source: Dict[str, Any], target: Dict[str, Any]) -> List[st
 CUDA_MODES = ("auto", "required", "off")
 
 
+# accelerator -> (what its processes are called, what its device is called)
+ACCELERATOR_WORDS = {"cuda": ("CUDA", "GPU"), "ascend": ("Ascend NPU", "NPU")}
+
+
 class GpuNode:
-    """This node's CUDA checkpoint backend and GPUs, probed once and only when asked (CPU-only restores never ask)."""
+    """This node's accelerator checkpoint backend and devices, probed once and only when asked (CPU-only restores
+    never ask). ``accelerator`` names the kind (cuda, ascend) in every refusal; ``absent`` says why this node may
+    have no such device at all (None when it has one or cannot tell)."""
 
     def __init__(self, availability: Optional[Callable[[], Tuple[Optional[cu.Backend], str]]] = None,
-                 inventory: Optional[Callable[[], Tuple[List[Dict[str, Any]], Optional[str]]]] = None) -> None:
+                 inventory: Optional[Callable[[], Tuple[List[Dict[str, Any]], Optional[str]]]] = None,
+                 accelerator: str = "cuda", absent: Optional[Callable[[], Optional[str]]] = None) -> None:
         self._availability = availability or cu.availability
         self._inventory = inventory or _gpu.node_gpus
         self._backend: Optional[Tuple[Optional[cu.Backend], str]] = None
         self._gpus: Optional[Tuple[List[Dict[str, Any]], Optional[str]]] = None
+        self.accelerator = accelerator
+        self.absent = absent or (lambda: None)
+
+    def asked(self, mode: str) -> str:
+        """The option as the user set it, for refusals: ``cuda: required`` or ``accelerator: ascend``."""
+        return f"cuda: {mode}" if self.accelerator == "cuda" else f"accelerator: {self.accelerator}"
+
+    @property
+    def process_word(self) -> str:
+        return ACCELERATOR_WORDS.get(self.accelerator, (self.accelerator, ""))[0]
+
+    @property
+    def device_word(self) -> str:
+        return ACCELERATOR_WORDS.get(self.accelerator, ("", self.accelerator))[1]
 
     def backend(self) -> Tuple[Optional[cu.Backend], str]:
         if self._backend is None:
@@ -105,7 +126,8 @@ def gpu_incompatibilities(gpu: Optional[Dict[str, Any]], node: GpuNode, cuda: st
     if cuda not in CUDA_MODES:
         return [f"cuda: {cuda!r} is not one of {', '.join(CUDA_MODES)}"]
     if not gpu:
-        return ["cuda: required, but the snapshot holds no GPU state (it was taken CPU-only)"] if cuda == "required" else []
+        return [f"{node.asked(cuda)}, but the snapshot holds no {node.device_word} state (it was taken CPU-only)"
+                ] if cuda == "required" else []
     pids = ", ".join(str(p.get("pid")) for p in gpu.get("pids") or [])
     if cuda == "off":
         return [f"cuda: off, but the snapshot holds the GPU state of CUDA pid(s) {pids}: restoring it without "
@@ -113,7 +135,8 @@ def gpu_incompatibilities(gpu: Optional[Dict[str, Any]], node: GpuNode, cuda: st
     reasons = []
     backend, why = node.backend()
     if backend is None:
-        reasons.append(f"cuda: the snapshot holds GPU state (CUDA pid(s) {pids}), but this node cannot restore it: {why}")
+        reasons.append(f"{node.asked(cuda)}: the snapshot holds {node.device_word} state ({node.process_word} pid(s) "
+                       f"{pids}), but this node cannot restore it: {why}")
     if hard_only:
         return reasons
     have = backend.driver_version() if backend is not None else None

@@ -132,6 +132,7 @@ class CudaPlan:
     hooks: bool = False             # the workload's pre-checkpoint hooks were asked
     stages: List[str] = field(default_factory=list)  # the lifecycle stages the workload registered (ctl.STAGES)
     hook_timeout: float = ctl.STAGE_TIMEOUT          # seconds each stage's callbacks may take
+    node: Optional[GpuNode] = None                   # the node's accelerator (names it in refusals)
 
     @property
     def used(self) -> bool:
@@ -156,22 +157,24 @@ def cuda_plan(mode: str, gpu_node: GpuNode, lock_timeout_ms: int = cu.DEFAULT_LO
     backend, why = gpu_node.backend()
     if backend is None:
         if mode == "required":
-            raise SnapshotError("cuda: required, but this node cannot checkpoint GPU state: " + why
-                                + f" (needs {cu.MIN_DRIVER}); nothing was touched")
+            needs = f" (needs {cu.MIN_DRIVER})" if gpu_node.accelerator == "cuda" else ""
+            raise SnapshotError(f"{gpu_node.asked(mode)}, but this node cannot checkpoint {gpu_node.device_word} "
+                                f"state: {why}{needs}; nothing was touched")
         return CudaPlan(mode, reason=f"no CUDA checkpoint support on this node: {why}", lock_timeout_ms=lock_timeout_ms)
-    return CudaPlan(mode, backend, reason=backend.describe(), lock_timeout_ms=lock_timeout_ms)
+    return CudaPlan(mode, backend, reason=backend.describe(), lock_timeout_ms=lock_timeout_ms, node=gpu_node)
 
 
 def find_cuda(plan: CudaPlan, root: int) -> None:
     """Step 2, after wait_ready and before anything is touched: the CUDA processes of the tree of ``root``."""
     if plan.backend is None:
         return
+    node = plan.node or GpuNode()
     tree = proc.descendants(root)
     try:
         plan.pids = cu.find_cuda_pids(tree, plan.backend)
     except cu.CudaError as exc:
-        raise SnapshotError(f"cuda: cannot tell which processes of pid {root}'s tree use CUDA: {exc}; "
-                            "nothing was touched") from None
+        raise SnapshotError(f"{node.asked(plan.mode)}: cannot tell which processes of pid {root}'s tree use "
+                            f"{node.process_word}: {exc}; nothing was touched") from None
     shown = ", ".join(map(str, tree[:16])) + (f" and {len(tree) - 16} more" if len(tree) > 16 else "")
     shared = gpl.shared_memory_problems(plan.pids)  # before anything is locked: see _gpuplace
     if shared:
@@ -180,8 +183,11 @@ def find_cuda(plan: CudaPlan, root: int) -> None:
     if plan.pids:
         plan.reason = f"CUDA process(es) {', '.join(map(str, plan.pids))} checkpointed through {plan.backend.describe()}"
     elif plan.mode == "required":
-        raise SnapshotError(f"cuda: required, but pid {root} is not a CUDA process (no process of its tree - {shown} - "
-                            "has CUDA state); nothing was touched")
+        kind, absent = node.process_word, node.absent()
+        article = "an" if kind[:1] in "AEIOU" else "a"
+        raise SnapshotError(f"{node.asked(plan.mode)}, but pid {root} is not {article} {kind} process (no process of "
+                            f"its tree - {shown} - has {kind} state){'; ' + absent if absent else ''}; "
+                            "nothing was touched")
     else:
         plan.reason = f"no CUDA process in the tree ({shown})"
 

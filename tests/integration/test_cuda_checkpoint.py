@@ -150,3 +150,38 @@ def test_restore_failure_of_the_gpu_state_kills_the_copy(lab: Lab) -> None:
     assert "was killed" in failed["msg"]
     assert lab.ours() == []  # no half-restored copy left
     assert (lab.wdir("gpufail") / "control" / "restore-failed").exists()
+
+
+def test_accelerator_refusals_name_the_accelerator_asked_for_and_touch_nothing(lab: Lab) -> None:
+    """``accelerator: ascend`` (no NPU here) and ``accelerator: cuda`` (no driver here) on a CPU process: each
+    refusal names the accelerator asked for and why; the process keeps serving, nothing is staged or published;
+    a restore that asks for an accelerator of a CPU-only snapshot is refused, naming it, before anything runs."""
+    no_real_driver()
+    if list(Path("/dev").glob("davinci[0-9]*")):
+        pytest.skip("this node has an Ascend NPU (/dev/davinci*): the no-NPU case is for nodes without one")
+    port = free_port()
+    lab.play([lab.start("cpu", port, 8, "--pattern")])
+    pid = lab.pidfile_pid("cpu")
+    before = query(port)["counter"]
+    res = lab.play([
+        lab.checkpoint("ascend", workload="cpu", accelerator="ascend", expect_fail=True),
+        lab.checkpoint("check ascend", workload="cpu", accelerator="ascend", check=True, expect_fail=True),
+        lab.checkpoint("cuda", workload="cpu", accelerator="cuda", expect_fail=True),
+    ])
+    ascend = res["ascend"]["msg"]
+    assert ascend.startswith(f"accelerator: ascend, but pid {pid} is not an Ascend NPU process"), ascend
+    assert "this node has no Ascend NPU (/dev/davinci<N> missing)" in ascend and "nothing was touched" in ascend
+    assert "CUDA" not in ascend and "cuda" not in ascend
+    assert res["check ascend"]["msg"] == ascend
+    assert res["cuda"]["msg"].startswith("cuda: required, but this node cannot checkpoint GPU state")
+    assert running_free(pid) and query(port)["counter"] > before  # untouched, still serving
+    assert lab.published() == [] and lab.staging() == []
+
+    snap = lab.play([lab.checkpoint("cpu only", workload="cpu", leave_running=False)])["cpu only"]["snapshot"]
+    refused = lab.play([lab.restore("restore ascend", snapshot=snap["id"], accelerator="ascend", expect_fail=True),
+                        lab.restore("restore cuda", snapshot=snap["id"], accelerator="cuda", expect_fail=True)])
+    assert refused["restore ascend"]["reasons"] == [
+        "accelerator: ascend, but the snapshot holds no NPU state (it was taken CPU-only)"]
+    assert refused["restore cuda"]["reasons"] == [
+        "cuda: required, but the snapshot holds no GPU state (it was taken CPU-only)"]
+    assert lab.ours() == [] and lab.pidfile_pid("cpu") is None

@@ -21,6 +21,7 @@ from typing import Any, Dict, Iterator, List, Optional
 
 import pytest
 
+from ansible_collections.warmstart.snapshot.plugins.module_utils import _accel as acc
 from ansible_collections.warmstart.snapshot.plugins.module_utils import _control as ctl
 from ansible_collections.warmstart.snapshot.plugins.module_utils import _cuda as cu
 from ansible_collections.warmstart.snapshot.plugins.module_utils import _gpu
@@ -600,3 +601,43 @@ def test_restore_refuses_before_criu_when_the_gpus_differ(
         assert "cuda: off, but the snapshot holds the GPU state" in off.value.reasons[0]
     finally:
         copy.stop()
+
+
+# --- refusals name the accelerator asked for -------------------------------------------------------------------------
+
+def test_accelerator_ascend_on_a_tree_without_npu_state_names_ascend_and_touches_nothing(
+        engine: Dict[str, Any], ns: Ns, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    node = acc.ascend_gpu_node(acc.AscendAccelerator(root=str(tmp_path / "agents")))
+    node.absent = lambda: acc.npu_absent(str(tmp_path))  # a /dev without davinci<N>
+    with pytest.raises(snap.SnapshotError) as err:
+        run_checkpoint(engine, ns, node, None, "required", monkeypatch)
+    msg = str(err.value)
+    assert msg.startswith(f"accelerator: ascend, but pid {ns.pid} is not an Ascend NPU process (no process of its "
+                          f"tree - {ns.pid} - has Ascend NPU state); this node has no Ascend NPU "
+                          f"({tmp_path}/davinci<N> missing); nothing was touched"), msg
+    assert "CUDA" not in msg and "cuda" not in msg
+    assert ns.alive() and Path(f"/proc/{ns.pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "T"
+    assert nothing_published(engine)
+
+
+def test_npu_absent_looks_for_davinci_devices(tmp_path: Path) -> None:
+    assert acc.npu_absent(str(tmp_path)) == f"this node has no Ascend NPU ({tmp_path}/davinci<N> missing)"
+    (tmp_path / "davinci_manager").touch()
+    assert acc.npu_absent(str(tmp_path)) is not None, "davinci_manager is not an NPU"
+    (tmp_path / "davinci0").touch()
+    assert acc.npu_absent(str(tmp_path)) is None
+    assert acc.npu_absent(str(tmp_path / "missing")) is not None
+
+
+@pytest.mark.parametrize("accelerator, mode, want", [
+    ("cuda", "required", "cuda: required, but the snapshot holds no GPU state (it was taken CPU-only)"),
+    ("ascend", "required", "accelerator: ascend, but the snapshot holds no NPU state (it was taken CPU-only)"),
+])
+def test_restore_refusals_name_the_accelerator(accelerator: str, mode: str, want: str) -> None:
+    node = GpuNode(availability=lambda: (None, "none here"), accelerator=accelerator)
+    assert gpu_incompatibilities(None, node, mode) == [want]
+    state = {"pids": [{"pid": 7, "ns_pid": 1}], "gpus": []}
+    got = gpu_incompatibilities(state, node, mode, hard_only=True)
+    word, device = ("CUDA", "GPU") if accelerator == "cuda" else ("Ascend NPU", "NPU")
+    assert got == [f"{node.asked(mode)}: the snapshot holds {device} state ({word} pid(s) 7), but this node cannot "
+                   "restore it: none here"]
