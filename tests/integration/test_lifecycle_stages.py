@@ -134,6 +134,9 @@ class World:
     def start(self, name: str) -> int:
         self.lab.play([{"name": f"start {name}", "warmstart.snapshot.workload": {
             "name": name, "root": str(self.lab.workloads), "wait_ready": True, "ready_timeout": 60,
+            # the node's /proc: the workload looks up the fake driver's state of its host pid (NSpid's first field),
+            # which a /proc of its own PID namespace does not show
+            "mount_namespace": False,
             "command": ["/usr/bin/python3", str(self.lab.script), str(self.port), str(self.flags),
                         str(ROOT / "workload"), str(self.lab.tmp / "cuda.state")]}}])
         pid = self.lab.pidfile_pid(name)
