@@ -147,7 +147,8 @@ def _files(value: List[Any], out: List[str]) -> None:
             out.append(f"{where}path {path!r} is listed twice")
         elif path == "manifest.json":
             out.append(f"{where}path: the manifest cannot list itself")
-        seen.add(path)
+        if isinstance(path, str):
+            seen.add(path)
         size = _typed(entry, "size", int, where, out)
         if size is not None and size < 0:
             out.append(f"{where}size: negative")
@@ -335,7 +336,8 @@ def _compression(value: Any, files: Any, encrypted: bool, out: List[str]) -> Non
     if not isinstance(frame, int) or isinstance(frame, bool) or not MIN_FRAME <= frame <= MAX_FRAME:
         out.append(f"compression.frame: not an integer from {MIN_FRAME} to {MAX_FRAME}")
         return
-    stored = {e.get("path"): e.get("size") for e in files if isinstance(e, dict)} if isinstance(files, list) else {}
+    stored = {e["path"]: e.get("size") for e in files if isinstance(e, dict) and isinstance(e.get("path"), str)} \
+        if isinstance(files, list) else {}
     if len(value["files"]) > len(stored):
         out.append(f"compression.files: {len(value['files'])} entries, more than files has")
         return

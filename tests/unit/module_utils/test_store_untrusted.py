@@ -11,7 +11,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any, Dict
+from typing import Any, Dict, List, Tuple
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -359,3 +359,89 @@ def test_a_tree_that_cannot_be_recorded_is_killed_not_left_running(tmp_path: Pat
         assert victim.wait(5) == -signal.SIGKILL
     finally:
         victim.kill()
+
+
+# --- every field of a full manifest, replaced by every JSON type (issue 32, class 5) ------------------------------
+
+def full_doc() -> Dict[str, Any]:
+    """A manifest with every section a node reads: chunked files, a target with all its fields, GPU, pod,
+    compression, signature."""
+    doc = good_doc()
+    doc["files"] = [{"path": "containers/embed/criu/pages-1.img", "size": 3 << 20, "sha256": "a" * 64,
+                     "chunks": {"size": 1 << 20, "sha256": ["b" * 64] * 3}},
+                    {"path": "containers/embed/criu/core-1.img", "size": 4, "sha256": "c" * 64}]
+    doc["targets"][0].update(
+        files_in_use={"/srv/model.bin": 7}, ns_pids=[1, 2], cmdline=["python3", "s.py"], stdio=["null"],
+        external_mounts=[{"mountpoint": "/data", "source": "/srv"}],
+        mount_namespace={"own_proc": True, "mounts": [{"path": "/", "fstype": "ext4", "slave": True}],
+                         "skipped": ["/run/user/0"]},
+        criu={"version": "4.2.1", "options": {"tcp": "close", "ghost_limit": 1, "shell_job": False}})
+    doc["gpu"] = {"pids": [{"pid": 10, "ns_pid": 1}], "gpus": [{"index": 0, "uuid": "GPU-a", "name": "H100"}],
+                  "cuda_version": 12080, "driver_version": "580.1"}
+    doc["pod"] = {"namespace": "ns", "name": "p", "container": "c"}
+    doc["compression"] = {"alg": schema.ZSTD_ALG, "frame": 1 << 22, "files": {
+        "containers/embed/criu/pages-1.img": {"size": 3 << 20, "sha256": "d" * 64, "frames": [3 << 20]}}}
+    doc["signature"] = {"alg": "ed25519", "key_id": "0" * 16, "value": "QUJD"}
+    doc["size"] = 3 << 20
+    return doc
+
+
+def paths_of(value: Any, prefix: Tuple[Any, ...] = ()) -> List[Tuple[Any, ...]]:
+    """Every key path in a JSON value (dict keys and list indexes), the containers themselves included."""
+    out = [prefix] if prefix else []
+    if isinstance(value, dict):
+        for key, child in value.items():
+            out += paths_of(child, prefix + (key,))
+    elif isinstance(value, list):
+        for n, child in enumerate(value):
+            out += paths_of(child, prefix + (n,))
+    return out
+
+
+FULL_PATHS = paths_of(full_doc())
+
+
+def replaced(path: Tuple[Any, ...], value: Any) -> Dict[str, Any]:
+    doc = full_doc()
+    parent: Any = doc
+    for key in path[:-1]:
+        parent = parent[key]
+    parent[path[-1]] = value
+    return doc
+
+
+def test_the_full_manifest_is_accepted() -> None:
+    assert schema.problems(full_doc(), mf.SCHEMA_VERSION) == []
+    assert len(FULL_PATHS) > 60
+
+
+@settings(max_examples=1500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(hs.sampled_from(FULL_PATHS), json_values | hs.lists(hs.lists(hs.integers(), max_size=2), max_size=2))
+def test_any_nested_field_replaced_by_any_json_value_is_judged(path: Tuple[Any, ...], value: Any) -> None:
+    """Whatever a store writer puts at any place of a manifest - a list where a path was, a dict where a size
+    was - the schema says so in words; it never raises (a TypeError once broke listing the whole store)."""
+    found = schema.problems(replaced(path, value), mf.SCHEMA_VERSION)
+    assert isinstance(found, list) and all(isinstance(p, str) for p in found)
+
+
+@pytest.mark.parametrize("path, value", [
+    (("files", 0, "path"), ["a", "b"]), (("files", 0, "path"), {"a": 1}), (("files", 1, "path"), 7),
+    (("targets", 0, "workload_files", 0, "path"), ["x"]), (("labels",), {"k": ["v"]}),
+    (("compression", "files"), {"containers/embed/criu/pages-1.img": []}),
+    (("targets", 0, "mount_namespace", "mounts", 0), ["/"]),
+])
+def test_one_bad_manifest_of_any_shape_breaks_no_listing(store: st.FsStore, path: Tuple[Any, ...],
+                                                         value: Any) -> None:
+    """A manifest that fails the schema is listed as an error entry; the store's other snapshots still list,
+    select and clean up."""
+    good = make_snapshot(store, "embed", {"model": "m"})
+    bad = make_snapshot(store, "embed", {"model": "m"})
+    doc = replaced(path, value)
+    doc["id"] = bad["id"]
+    Path(store.snapshot_dir(bad["id"]), mf.MANIFEST).write_text(json.dumps(doc))
+    listed = store.list()
+    assert {d["id"] for d in listed if "error" not in d} == {good["id"]}
+    assert [d for d in listed if "error" in d and d["id"] == bad["id"]], listed
+    from ansible_collections.warmstart.snapshot.plugins.module_utils import _retention as ret  # pylint: disable=import-outside-toplevel
+    decision = ret.plan(listed, [], ret.policy(keep_last=5, remove_broken=True))
+    assert decision is not None
