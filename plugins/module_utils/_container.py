@@ -641,14 +641,16 @@ def restore_one(criu: str, snap_dir: str, doc: Dict[str, Any], d: Destination, o
 
 def _select(store: Store, snapshot_id: Optional[str], name: Optional[str], labels: Optional[Dict[str, str]],
             node: Dict[str, Any], skip_compat: bool, verify: bool, fetch: bool = True,
-            gpu_node: Optional[GpuNode] = None, cuda: str = "auto") -> Dict[str, Any]:
+            gpu_node: Optional[GpuNode] = None, cuda: str = "auto", skip_unreadable: bool = False,
+            passed_over: Optional[List[Dict[str, str]]] = None) -> Dict[str, Any]:
     """The snapshot to restore, after every check of the snapshot itself; reads only.
 
     A snapshot that does not fit this node (none compatible, compatibility, checksums, not a container
     snapshot, GPU state) is refused with every reason and ``outcome="incompatible"``.
     """
     try:
-        doc = snap.select(store, snapshot_id, name, labels, node, skip_compat)
+        doc = snap.select(store, snapshot_id, name, labels, node, skip_compat, skip_unreadable=skip_unreadable,
+                          passed_over=passed_over)
     except snap.SnapshotError as exc:  # with reasons: snapshots were found, and none fits this node
         raise exc.with_details(outcome="incompatible") if exc.reasons else exc
     problems = [] if skip_compat else incompatibilities(doc["source"], node)
@@ -711,8 +713,12 @@ def restore_into(store: Store, into: Any, snapshot_id: Optional[str] = None, nam
                  skip_image_check: bool = False, kill_on_failure: bool = True, runtime_name: str = "podman",
                  options: Optional[CriuOptions] = None, criu_path: Optional[str] = None,
                  restore_root: str = snap.DEFAULT_RESTORE_ROOT, check_mode: bool = False,
-                 tcp: Optional[str] = None, cuda: str = "auto", gpu_node: Optional[GpuNode] = None) -> Dict[str, Any]:
+                 tcp: Optional[str] = None, cuda: str = "auto", gpu_node: Optional[GpuNode] = None,
+                 skip_unreadable: bool = False) -> Dict[str, Any]:
     """Restore a container snapshot into placeholder containers; per-destination results.
+
+    By name/labels, newer snapshots passed over are named in ``passed_over`` (``snap.select``; one that cannot be
+    read or trusted refuses the restore unless ``skip_unreadable``).
 
     ``cuda`` (auto | required | off) as for a process restore. A snapshot with GPU state needs this node's CUDA
     checkpoint backend and driver (checked once), and each placeholder given GPUs that take the snapshot's
@@ -741,8 +747,10 @@ def restore_into(store: Store, into: Any, snapshot_id: Optional[str] = None, nam
         if not criu:
             raise CriuError("no CRIU found on this node; prepare it with warmstart.snapshot.node_prep")
         gpu_node = gpu_node or GpuNode()
+        passed_over: List[Dict[str, str]] = []
         doc = _select(store, snapshot_id, name, labels, describe_node(criu), skip_compat, verify,
-                      fetch=not check_mode, gpu_node=gpu_node, cuda=cuda)
+                      fetch=not check_mode, gpu_node=gpu_node, cuda=cuda, skip_unreadable=skip_unreadable,
+                      passed_over=passed_over)
         sources = {t["name"]: t for t in doc["targets"]}
         pairs = parse_container_map(into, list(sources))
         runtime = get_runtime(runtime_name)
@@ -753,7 +761,7 @@ def restore_into(store: Store, into: Any, snapshot_id: Optional[str] = None, nam
     except WarmstartError as exc:
         raise exc.with_details(outcome=exc.details.get("outcome", "failed"))
     return {"id": doc["id"], "name": doc["name"], "outcome": _outcome(results), "destinations": results,
-            "timings": {"total": round(time.monotonic() - t_start, 3)}}
+            "timings": {"total": round(time.monotonic() - t_start, 3)}, "passed_over": passed_over}
 
 
 def _destination(runtime: Runtime, criu: str, store: Any, doc: Dict[str, Any], d: Destination, problems: List[str],

@@ -238,7 +238,7 @@ def _restore_process(p: Params, check_mode: bool) -> Result:
                           lazy_timeout=float(p.get("lazy_timeout") or lz.DEFAULT_TIMEOUT),
                           page_server=p.get("page_server"), control_roots=p.get("control_roots"),
                           workloads_root=p.get("workloads_root") or wl.DEFAULT_ROOT, check_mode=check_mode,
-                          tcp=p.get("tcp"), tls=_tls_files(p))
+                          tcp=p.get("tcp"), tls=_tls_files(p), skip_unreadable=bool(p.get("skip_unreadable")))
     outcome = result.get("outcome", "succeeded")
     if check_mode:
         return dict(changed=True, restore=result, outcome=outcome, msg=f"would restore snapshot {result['id']}")
@@ -257,7 +257,7 @@ def _restore_into(p: Params, check_mode: bool) -> Result:
         skip_compat=p["skip_compat_check"], skip_image_check=into["skip_image_check"],
         kill_on_failure=into["kill_placeholder_on_failure"], runtime_name=into["runtime"],
         criu_path=p["criu_path"], restore_root=p["restore_root"], check_mode=check_mode, tcp=p.get("tcp"),
-        cuda=p.get("cuda") or "auto")
+        cuda=p.get("cuda") or "auto", skip_unreadable=bool(p.get("skip_unreadable")))
     done = [d["container"] for d in result["destinations"] if d["result"] in ("succeeded", "would restore")]
     if result["outcome"] != "succeeded":
         raise _into_failed(result, len(done))

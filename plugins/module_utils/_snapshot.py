@@ -766,24 +766,49 @@ def _gpu_reasons(doc: Dict[str, Any], gpu_node: Optional[GpuNode], cuda: str, sk
 
 def select(store: Store, snapshot_id: Optional[str], name: Optional[str], labels: Optional[Dict[str, str]],
            node: Dict[str, Any], skip_compat: bool, gpu_node: Optional[GpuNode] = None,
-           cuda: str = "auto") -> Dict[str, Any]:
-    """The manifest to restore: by id, or the newest compatible one matching name/labels (GPUs too, given ``gpu_node``)."""
+           cuda: str = "auto", skip_unreadable: bool = False,
+           passed_over: Optional[List[Dict[str, str]]] = None) -> Dict[str, Any]:
+    """The manifest to restore: by id, or the newest compatible one matching name/labels (GPUs too, given ``gpu_node``).
+
+    Never falls back to an older snapshot silently: each newer one passed over is appended to ``passed_over``
+    with the reason. A newer snapshot this node cannot read or trust (signature, schema) refuses the selection,
+    since nothing it claims - its name, its labels - can be believed, unless ``skip_unreadable``: whoever can break
+    the newest signature would otherwise pick which version runs.
+    """
     if snapshot_id is not None:  # "" is refused, never a wildcard
         return store.load(mf.check_id(snapshot_id))
     if name is not None:
         mf.check_name(name)
-    candidates = [d for d in store.list() if "error" not in d and mf.matches(d, name, labels)]
-    if not candidates:
-        raise SnapshotError(f"no published snapshot in {store.root} matches name={name!r} labels={labels or {}}")
-    rejected = []
+    listed = store.list()
+    unreadable = [d for d in listed if "error" in d]
+    candidates = [d for d in listed if "error" not in d and mf.matches(d, name, labels)]
+    rejected: List[Dict[str, str]] = []
+    chosen: Optional[Dict[str, Any]] = None
     for doc in sorted(candidates, key=lambda d: d["created_at"], reverse=True):
         reasons = [] if skip_compat else incompatibilities(doc["source"], node)
         reasons += _gpu_reasons(doc, gpu_node, cuda, skip_compat)
         if not reasons:
-            return doc
-        rejected.append(f"{doc['id']}: " + "; ".join(reasons))
+            chosen = doc
+            break
+        rejected.append({"id": doc["id"], "reason": "; ".join(reasons)})
+    newer_unreadable = [{"id": str(d.get("id")), "reason": f"unreadable: {d['error']}"} for d in unreadable
+                        if chosen is None or str(d.get("id"))[:16] >= chosen["id"][:16]]  # same second: newer
+    if newer_unreadable and not skip_unreadable:
+        what = "every match" if chosen is None else f"{chosen['id']}, the newest usable match,"
+        raise SnapshotError(f"{len(newer_unreadable)} snapshot(s) in {store.root} newer than {what} cannot be read or "
+                            "trusted, so whether they are newer versions of name={name!r} labels={labels} cannot be "
+                            "told; refusing to fall back to an older one silently (remove them with cleanup "
+                            "remove_broken, or set skip_unreadable to pass over them)".format(name=name,
+                                                                                             labels=labels or {}),
+                            reasons=[f"{r['id']}: {r['reason']}" for r in newer_unreadable], outcome="incompatible")
+    if passed_over is not None:
+        passed_over.extend(rejected + newer_unreadable)
+    if chosen is not None:
+        return chosen
+    if not candidates:
+        raise SnapshotError(f"no published snapshot in {store.root} matches name={name!r} labels={labels or {}}")
     raise SnapshotError(f"no snapshot matching name={name!r} labels={labels or {}} is compatible with this node",
-                        reasons=rejected, outcome="incompatible")
+                        reasons=[f"{r['id']}: {r['reason']}" for r in rejected], outcome="incompatible")
 
 
 def preflight(store: Store, doc: Dict[str, Any], node: Dict[str, Any], verify: bool,
@@ -1001,6 +1026,8 @@ class _RestoreArgs:
     remote: Any = None      # the page server's parsed address
     tls: Any = None         # _tls.TlsFiles for the connection to the page server, or None
     overlap_note: str = ""  # "used", or why the page images were verified before CRIU started (_overlap)
+    skip_unreadable: bool = False
+    passed_over: List[Dict[str, str]] = field(default_factory=list)  # newer snapshots select passed over
     t_start: float = field(default_factory=time.monotonic)
     t_wall: float = field(default_factory=time.time)
 
@@ -1012,7 +1039,8 @@ def restore(store: Store, snapshot_id: Optional[str] = None, name: Optional[str]
             gpu_node: Optional[GpuNode] = None, lazy: bool = False, lazy_wait: bool = False,
             lazy_timeout: float = lz.DEFAULT_TIMEOUT, page_server: Optional[str] = None,
             workloads_root: str = wl.DEFAULT_ROOT, control_roots: Optional[List[str]] = None,
-            check_mode: bool = False, tcp: Optional[str] = None, tls: Any = None) -> Dict[str, Any]:
+            check_mode: bool = False, tcp: Optional[str] = None, tls: Any = None,
+            skip_unreadable: bool = False) -> Dict[str, Any]:
     """Restore a process snapshot; with GPU state (``cuda`` auto or required) the CUDA processes are restored too.
 
     ``lazy``: the tree resumes at once and CRIU's lazy-pages daemon streams its memory in (from the local
@@ -1026,8 +1054,11 @@ def restore(store: Store, snapshot_id: Optional[str] = None, name: Optional[str]
 
     ``tls``: checked files (``_tls.TlsFiles``) for CRIU's mutual TLS with ``page_server``; refused without it.
 
+    ``skip_unreadable``: by name/labels, pass over newer snapshots that cannot be read or trusted instead of
+    refusing (``select``); ``result['passed_over']`` names every newer snapshot passed over, and why.
+
     ``check_mode``: select and preflight (GPU checks included) and return {id, name, verified,
-    compat_checked, gpu_state, tcp}; no process, lock file, directory or store object is touched.
+    compat_checked, gpu_state, tcp, passed_over}; no process, lock file, directory or store object is touched.
 
     Outcome, decided here once: the result says ``outcome: succeeded``; a failure's ``details`` say
     ``outcome: incompatible`` when it was refused before any process was touched because the snapshot
@@ -1035,7 +1066,7 @@ def restore(store: Store, snapshot_id: Optional[str] = None, name: Optional[str]
     """
     a = _RestoreArgs(verify, skip_compat, options, restore_root, cuda, gpu_node or GpuNode(), lazy, lazy_wait,
                      lazy_timeout, page_server, workloads_root, list(control_roots or DEFAULT_CONTROL_ROOTS), tcp,
-                     tls=tls)
+                     tls=tls, skip_unreadable=skip_unreadable)
     try:
         criu, node, doc = _choose(store, snapshot_id, name, labels, criu_path, a)
         if check_mode:
@@ -1074,7 +1105,8 @@ def _choose(store: Store, snapshot_id: Optional[str], name: Optional[str], label
     if name is not None:
         mf.check_name(name)
     try:
-        doc = select(store, snapshot_id, name, labels, node, a.skip_compat, a.gpu_node, a.cuda)
+        doc = select(store, snapshot_id, name, labels, node, a.skip_compat, a.gpu_node, a.cuda,
+                     skip_unreadable=a.skip_unreadable, passed_over=a.passed_over)
     except mf.ManifestError as exc:
         exc.with_details(outcome="incompatible")
         raise
@@ -1095,7 +1127,7 @@ def _would_restore(store: Store, doc: Dict[str, Any], node: Dict[str, Any], a: _
     if problems:
         raise _refusal(doc, problems)
     return {"id": doc["id"], "name": doc["name"], "verified": a.verify, "compat_checked": not a.skip_compat,
-            "gpu_state": bool(doc.get("gpu")), "tcp": tcp.result()}
+            "gpu_state": bool(doc.get("gpu")), "tcp": tcp.result(), "passed_over": a.passed_over}
 
 
 def _tcp_plan(doc: Dict[str, Any], node: Dict[str, Any], a: _RestoreArgs) -> Tuple[tcpm.TcpPlan, List[str]]:
@@ -1180,7 +1212,7 @@ def _restore_locked(store: Store, doc: Dict[str, Any], node: Dict[str, Any], cri
         "ns_pid": ns_pid, "workload": target.get("workload"), "work_dir": work, "started_at": round(a.t_wall, 3),
         "timings": {k: round(v, 3) for k, v in timings.items()}, "criu_stats": stats,
         "transfer": dict(store.transfer), "cuda": cuda_result, "lazy": lazy_plan, "warnings": warnings,
-        "tcp": tcp.result(),
+        "tcp": tcp.result(), "passed_over": a.passed_over,
         "verify": {"overlapped": a.overlap_note == "used",
                    "reason": "page images hashed while CRIU restored the tree stopped" if a.overlap_note == "used"
                    else f"verified before CRIU started: {a.overlap_note}"},

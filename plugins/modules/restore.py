@@ -72,6 +72,17 @@ options:
     description: Restore even if the node does not match the source (at your own risk).
     type: bool
     default: false
+  skip_unreadable:
+    description:
+      - With O(name) or O(labels) - pass over newer snapshots of the store that cannot be read or trusted (a
+        signature that does not verify, a manifest that fails the schema) and restore the newest usable match.
+      - By default such a snapshot refuses the restore, naming it - nothing it claims (name, labels) can be
+        believed, so it may be a newer version of what was asked for, and whoever can break its signature
+        would otherwise choose which version runs. Remove it with
+        M(warmstart.snapshot.cleanup) (O(warmstart.snapshot.cleanup#module:remove_broken)), or set this.
+      - Every newer snapshot passed over, for whatever reason, is named in RV(restore.passed_over).
+    type: bool
+    default: false
   restore_root:
     description: Node-local directory for CRIU's restore work files and logs.
     type: path
@@ -411,6 +422,14 @@ restore:
       type: dict
       returned: not in check mode, without into
       sample: {used: true, pids: [22862], gpu_pairs: [[GPU-5f1c, GPU-77aa]], backend: CUDA driver API}
+    passed_over:
+      description:
+        - With O(name) or O(labels), every snapshot newer than the one restored that was passed over - C(id) and
+          C(reason) (not compatible with this node, or unreadable with O(skip_unreadable)). Empty with O(snapshot).
+      type: list
+      elements: dict
+      returned: always
+      sample: [{id: 20261205T101500Z-1a2b3c4d, reason: "kernel: this node runs 6.1.0, older than the source's 6.12.0"}]
     tcp:
       description:
         - What the restore did (in check mode - would do) with the snapshot's established TCP connections - C(mode)
@@ -492,6 +511,7 @@ def main() -> None:
             criu_path=dict(type="path"),
             verify=dict(type="bool", default=True),
             skip_compat_check=dict(type="bool", default=False),
+            skip_unreadable=dict(type="bool", default=False),
             restore_root=dict(type="path", default="/var/lib/warmstart/restore"),
             workloads_root=dict(type="path", default="/var/lib/warmstart/workloads"),
             control_roots=dict(type="list", elements="path", default=["/var/lib/warmstart", "/run/warmstart", "/tmp"]),

@@ -259,3 +259,33 @@ def test_s3_an_object_rewritten_with_its_digest_updated_is_refused(keys: Dict[st
     check()
     assert [p for p in s3["cache"].rglob("*") if snap["id"] in str(p)] == [], "the tampered snapshot was downloaded"
     assert BAD in {b["id"]: b["error"] for b in res["info"]["broken"]}[snap["id"]]
+
+
+# --- selection never falls back silently (issue 32, class 4) ---------------------------------------------------------
+
+def test_a_newer_snapshot_with_a_broken_signature_refuses_a_restore_by_name(world: Dict[str, Any]) -> None:
+    """A store writer breaks the newest signature to make an older version run: by name, the restore refuses,
+    naming the newer snapshot; with skip_unreadable it restores the older one and says what it passed over."""
+    lab: Lab = world["lab"]
+    newest = copy(world)
+    doc = manifest(newest)
+    doc["labels"] = dict(doc.get("labels") or {}, tampered="yes")  # any change after signing
+    write(newest, doc)
+    check = untouched(lab)
+    res = lab.play([lab.restore("by name", name="victim", expect_fail=True),
+                    lab.restore("by name, check mode", name="victim", check=True, expect_fail=True)])
+    for task in ("by name", "by name, check mode"):
+        failed = res[task]
+        assert failed.get("failed") and "refusing to fall back to an older one silently" in failed["msg"], json.dumps(failed)[-3000:]
+        assert any(r.startswith(f"{newest.name}: unreadable: ") and BAD in r for r in failed["reasons"]), failed
+        assert "criu_log_tail" not in failed
+    check()
+
+    done = lab.play([lab.restore("skipping", name="victim", skip_unreadable=True)])["skipping"]["restore"]
+    try:
+        assert done["id"] == world["sid"]
+        passed = {p["id"]: p["reason"] for p in done["passed_over"]}
+        assert BAD in passed[newest.name], passed
+        assert query(world["port"])["pair_ok"] is True
+    finally:
+        lab.play([lab.stop("victim")])

@@ -282,14 +282,19 @@ def test_a_broken_manifest_is_listed_broken_and_the_others_still_work(world: Dic
                                        else json.dumps(body))
     res = lab.play([
         {"name": "info", "warmstart.snapshot.snapshot_info": {"store": str(lab.store)}},
-        lab.restore("restore by name", name="victim", check=True),
+        lab.restore("restore by name", name="victim", check=True, expect_fail=True),
+        lab.restore("restore by name, skipping", name="victim", check=True, skip_unreadable=True),
         {"name": "clean", "check_mode": True, "warmstart.snapshot.cleanup": {
             "store": str(lab.store), "remove_broken": True, "restore_root": str(lab.restore_root)}},
     ])
     broken = {b["id"]: b for b in res["info"]["broken"]}
     assert sid in broken and "manifest" in broken[sid]["error"], res["info"]["broken"]
     assert world["sid"] in [s["id"] for s in res["info"]["snapshots"]]
-    assert res["restore by name"]["restore"]["id"] != sid
+    # newer than the good one, unreadable: it might be a newer version of "victim", so no silent fallback
+    assert "refusing to fall back to an older one silently" in res["restore by name"]["msg"]
+    assert res["restore by name"]["reasons"][0].startswith(f"{sid}: unreadable: ")
+    skipping = res["restore by name, skipping"]["restore"]
+    assert skipping["id"] == world["sid"] and sid in [p["id"] for p in skipping["passed_over"]]
     assert sid in res["clean"]["removed"] and world["sid"] not in res["clean"]["removed"]
     world["copies"].append(top)
 

@@ -19,7 +19,7 @@ def engine(monkeypatch: pytest.MonkeyPatch) -> Dict[str, Any]:
     calls: Dict[str, Any] = {"incompatible": [], "checksums": [], "fetch": []}
     monkeypatch.setattr(ctr, "find_criu", lambda path: "/usr/local/bin/criu")
     monkeypatch.setattr(ctr, "describe_node", lambda criu: {"arch": "x86_64"})
-    monkeypatch.setattr(ctr.snap, "select", lambda *a: DOC)
+    monkeypatch.setattr(ctr.snap, "select", lambda *a, **kw: DOC)
     monkeypatch.setattr(ctr, "incompatibilities", lambda source, node: list(calls["incompatible"]))
 
     def verify_local(store: Any, doc: Dict[str, Any], fetch: bool, cached: bool) -> List[str]:
@@ -47,7 +47,7 @@ def test_a_snapshot_that_does_not_fit_is_refused_as_incompatible(engine: Dict[st
 
 def test_no_compatible_snapshot_is_incompatible_and_none_at_all_failed(engine: Dict[str, Any],
                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
-    def none_fits(*args: Any) -> Dict[str, Any]:
+    def none_fits(*args: Any, **kwargs: Any) -> Dict[str, Any]:
         raise ctr.snap.SnapshotError("no snapshot matching name='embed' is compatible", reasons=["x: arch"])
 
     monkeypatch.setattr(ctr.snap, "select", none_fits)
@@ -55,7 +55,7 @@ def test_no_compatible_snapshot_is_incompatible_and_none_at_all_failed(engine: D
         ctr.restore_into(object(), "app=ph", name="embed")
     assert err.value.details["outcome"] == "incompatible"
 
-    def none_found(*args: Any) -> Dict[str, Any]:
+    def none_found(*args: Any, **kwargs: Any) -> Dict[str, Any]:
         raise ctr.snap.SnapshotError("no published snapshot matches name='embed'")
 
     monkeypatch.setattr(ctr.snap, "select", none_found)

@@ -445,3 +445,46 @@ def test_one_bad_manifest_of_any_shape_breaks_no_listing(store: st.FsStore, path
     from ansible_collections.warmstart.snapshot.plugins.module_utils import _retention as ret  # pylint: disable=import-outside-toplevel
     decision = ret.plan(listed, [], ret.policy(keep_last=5, remove_broken=True))
     assert decision is not None
+
+
+# --- selection never passes over a newer snapshot silently (issue 32, class 4) ---------------------------------------
+
+def _select(store: st.FsStore, **kw: Any) -> Tuple[Dict[str, Any], List[Dict[str, str]]]:
+    from ansible_collections.warmstart.snapshot.plugins.module_utils import _snapshot as snap  # pylint: disable=import-outside-toplevel
+    passed: List[Dict[str, str]] = []
+    doc = snap.select(store, None, "embed", None, {"hostname": "node-a"}, skip_compat=True, passed_over=passed, **kw)
+    return doc, passed
+
+
+def test_a_newer_unreadable_snapshot_refuses_selection_unless_skipped(store: st.FsStore) -> None:
+    from ansible_collections.warmstart.snapshot.plugins.module_utils import _snapshot as snap  # pylint: disable=import-outside-toplevel
+    older = make_snapshot(store, "embed")
+    time.sleep(1.1)  # ids carry the second they were made in
+    newer = make_snapshot(store, "embed")
+    Path(store.snapshot_dir(newer["id"]), mf.MANIFEST).write_text('{"schema": 1, "id": 7}')
+    with pytest.raises(snap.SnapshotError) as err:
+        _select(store)
+    assert "refusing to fall back to an older one silently" in str(err.value)
+    assert err.value.details["outcome"] == "incompatible"
+    assert [r.split(":")[0] for r in err.value.reasons] == [newer["id"]]
+    doc, passed = _select(store, skip_unreadable=True)
+    assert doc["id"] == older["id"] and [p["id"] for p in passed] == [newer["id"]]
+    assert passed[0]["reason"].startswith("unreadable: ")
+
+
+def test_an_older_unreadable_snapshot_is_no_reason_to_refuse(store: st.FsStore) -> None:
+    broken = make_snapshot(store, "other")
+    Path(store.snapshot_dir(broken["id"]), mf.MANIFEST).write_text("not json")
+    time.sleep(1.1)
+    good = make_snapshot(store, "embed")
+    doc, passed = _select(store)
+    assert doc["id"] == good["id"] and passed == []
+
+
+def test_with_no_usable_match_a_broken_one_is_named(store: st.FsStore) -> None:
+    from ansible_collections.warmstart.snapshot.plugins.module_utils import _snapshot as snap  # pylint: disable=import-outside-toplevel
+    broken = make_snapshot(store, "embed")
+    Path(store.snapshot_dir(broken["id"]), mf.MANIFEST).write_text("not json")
+    with pytest.raises(snap.SnapshotError) as err:
+        _select(store)
+    assert "newer than every match" in str(err.value) and err.value.reasons[0].startswith(broken["id"])
