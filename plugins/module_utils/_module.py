@@ -238,7 +238,8 @@ def _restore_process(p: Params, check_mode: bool) -> Result:
                           lazy_timeout=float(p.get("lazy_timeout") or lz.DEFAULT_TIMEOUT),
                           page_server=p.get("page_server"), control_roots=p.get("control_roots"),
                           workloads_root=p.get("workloads_root") or wl.DEFAULT_ROOT, check_mode=check_mode,
-                          tcp=p.get("tcp"), tls=_tls_files(p), skip_unreadable=bool(p.get("skip_unreadable")))
+                          tcp=p.get("tcp"), tls=_tls_files(p), skip_unreadable=bool(p.get("skip_unreadable")),
+                          insecure=bool(p.get("insecure")))
     outcome = result.get("outcome", "succeeded")
     if check_mode:
         return dict(changed=True, restore=result, outcome=outcome, msg=f"would restore snapshot {result['id']}")

@@ -112,6 +112,12 @@ class PeerConfig:
             raise PeerError("store_options peers cannot work", reasons=problems)
         host = split_address(listen)[0]
         _tls.check_listen(host, tls, bool(options.get("peer_insecure")), what="peer chunk server")
+        if tls is None and not options.get("peer_insecure"):  # the asking side too: no chunk travels in the clear
+            beyond = [p for p in given if not _tls.loopback(split_address(p)[0])]
+            if beyond:
+                raise PeerError("store_options peers: fetching chunks in the clear from peers beyond loopback is "
+                                f"refused ({', '.join(beyond)}): set peer_tls: true (the node_prep_tls_* files), or "
+                                "peer_insecure: true on a network you trust")
         return cls(tuple(sorted(set(given))), listen, tls, bool(options.get("peer_insecure")),
                    float(options.get("peer_wait") or WAIT), float(options.get("peer_linger") or LINGER))
 
@@ -277,17 +283,33 @@ class Session:
         ctx.load_cert_chain(tls.cert, tls.key)
         return ctx
 
-    def _request(self, peer: str, method: str, query: Dict[str, Any], limit: int) -> Tuple[int, bytes]:
+    def _request(self, peer: str, method: str, query: Dict[str, Any], limit: int,
+                 deadline: Optional[float] = None) -> Tuple[int, bytes]:
+        """One request; the whole answer must arrive by ``deadline`` (monotonic; default TIMEOUT from now), however
+        the peer paces its bytes - each receive waits only for what is left (socket.timeout past it)."""
+        end = deadline if deadline is not None else time.monotonic() + TIMEOUT
         host, port = split_address(peer)
+        left = max(0.001, min(TIMEOUT, end - time.monotonic()))
         conn: http.client.HTTPConnection
         if self.client_ctx is not None:
-            conn = http.client.HTTPSConnection(host, port, timeout=TIMEOUT, context=self.client_ctx)
+            conn = http.client.HTTPSConnection(host, port, timeout=left, context=self.client_ctx)
         else:
-            conn = http.client.HTTPConnection(host, port, timeout=TIMEOUT)
+            conn = http.client.HTTPConnection(host, port, timeout=left)
         try:
             conn.request(method, f"/v1/{'chunk' if method == 'GET' else 'done'}?{urllib.parse.urlencode(query)}")
             resp = conn.getresponse()
-            return resp.status, resp.read(limit + 1)
+            body = bytearray()
+            while len(body) <= limit:
+                left = end - time.monotonic()
+                if left <= 0:
+                    raise socket.timeout(f"peer {peer}: the answer did not arrive in time")
+                if conn.sock is not None:
+                    conn.sock.settimeout(min(TIMEOUT, left))
+                piece = resp.read1(min(1 << 20, limit + 1 - len(body)))
+                if not piece:
+                    break
+                body += piece
+            return resp.status, bytes(body)
         finally:
             conn.close()
 
@@ -303,7 +325,7 @@ class Session:
         query = {"snapshot": self.snapshot_id, "path": rel, "start": start}
         while owner not in self.dead and time.monotonic() < deadline:
             try:
-                code, body = self._request(owner, "GET", query, length)
+                code, body = self._request(owner, "GET", query, length, deadline)
             except ConnectionRefusedError:
                 if time.monotonic() - self.started < GRACE:
                     time.sleep(_RETRY * 3)  # started later than this node, perhaps

@@ -59,6 +59,7 @@ from ansible_collections.warmstart.snapshot.plugins.module_utils._criu import Cr
 from ansible_collections.warmstart.snapshot.plugins.module_utils._errors import WarmstartError
 from ansible_collections.warmstart.snapshot.plugins.module_utils._gpu import cuda_version_string
 from ansible_collections.warmstart.snapshot.plugins.module_utils._storeapi import Staging, Store
+from ansible_collections.warmstart.snapshot.plugins.module_utils._tls import loopback
 from ansible_collections.warmstart.snapshot.plugins.module_utils._criu_rpc import CriuOptions, dump, log_tail, read_stats
 from ansible_collections.warmstart.snapshot.plugins.module_utils._criu_rpc import restore as criu_restore
 
@@ -1027,6 +1028,7 @@ class _RestoreArgs:
     tls: Any = None         # _tls.TlsFiles for the connection to the page server, or None
     overlap_note: str = ""  # "used", or why the page images were verified before CRIU started (_overlap)
     skip_unreadable: bool = False
+    insecure: bool = False  # pages in the clear from a page server beyond loopback
     passed_over: List[Dict[str, str]] = field(default_factory=list)  # newer snapshots select passed over
     t_start: float = field(default_factory=time.monotonic)
     t_wall: float = field(default_factory=time.time)
@@ -1040,7 +1042,7 @@ def restore(store: Store, snapshot_id: Optional[str] = None, name: Optional[str]
             lazy_timeout: float = lz.DEFAULT_TIMEOUT, page_server: Optional[str] = None,
             workloads_root: str = wl.DEFAULT_ROOT, control_roots: Optional[List[str]] = None,
             check_mode: bool = False, tcp: Optional[str] = None, tls: Any = None,
-            skip_unreadable: bool = False) -> Dict[str, Any]:
+            skip_unreadable: bool = False, insecure: bool = False) -> Dict[str, Any]:
     """Restore a process snapshot; with GPU state (``cuda`` auto or required) the CUDA processes are restored too.
 
     ``lazy``: the tree resumes at once and CRIU's lazy-pages daemon streams its memory in (from the local
@@ -1052,7 +1054,8 @@ def restore(store: Store, snapshot_id: Optional[str] = None, name: Optional[str]
     None: ``keep`` when this node took the snapshot, else ``close`` (``_tcp``). ``result['tcp']`` says which
     and why; ``keep`` of a snapshot taken with ``tcp: close`` is refused with the preflight's reasons.
 
-    ``tls``: checked files (``_tls.TlsFiles``) for CRIU's mutual TLS with ``page_server``; refused without it.
+    ``tls``: checked files (``_tls.TlsFiles``) for CRIU's mutual TLS with ``page_server``; without it a page server
+    beyond loopback is refused unless ``insecure`` (pages in the clear, on a network the user trusts).
 
     ``skip_unreadable``: by name/labels, pass over newer snapshots that cannot be read or trusted instead of
     refusing (``select``); ``result['passed_over']`` names every newer snapshot passed over, and why.
@@ -1066,7 +1069,7 @@ def restore(store: Store, snapshot_id: Optional[str] = None, name: Optional[str]
     """
     a = _RestoreArgs(verify, skip_compat, options, restore_root, cuda, gpu_node or GpuNode(), lazy, lazy_wait,
                      lazy_timeout, page_server, workloads_root, list(control_roots or DEFAULT_CONTROL_ROOTS), tcp,
-                     tls=tls, skip_unreadable=skip_unreadable)
+                     tls=tls, skip_unreadable=skip_unreadable, insecure=insecure)
     try:
         criu, node, doc = _choose(store, snapshot_id, name, labels, criu_path, a)
         if check_mode:
@@ -1098,6 +1101,10 @@ def _choose(store: Store, snapshot_id: Optional[str], name: Optional[str], label
     a.remote = lz.parse_address(a.page_server) if a.page_server else None
     if a.tls is not None and not a.remote:
         raise SnapshotError("tls: applies to a lazy restore from a page_server only (none given)")
+    if a.remote and a.tls is None and not a.insecure and not loopback(a.remote[0]):
+        raise SnapshotError(f"page_server {a.page_server}: reading pages in the clear from beyond loopback is refused "
+                            "(anyone on the path could read and change the process's memory): set tls: true, or "
+                            "insecure: true on a network you trust")
     criu = _need_criu(criu_path)
     node = describe_node(criu)
     if snapshot_id is not None:

@@ -173,9 +173,16 @@ options:
       - The page server verified the pages images before serving; this node verifies every other file.
       - One page server serves one restore.
       - With O(tls), over CRIU's mutual TLS (the page server must have O(warmstart.snapshot.page_server#module:tls)
-        too); without it, in the clear - only for a page server on a loopback address or one started with
-        O(warmstart.snapshot.page_server#module:insecure=true) on a network you trust.
+        too); without it, in the clear - only for a page server on a loopback address, or with O(insecure=true)
+        (and the page server started with O(warmstart.snapshot.page_server#module:insecure=true)) on a network you
+        trust. A page server beyond loopback without O(tls) or O(insecure) is refused before anything starts.
     type: str
+  insecure:
+    description:
+      - Let a restore read pages in the clear from a O(page_server) beyond loopback (no O(tls)) - on a network
+        you trust only; anyone on the path sees the process's memory and can change it.
+    type: bool
+    default: false
   tcp:
     description:
       - What happens to the snapshot's established TCP connections (recorded when it was taken with
@@ -512,6 +519,7 @@ def main() -> None:
             verify=dict(type="bool", default=True),
             skip_compat_check=dict(type="bool", default=False),
             skip_unreadable=dict(type="bool", default=False),
+            insecure=dict(type="bool", default=False),
             restore_root=dict(type="path", default="/var/lib/warmstart/restore"),
             workloads_root=dict(type="path", default="/var/lib/warmstart/workloads"),
             control_roots=dict(type="list", elements="path", default=["/var/lib/warmstart", "/run/warmstart", "/tmp"]),

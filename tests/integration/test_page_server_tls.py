@@ -155,6 +155,11 @@ def test_plain_tcp_beyond_loopback_needs_insecure(lab: Lab, pki: Dict[str, Any])
     assert "ca.pem is not a PEM private key" in bad_key["msg"] and not port_open(port)
     served = serve(lab, snap["id"], port, insecure=True)["page_server"]
     assert served["tls"] is False
+    # the asking side too: a restore does not read pages in the clear from beyond loopback unless told so
+    beyond = lab.play([lab.restore("beyond", snapshot=snap["id"], page_server=f"192.0.2.1:{port}",
+                                   expect_fail=True)])["beyond"]
+    assert beyond["failed"] and "reading pages in the clear from beyond loopback is refused" in beyond["msg"], beyond
+    assert "criu_log_tail" not in beyond and lab.ours() == []
     out = lab.play([lab.restore("restore", snapshot=snap["id"], page_server=f"127.0.0.1:{port}",
                                 lazy_wait=True)])["restore"]["restore"]
     assert out["lazy"]["used"] is True and out["lazy"]["complete_after"] > 0

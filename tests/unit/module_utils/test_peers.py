@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import os
 import socket
+import threading
 import time
 from pathlib import Path
 from typing import Any, Dict, List
@@ -50,7 +51,7 @@ def test_every_problem_is_listed() -> None:
 
 
 def test_this_node_is_found_among_the_peers_or_named() -> None:
-    config = pr.PeerConfig.from_options({"peers": ["192.0.2.10:7380", "127.0.0.1:7380"]})
+    config = pr.PeerConfig.from_options({"peers": ["192.0.2.10:7380", "127.0.0.1:7380"], "peer_insecure": True})
     assert config is not None and config.listen == "127.0.0.1:7380"
     assert config.peers == ("127.0.0.1:7380", "192.0.2.10:7380"), "sorted: the same order on every node"
     with pytest.raises(pr.PeerError) as err:
@@ -64,6 +65,15 @@ def test_clear_text_beyond_loopback_needs_tls_or_insecure() -> None:
         pr.PeerConfig.from_options({"peers": peers, "peer_listen": peers[0]})
     config = pr.PeerConfig.from_options({"peers": peers, "peer_listen": peers[0], "peer_insecure": True})
     assert config is not None and config.insecure
+
+
+def test_the_asking_side_refuses_clear_text_beyond_loopback_too() -> None:
+    """A node listening on loopback would still fetch from the others in the clear: refused, naming them."""
+    with pytest.raises(pr.PeerError, match=r"fetching chunks in the clear from peers beyond loopback is refused "
+                                           r"\(192\.0\.2\.10:7380\)"):
+        pr.PeerConfig.from_options({"peers": ["192.0.2.10:7380", "127.0.0.1:7380"]})
+    assert pr.PeerConfig.from_options({"peers": ["127.0.0.1:7381", "127.0.0.1:7380"],
+                                       "peer_listen": "127.0.0.1:7380"}) is not None
 
 
 def test_peer_tls_names_missing_files(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -186,3 +196,48 @@ def test_a_peer_that_stalls_costs_one_wait(tmp_path: Path) -> None:
         assert a in client.dead
     finally:
         staller.finish(ok=False)
+
+
+def test_a_peer_that_trickles_its_answer_costs_one_wait(tmp_path: Path) -> None:
+    """A hostile peer answers 200 and then sends a byte every 0.2 s: the node gives up at ``wait`` for the chunk
+    (each receive is bounded by what is left of it), takes the peer for down and asks it nothing more."""
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(8)
+    hostile = f"127.0.0.1:{srv.getsockname()[1]}"
+    stop = threading.Event()
+
+    def trickle() -> None:
+        while not stop.is_set():
+            srv.settimeout(0.2)
+            try:
+                conn, _addr = srv.accept()
+            except OSError:
+                continue
+            with conn:
+                conn.recv(4096)
+                conn.sendall(f"HTTP/1.1 200 OK\r\nContent-Length: {CHUNK}\r\n\r\n".encode())
+                while not stop.is_set():
+                    try:
+                        conn.sendall(b"x")
+                    except OSError:
+                        break
+                    time.sleep(0.2)
+
+    thread = threading.Thread(target=trickle, daemon=True)
+    thread.start()
+    try:
+        mine = f"127.0.0.1:{port()}"
+        blob = os.urandom(4 * CHUNK)
+        client = session(tmp_path, blob, content=b"", listen=mine, peers=(hostile,))
+        client.config = pr.PeerConfig(peers=client.config.peers, listen=mine, wait=1.0, linger=0.2)
+        theirs = [o for o in range(0, 4 * CHUNK, CHUNK) if not client.owned_here("pages-1.img", o)]
+        assert theirs
+        t0 = time.monotonic()
+        assert [client.fetch("pages-1.img", o) for o in theirs] == [None] * len(theirs)
+        assert time.monotonic() - t0 < 1.0 + 0.8, "one wait in all, however slowly the peer sends"
+        assert hostile in client.dead
+    finally:
+        stop.set()
+        thread.join(5)
+        srv.close()
