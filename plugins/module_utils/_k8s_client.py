@@ -31,6 +31,7 @@ import os
 import sys
 import time
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+from urllib.parse import quote
 
 from ansible_collections.warmstart.snapshot.plugins.module_utils import _podcontract as pc
 from ansible_collections.warmstart.snapshot.plugins.module_utils._errors import WarmstartError
@@ -227,11 +228,19 @@ class Cluster:
 
     @staticmethod
     def path(kind: str, namespace: Optional[str] = None, name: Optional[str] = None, status: bool = False) -> str:
+        """The API path of ``kind`` (in ``namespace``, named ``name``). A namespace must be a DNS label and a name a
+        DNS subdomain, as the API server requires: a value from an annotation or an object never becomes '..', a
+        '/' or a query in a URL (K8sError naming it); segments are quoted all the same."""
         plural, namespaced = KINDS[kind]
         base = "/api/v1" if kind in CORE_KINDS else f"/apis/{pc.GROUP}/{pc.VERSION}"
-        out = base + (f"/namespaces/{namespace}" if namespaced and namespace else "") + f"/{plural}"
+        if namespaced and namespace and not pc.is_dns_label(namespace):
+            raise K8sError(f"{kind}: namespace {str(namespace)[:80]!r} is not a valid namespace name (a DNS label)",
+                           kind)
+        if name and not (pc.is_dns_subdomain(name) and len(name) <= 253):
+            raise K8sError(f"{kind}: name {str(name)[:80]!r} is not a valid object name (a DNS subdomain)", kind)
+        out = base + (f"/namespaces/{quote(namespace, safe='')}" if namespaced and namespace else "") + f"/{plural}"
         if name:
-            out += f"/{name}" + ("/status" if status else "")
+            out += f"/{quote(name, safe='')}" + ("/status" if status else "")
         return out
 
     @staticmethod
@@ -241,8 +250,14 @@ class Cluster:
     # generic verbs over KINDS ----------------------------------------------------------
 
     def get(self, kind: str, name: str, namespace: Optional[str] = None) -> JSON:
+        """The object; one that comes back in another namespace or under another name than asked is refused."""
         ns = self._ns(kind, namespace)
-        return _object(self.request("GET", self.path(kind, ns, name), ref(kind, name, ns)))
+        obj = _object(self.request("GET", self.path(kind, ns, name), ref(kind, name, ns)))
+        meta = obj.get("metadata") or {}
+        if meta.get("name") != name or (ns is not None and meta.get("namespace") != ns):
+            raise K8sError(f"{ref(kind, name, ns)}: the API server answered with "
+                           f"{ref(kind, str(meta.get('name')), meta.get('namespace'))}", kind)
+        return obj
 
     def find(self, kind: str, name: str, namespace: Optional[str] = None) -> Optional[JSON]:
         """``get``, or None when it does not exist."""
@@ -259,7 +274,11 @@ class Cluster:
         what = f"{kind} list" + (f" in namespace {ns}" if ns else "")
         doc = self.request("GET", self.path(kind, ns), what,
                            query={"labelSelector": label_selector or None, "fieldSelector": field_selector or None})
-        return list(_object(doc).get("items") or [])
+        items = list(_object(doc).get("items") or [])
+        strays = [i for i in items if ns is not None and ((i.get("metadata") or {}).get("namespace") != ns)]
+        if strays:
+            raise K8sError(f"{what}: the API server answered with {len(strays)} object(s) of other namespaces", kind)
+        return items
 
     def create(self, kind: str, body: JSON, namespace: Optional[str] = None, dry_run: bool = False) -> JSON:
         ns = self._ns(kind, namespace)

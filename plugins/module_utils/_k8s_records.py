@@ -515,6 +515,9 @@ def restore_plan(cluster: Cluster, pod: JSON) -> JSON:
     if not source:
         raise K8sError(f"Pod {namespace}/{name} has no {pc.ANN_RESTORE_FROM} (or {pc.REF_ANN_RESTORE_FROM}) "
                        "annotation: not a restore pod", "Pod")
+    if not pc.is_dns_subdomain(source) or len(str(source)) > 253:
+        raise K8sError(f"Pod {namespace}/{name}: its {pc.ANN_RESTORE_FROM} annotation {str(source)[:80]!r} is not a "
+                       "PodSnapshot name (a DNS subdomain of its own namespace)", "Pod")
     snap = cluster.get(pc.KIND_SNAPSHOT, source, namespace)
     content, problems = binding_problems(cluster, snap)
     if not problems:

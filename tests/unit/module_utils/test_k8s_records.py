@@ -278,3 +278,30 @@ def test_a_selecting_pod_with_nothing_that_fits_is_refused_with_the_reasons(fake
     assert pc.ANN_RESTORE_FROM not in pod["metadata"]["annotations"] and pc.restore_condition(pod) is None
     plain = fake_apiserver.add_pod("plain-0")
     assert kp.pin_selected(_cluster(fake_apiserver), plain)[1] is None
+
+
+# --- names from objects are names, never paths (issue 32, class 3) --------------------------------------------------
+
+@pytest.mark.parametrize("value", ["../../other/podsnapshots/snap-a", "snap-a/status", "snap-a?watch=1", "..",
+                                   "Snap-A", "snap-a%2F..", "a" * 254])
+def test_a_restore_from_that_is_not_a_name_is_refused_before_any_request(fake_apiserver: FakeApiServer,
+                                                                          value: str) -> None:
+    _recorded(fake_apiserver)
+    _restore_pod(fake_apiserver, "r-evil", annotations={pc.ANN_RESTORE_FROM: value})
+    before = len(fake_apiserver.requests)
+    with pytest.raises(_k8s.K8sError) as refused:
+        kp.restore_plan(_cluster(fake_apiserver), _cluster(fake_apiserver).get_pod("default", "r-evil"))
+    assert f"its {pc.ANN_RESTORE_FROM} annotation" in str(refused.value) and "is not a PodSnapshot name" in str(refused.value)
+    assert not any("podsnapshots" in str(r.get("path", "")) for r in fake_apiserver.requests[before:])
+
+
+@pytest.mark.parametrize("namespace, name, fragment", [
+    ("../kube-system", "x", "namespace '../kube-system' is not a valid namespace name"),
+    ("default", "../../x", "name '../../x' is not a valid object name"),
+    ("default", "x/status", "name 'x/status' is not a valid object name"),
+    ("Default", "x", "is not a valid namespace name"),
+])
+def test_api_paths_take_names_only(namespace: str, name: str, fragment: str) -> None:
+    with pytest.raises(_k8s.K8sError, match=fragment):
+        _k8s.Cluster.path(pc.KIND_SNAPSHOT, namespace, name)
+    assert _k8s.Cluster.path(pc.KIND_SNAPSHOT, "default", "snap-a.v1").endswith("/namespaces/default/podsnapshots/snap-a.v1")
