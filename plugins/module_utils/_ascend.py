@@ -43,6 +43,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
+from ansible_collections.warmstart.snapshot.plugins.module_utils import _safefs as safefs
 from ansible_collections.warmstart.snapshot.plugins.module_utils._errors import WarmstartError
 
 LIBASCENDCL = "libascendcl.so"
@@ -243,10 +244,7 @@ def agent_root() -> str:
 
 def write_atomic(path: str, text: str) -> None:
     """Write ``text`` to ``path`` through a temporary file and a rename (a reader never sees half of it)."""
-    tmp = f"{path}.tmp{os.getpid()}"
-    with open(tmp, "w", encoding="utf-8") as handle:
-        handle.write(text)
-    os.replace(tmp, path)
+    safefs.write_file(path, text.encode("utf-8"), 0o600)
 
 
 def _answer(acl: AclSnapshot, action: str) -> str:

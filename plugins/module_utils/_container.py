@@ -426,13 +426,8 @@ def _offer_env(control: str, placeholder_pid: int, restored_pid: int) -> None:
     env = proc.environ(placeholder_pid)
     status = proc.status(restored_pid)
     uid, gid = int(status["Uid"].split()[0]), int(status["Gid"].split()[0])
-    path = os.path.join(control, ENV_FILE)
-    tmp = f"{path}.tmp-{os.getpid()}"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w", encoding="utf-8") as handle:
-        json.dump(env, handle, sort_keys=True)
-    os.chown(tmp, uid, gid)
-    os.rename(tmp, path)
+    safefs.write_file(os.path.join(control, ENV_FILE), json.dumps(env, sort_keys=True).encode("utf-8"), 0o600,
+                      owner=(uid, gid))
 
 
 def _kill_placeholder(info: ContainerInfo) -> str:

@@ -38,6 +38,7 @@ import time
 import uuid
 from typing import Dict, List, Optional
 
+from ansible_collections.warmstart.snapshot.plugins.module_utils import _safefs as safefs
 from ansible_collections.warmstart.snapshot.plugins.module_utils import _proc as proc
 from ansible_collections.warmstart.snapshot.plugins.module_utils._errors import WarmstartError
 
@@ -75,28 +76,14 @@ class StageFailed(WarmstartError):
 
 
 def write(control_dir: str, name: str, content: str = "") -> str:
-    path = os.path.join(control_dir, name)
-    tmp = f"{path}.tmp-{os.getpid()}"
-    try:
-        os.unlink(tmp)
-    except FileNotFoundError:
-        pass
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
-    with os.fdopen(fd, "w", encoding="utf-8") as handle:
-        handle.write(content)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.chmod(tmp, 0o644)
-    os.rename(tmp, path)
-    return path
+    """``control_dir/name`` replaced atomically with ``content`` (0644). The control dir is the workload's: it (or a
+    container) may have planted a symlink or a hard link by any name there - ``safefs`` follows none."""
+    return safefs.write_file(os.path.join(control_dir, name), content.encode("utf-8"), 0o644, sync=True)
 
 
 def clear(control_dir: str, *names: str) -> None:
     for name in names:
-        try:
-            os.unlink(os.path.join(control_dir, name))
-        except FileNotFoundError:
-            pass
+        safefs.remove(os.path.join(control_dir, name))
 
 
 def present(control_dir: str, name: str) -> bool:

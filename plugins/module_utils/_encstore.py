@@ -32,6 +32,7 @@ import stat
 import uuid
 from typing import Any, Callable, Deque, Dict, Iterator, List, Optional, Set
 
+from ansible_collections.warmstart.snapshot.plugins.module_utils import _safefs as safefs
 from ansible_collections.warmstart.snapshot.plugins.module_utils import _crypt as cr
 from ansible_collections.warmstart.snapshot.plugins.module_utils import _manifest as mf
 from ansible_collections.warmstart.snapshot.plugins.module_utils import _progress as prog
@@ -208,7 +209,8 @@ class Encryption:
         count = cr.chunk_count(size, chunk)
         os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
         part = f"{path}.part"
-        fd = os.open(part, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+        safefs.remove(part)
+        fd = safefs.create_file(part)
         try:
             with os.fdopen(fd, "wb") as out:
                 digest = cr.decrypt_stream(self._stored_chunks(sid, rel, size, chunk, stored), cipher, count,
@@ -289,8 +291,8 @@ class Encryption:
         """One file decrypted to ``path`` (from the complete copy when there is one), checked on the way."""
         doc = self.docs[sid]
         if self._complete(doc):
-            shutil.copyfile(os.path.join(self.plain_dir(sid), entry["path"]), path)
-            os.chmod(path, 0o600)
+            safefs.copy_into(os.path.dirname(path), os.path.basename(path),
+                             os.path.join(self.plain_dir(sid), entry["path"]), 0o600)
             return
         try:
             self.decrypt_file(doc, entry, path)
@@ -406,9 +408,7 @@ def copy_complete(dest: str, doc: Dict[str, Any], plain_size: Callable[[Dict[str
 
 def finish_copy(dest: str, doc: Dict[str, Any]) -> None:
     """Mark ``dest`` a complete copy of ``doc``, valid in this boot: the boot id, then the manifest, last."""
-    with os.fdopen(os.open(os.path.join(dest, UNSYNCED), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w",
-                   encoding="ascii") as handle:
-        handle.write(_boot_id())
+    safefs.write_file(os.path.join(dest, UNSYNCED), _boot_id().encode("ascii"), 0o600)
     mf.dump(doc, os.path.join(dest, mf.MANIFEST))
 
 

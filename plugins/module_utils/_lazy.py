@@ -37,6 +37,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
+from ansible_collections.warmstart.snapshot.plugins.module_utils import _safefs as safefs
 from ansible_collections.warmstart.snapshot.plugins.module_utils import _control as ctl
 from ansible_collections.warmstart.snapshot.plugins.module_utils import _proc as proc
 from ansible_collections.warmstart.snapshot.plugins.module_utils._criu import probe_feature
@@ -100,10 +101,7 @@ def support(criu: str, cache: str = SUPPORT_CACHE) -> Tuple[bool, str]:
     if not missing and key:
         try:
             os.makedirs(os.path.dirname(cache), mode=0o700, exist_ok=True)
-            tmp = f"{cache}.{os.getpid()}.tmp"
-            with open(tmp, "w", encoding="utf-8") as handle:
-                json.dump({key: True}, handle)
-            os.rename(tmp, cache)
+            safefs.write_file(cache, json.dumps({key: True}).encode("utf-8"), 0o600)
         except OSError:
             pass
     if missing:
@@ -126,11 +124,7 @@ def _write_state(work: str, **fields: Any) -> Dict[str, Any]:
     path = os.path.join(work, STATE)
     state = read_state(work)
     state.update(fields)
-    tmp = f"{path}.tmp"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w", encoding="utf-8") as handle:
-        json.dump(state, handle)
-    os.rename(tmp, path)
+    safefs.write_file(path, json.dumps(state).encode("utf-8"), 0o600)
     return state
 
 
@@ -395,8 +389,8 @@ def _mark_active(job: _Job, root: int) -> str:  # pragma: no cover - forked
     marker = os.path.join(job.active_dir, f"{root}.json")
     try:
         os.makedirs(job.active_dir, mode=0o700, exist_ok=True)
-        with open(marker, "w", encoding="utf-8") as handle:
-            json.dump({"work_dir": job.work, "supervisor_pid": os.getpid(), "snapshot": job.snapshot_id}, handle)
+        safefs.write_file(marker, json.dumps({"work_dir": job.work, "supervisor_pid": os.getpid(),
+                                              "snapshot": job.snapshot_id}).encode("utf-8"), 0o600)
     except OSError:
         return ""
     return marker
@@ -532,7 +526,8 @@ def sparse_pages(images: str, sizes: Dict[str, int], read_range: Any) -> int:
         if name not in sizes:
             raise LazyError(f"{name}: the snapshot has no such pages image (its pagemap names it)")
         path = os.path.join(images, name)
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        safefs.remove(path)
+        fd = safefs.create_file(path)
         try:
             os.ftruncate(fd, sizes[name])
             for off, length in ranges:
@@ -562,8 +557,11 @@ def raise_pipe_limit() -> None:
     if ok:
         return
     try:
-        with open(PIPE_MAX_SIZE, "w", encoding="ascii") as handle:
-            handle.write(str(1 << 22))
+        fd = safefs.open_file(PIPE_MAX_SIZE, os.O_WRONLY)
+        try:
+            os.write(fd, str(1 << 22).encode("ascii"))
+        finally:
+            os.close(fd)
     except OSError as exc:
         raise LazyError(f"fs.pipe-max-size is {have} bytes and cannot be raised to 4 MiB ({exc}); CRIU's page server "
                         f"needs {PIPE_BYTES_NEEDED} bytes per request pipe") from None
@@ -662,7 +660,8 @@ def _serve_one(srv: socket.socket, argv: List[str], notes: str, deadline: float,
     A client CRIU refused in TLS (``tls_refusal``) is noted and the next one awaited; any other end is final.
     """
     def note(text: str) -> None:
-        with open(notes, "a", encoding="utf-8") as handle:
+        fd = safefs.open_file(notes, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+        with os.fdopen(fd, "a", encoding="utf-8") as handle:
             handle.write(f"{time.strftime('%Y-%m-%dT%H:%M:%S')} {text}\n")
 
     log = argv[argv.index("-o") + 1]

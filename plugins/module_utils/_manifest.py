@@ -16,6 +16,7 @@ import os
 import secrets
 from typing import Any, Dict, Optional, cast
 
+from ansible_collections.warmstart.snapshot.plugins.module_utils import _safefs as safefs
 from ansible_collections.warmstart.snapshot.plugins.module_utils import _schema as schema
 from ansible_collections.warmstart.snapshot.plugins.module_utils._errors import WarmstartError
 
@@ -137,14 +138,7 @@ def load(path: str) -> Dict[str, Any]:
 
 def dump(doc: Dict[str, Any], path: str) -> None:
     """Write the manifest durably (temp file, fsync, rename), mode 0600."""
-    tmp = path + ".tmp"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w", encoding="utf-8") as handle:
-        json.dump(doc, handle, indent=2, sort_keys=True)
-        handle.write("\n")
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.rename(tmp, path)
+    safefs.write_file(path, (json.dumps(doc, indent=2, sort_keys=True) + "\n").encode("utf-8"), 0o600, sync=True)
 
 
 def summary(doc: Dict[str, Any]) -> Dict[str, Any]:

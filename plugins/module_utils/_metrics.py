@@ -45,13 +45,13 @@ import json
 import math
 import os
 import re
-import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
 
+from ansible_collections.warmstart.snapshot.plugins.module_utils import _safefs as safefs
 from ansible_collections.warmstart.snapshot.plugins.module_utils._errors import WarmstartError
 
 DEFAULT_DIR = "/var/lib/warmstart/metrics"
@@ -223,26 +223,14 @@ def _load_state(path: str) -> Dict[str, Any]:
 
 def write_atomic(path: str, text: str, mode: int = 0o644) -> None:
     """Replace ``path`` with ``text``: a temp file in the same directory, fsync'd, chmod'ed, renamed over it."""
-    directory, base = os.path.split(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{base}.", suffix=".tmp", dir=directory or ".")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(text)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.chmod(tmp, mode)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
+    safefs.write_file(os.path.abspath(path), text.encode("utf-8"), mode, sync=True)
 
 
 @contextlib.contextmanager
 def locked(directory: str) -> Iterator[None]:
     """An exclusive flock on the directory's lock file (created 0644 with the directory 0755 when missing)."""
     os.makedirs(directory, mode=0o755, exist_ok=True)
-    fd = os.open(os.path.join(directory, LOCK_FILE), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    fd = safefs.open_file(os.path.join(os.path.abspath(directory), LOCK_FILE), os.O_RDWR | os.O_CREAT, 0o644)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
         yield

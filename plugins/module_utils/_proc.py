@@ -12,6 +12,7 @@ import stat
 import time
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
+from ansible_collections.warmstart.snapshot.plugins.module_utils import _safefs as safefs
 from ansible_collections.warmstart.snapshot.plugins.module_utils._errors import WarmstartError
 
 PF_KTHREAD = 0x00200000
@@ -160,10 +161,7 @@ def read_pidfile(path: str) -> Optional[int]:
 
 
 def write_pidfile(path: str, pid: int) -> None:
-    tmp = f"{path}.tmp"
-    with open(tmp, "w", encoding="ascii") as handle:
-        handle.write(f"{pid}\n")
-    os.rename(tmp, path)
+    safefs.write_file(os.path.abspath(path), f"{pid}\n".encode("ascii"), 0o644)
 
 
 def catches(pid: int, sig: int) -> bool:
@@ -288,7 +286,7 @@ def detach(body: Callable[[], None], keep: Sequence[int] = ()) -> None:
             os.setsid()
             if os.fork() != 0:
                 os._exit(0)
-            devnull = os.open(os.devnull, os.O_RDWR)
+            devnull = os.open(os.devnull, os.O_RDWR | os.O_NOFOLLOW)
             for fd in (0, 1, 2):
                 os.dup2(devnull, fd)
             low = 3

@@ -24,6 +24,8 @@ import threading
 import time
 from typing import Any, Dict, Optional
 
+from ansible_collections.warmstart.snapshot.plugins.module_utils import _safefs as safefs
+
 MIN_INTERVAL = 0.5
 UNITS = ("B", "KiB", "MiB", "GiB", "TiB")
 
@@ -62,13 +64,10 @@ class Reporter:
         if not force and now - self._t_written < self.min_interval:
             return
         self._t_written = now
-        tmp = f"{self.path}.tmp"
         try:
-            with open(tmp, "w", encoding="utf-8") as handle:
-                json.dump(self.snapshot(), handle)
-            # readable by the connection user that polls it; it holds counters only
-            os.chmod(tmp, 0o644)
-            os.rename(tmp, self.path)
+            # readable by the connection user that polls it (it holds counters only); the progress dir may be
+            # theirs, so the file is replaced through safefs, nothing followed
+            safefs.write_file(os.path.abspath(self.path), json.dumps(self.snapshot()).encode("utf-8"), 0o644)
         except OSError:
             self.path = None  # no place to report to: the work goes on without progress
 

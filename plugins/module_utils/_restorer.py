@@ -26,6 +26,7 @@ import os
 import signal
 from typing import Any, Callable, Dict, Optional
 
+from ansible_collections.warmstart.snapshot.plugins.module_utils import _safefs as safefs
 from ansible_collections.warmstart.snapshot.plugins.module_utils._errors import WarmstartError
 
 LOCK_DIR = "/run/warmstart/locks"
@@ -38,7 +39,7 @@ class Busy(WarmstartError):
 def hold(path: str) -> int:
     """Lock ``path`` exclusively without waiting (flock; the lock goes with the fd, also when we die) and write
     our pid into it; its fd. ``Busy(holder pid)`` when another process holds it."""
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    fd = safefs.open_file(path, os.O_RDWR | os.O_CREAT, 0o600)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:

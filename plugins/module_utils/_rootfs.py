@@ -49,7 +49,7 @@ def capture(upper_dir: str, out_dir: str) -> Dict[str, Any]:
     opaque: List[str] = []
     count = size = 0
     tar_path = os.path.join(out_dir, DIFF_TAR)
-    fd = os.open(tar_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    fd = os.open(tar_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
     with os.fdopen(fd, "wb") as raw, tarfile.open(fileobj=raw, mode="w", format=tarfile.PAX_FORMAT) as tar:
         for dirpath, dirnames, filenames in os.walk(upper_dir):
             dirnames.sort()
@@ -76,8 +76,8 @@ def capture(upper_dir: str, out_dir: str) -> Dict[str, Any]:
                 if stat.S_ISREG(st.st_mode):
                     size += st.st_size
     doc = {"deleted": deleted, "opaque": opaque}
-    with open(os.open(os.path.join(out_dir, DELETED), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600),
-              "w", encoding="utf-8") as handle:
+    with os.fdopen(os.open(os.path.join(out_dir, DELETED), os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600),
+                   "w", encoding="utf-8") as handle:
         json.dump(doc, handle, indent=1, sort_keys=True)
     return {"entries": count, "bytes": size, "deleted": len(deleted), "opaque": len(opaque)}
 

@@ -38,6 +38,7 @@ import time
 import uuid
 from typing import Any, Callable, Dict, List, Optional, Set, Tuple
 
+from ansible_collections.warmstart.snapshot.plugins.module_utils import _safefs as safefs
 from ansible_collections.warmstart.snapshot.plugins.module_utils import _digest as dg
 from ansible_collections.warmstart.snapshot.plugins.module_utils import _manifest as mf
 from ansible_collections.warmstart.snapshot.plugins.module_utils import _peers as peers_
@@ -495,11 +496,11 @@ class S3Store:
                     return {int(x) for x in handle.read().split()}
             except (OSError, ValueError):
                 pass
-        fd = os.open(part, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        safefs.remove(part)
+        fd = safefs.create_file(part)
         os.ftruncate(fd, size)
         os.close(fd)
-        with open(ledger, "w", encoding="ascii"):
-            pass
+        safefs.write_file(ledger, b"", 0o600)
         return set()
 
     def _get_range(self, key: str, rel: str, part: str, start: int, end: int) -> str:
@@ -508,7 +509,7 @@ class S3Store:
         resp = self._call(f"downloading {rel}", self.client.get_object, Bucket=self.bucket, Key=key,
                           Range=f"bytes={start}-{end}", **self._sse_read)
         digest = hashlib.sha256()
-        fd = os.open(part, os.O_WRONLY)
+        fd = safefs.open_file(part, os.O_WRONLY)
         try:
             off = start
             for chunk in iter(lambda: self._read_body(resp, rel), b""):
@@ -535,7 +536,7 @@ class S3Store:
 
     @staticmethod
     def _put_range(part: str, start: int, data: bytes) -> None:
-        fd = os.open(part, os.O_WRONLY)
+        fd = safefs.open_file(part, os.O_WRONLY)
         try:
             os.pwrite(fd, data, start)
             os.fsync(fd)
@@ -572,7 +573,8 @@ class S3Store:
                 if chunks is not None and got != chunks[start // PART][2]:
                     raise StoreError(f"store {self.root}: {key}: chunk {start // PART} (bytes {start}-{end}) does "
                                      "not match its SHA256 in the manifest (corrupted in the store or in transit)")
-            with self._lock, open(ledger, "a", encoding="ascii") as handle:
+            with self._lock, os.fdopen(safefs.open_file(ledger, os.O_WRONLY | os.O_APPEND), "a",
+                                       encoding="ascii") as handle:
                 handle.write(f"{start}\n")
             if shared is not None:
                 shared.mark(rel, start)

@@ -4,14 +4,20 @@
 # SPDX-License-Identifier: GPL-3.0-or-later
 """Writing under a directory without ever following a symlink out of it.
 
-What a restore writes on a node from a snapshot's content (the workload's own files, control files) goes
-through here. Invariants:
+Every file the engine creates, replaces, chmods or chowns goes through here (test_code_shape holds it: no
+``os.chmod``/``os.chown`` by path, no ``open()`` for writing, every ``os.open`` that writes has ``O_NOFOLLOW``
+and creates only with ``O_EXCL`` or relative to a directory descriptor). Control dirs, metrics and progress
+dirs, /tmp and the store are written by others too - a user, a container, a store writer - who may race
+symlinks and hard links into them. Invariants:
 
 - every component below ``base`` is opened with ``O_NOFOLLOW`` relative to its parent's descriptor
   (``dir_fd``): a symlink anywhere on the way, planted before or during the restore, makes the write
   fail with the path named instead of landing elsewhere;
 - files are created ``O_EXCL`` under a temporary name, given their mode with ``fchmod`` (permission
   bits only: setuid, setgid and sticky are dropped) and renamed into place within the same directory;
+- ``write_file`` / ``open_file`` / ``remove`` act on a name relative to a directory descriptor; an existing file
+  opened for writing must be a regular file with one link (a hard link planted to a file elsewhere is
+  refused); modes and owners are set with ``fchmod``/``fchown`` on the open file, never by path;
 - ``inside`` decides with resolved paths whether a node path lies under one of the node's own roots.
 
 Pure stdlib.
@@ -21,7 +27,8 @@ from __future__ import annotations
 import os
 import shutil
 import stat
-from typing import Iterable, Optional
+import threading
+from typing import Iterable, Optional, Tuple
 
 from ansible_collections.warmstart.snapshot.plugins.module_utils._errors import WarmstartError
 
@@ -126,3 +133,122 @@ def inside(path: str, roots: Iterable[str]) -> bool:
         if real == top or real.startswith(top.rstrip("/") + "/"):
             return True
     return False
+
+
+def _checked(fd: int, where: str) -> int:
+    """``fd`` when it is a regular file with one link (else closed, UnsafePath): no device, FIFO or hard link to
+    another file reached through a name someone else could plant."""
+    info = os.fstat(fd)
+    if not stat.S_ISREG(info.st_mode) or info.st_nlink > 1:
+        os.close(fd)
+        why = "not a regular file" if not stat.S_ISREG(info.st_mode) else f"{info.st_nlink} hard links"
+        raise UnsafePath(22, f"{where}: {why}; refusing to write it")
+    return fd
+
+
+def write_file(path: str, data: bytes, mode: int = 0o600, owner: Optional[Tuple[int, int]] = None,
+               sync: bool = False, create_dirs: bool = False) -> str:
+    """Replace ``path`` atomically: a temporary file created ``O_EXCL|O_NOFOLLOW`` in its directory (opened without
+    following a symlink), written, ``fchmod`` (and ``fchown`` to ``owner``), renamed over the name. A symlink
+    there is replaced itself, never followed. Returns ``path``."""
+    base, name = os.path.split(path)
+    dfd = open_dir(base, create=False) if not create_dirs else open_dir("/", base.lstrip("/"), create=True)
+    tmp = f".{name}.tmp-{os.getpid()}-{threading.get_ident()}"
+    try:
+        try:
+            os.unlink(tmp, dir_fd=dfd)
+        except FileNotFoundError:
+            pass
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=dfd)
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view):]
+            os.fchmod(fd, mode & 0o777)
+            if owner is not None:
+                os.fchown(fd, owner[0], owner[1])
+            if sync:
+                os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.rename(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd)
+    except BaseException:
+        try:
+            os.unlink(tmp, dir_fd=dfd)
+        except OSError:
+            pass
+        raise
+    finally:
+        os.close(dfd)
+    return path
+
+
+def open_file(path: str, flags: int, mode: int = 0o600) -> int:
+    """``path`` opened with ``flags`` (O_WRONLY/O_RDWR, O_APPEND, O_CREAT...) relative to its directory, never
+    through a symlink; an existing file must be a regular file with one link. A new file gets ``mode``."""
+    base, name = os.path.split(path)
+    dfd = open_dir(base, create=False)
+    try:
+        fd = os.open(name, flags | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK, mode, dir_fd=dfd)
+    except OSError as exc:
+        raise UnsafePath(exc.errno, f"{path}: {exc.strerror} (a symlink?)") from None
+    finally:
+        os.close(dfd)
+    os.set_blocking(fd, True)
+    return _checked(fd, path)
+
+
+def create_file(path: str, mode: int = 0o600) -> int:
+    """A new file at ``path`` for writing (``O_EXCL``: nothing there before, not even a symlink)."""
+    return open_file(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
+
+
+def remove(path: str) -> bool:
+    """Unlink ``path`` (the name itself, relative to its directory); False when it was not there."""
+    base, name = os.path.split(path)
+    dfd = open_dir(base, create=False)
+    try:
+        os.unlink(name, dir_fd=dfd)
+        return True
+    except FileNotFoundError:
+        return False
+    finally:
+        os.close(dfd)
+
+
+def set_mode(path: str, mode: int, owner: Optional[Tuple[int, int]] = None) -> None:
+    """``fchmod`` (and ``fchown``) of ``path`` itself, opened without following a symlink: a symlink or a special
+    file put there is refused, never the file it leads to changed."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+    except OSError as exc:
+        raise UnsafePath(exc.errno, f"{path}: {exc.strerror} (a symlink?)") from None
+    try:
+        info = os.fstat(fd)
+        if not (stat.S_ISREG(info.st_mode) or stat.S_ISDIR(info.st_mode)):
+            raise UnsafePath(22, f"{path}: not a regular file or directory; refusing to change its mode")
+        os.fchmod(fd, mode & 0o7777)
+        if owner is not None:
+            os.fchown(fd, owner[0], owner[1])
+    finally:
+        os.close(fd)
+
+
+def lock_down_tree(top: str, dir_mode: int = 0o700, file_mode: int = 0o600) -> None:
+    """Every directory under ``top`` (and ``top``) ``dir_mode``, every regular file ``file_mode``: walked with
+    directory descriptors, nothing followed (symlinks are left as they are)."""
+    set_mode(top, dir_mode)
+    for _dirpath, dirnames, filenames, dfd in os.fwalk(top, follow_symlinks=False):
+        for name in dirnames + filenames:
+            try:
+                fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK, dir_fd=dfd)
+            except OSError:
+                continue  # a symlink (ELOOP) or gone
+            try:
+                info = os.fstat(fd)
+                if stat.S_ISDIR(info.st_mode):
+                    os.fchmod(fd, dir_mode)
+                elif stat.S_ISREG(info.st_mode):
+                    os.fchmod(fd, file_mode)
+            finally:
+                os.close(fd)

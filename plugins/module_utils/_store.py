@@ -29,6 +29,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any, Callable, Collection, Dict, Iterator, List, Optional, Tuple
 
+from ansible_collections.warmstart.snapshot.plugins.module_utils import _safefs as safefs
 from ansible_collections.warmstart.snapshot.plugins.module_utils import _digest as dg
 from ansible_collections.warmstart.snapshot.plugins.module_utils import _manifest as mf
 from ansible_collections.warmstart.snapshot.plugins.module_utils import _progress as prog
@@ -113,11 +114,7 @@ class VerifiedFiles:
         try:
             os.makedirs(self.root, mode=0o700, exist_ok=True)
             data = dict(self._load(), **self.added)
-            tmp = f"{self.path}.{os.getpid()}.tmp"
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-            with os.fdopen(fd, "w", encoding="utf-8") as handle:
-                json.dump(data, handle)
-            os.rename(tmp, self.path)
+            safefs.write_file(self.path, json.dumps(data).encode("utf-8"), 0o600)
         except OSError:
             return
         self.data.update(self.added)
@@ -149,15 +146,8 @@ def walk_files(top: str) -> Iterator[str]:
 
 
 def lock_down(top: str) -> None:
-    """0700 directories and 0600 files under ``top`` (and ``top`` itself)."""
-    os.chmod(top, 0o700)
-    for dirpath, dirs, files in os.walk(top):
-        for d in dirs:
-            os.chmod(os.path.join(dirpath, d), 0o700)
-        for f in files:
-            full = os.path.join(dirpath, f)
-            if not os.path.islink(full):
-                os.chmod(full, 0o600)
+    """0700 directories and 0600 files under ``top`` (and ``top`` itself); nothing followed (``safefs``)."""
+    safefs.lock_down_tree(top)
 
 
 @dataclass
@@ -303,7 +293,7 @@ class FsStore:
                 raise StoreError(f"store {self.root}: cannot create {path}: {exc.strerror}") from None
         if not os.access(self.tmp, os.W_OK):
             raise StoreError(f"store {self.root}: {self.tmp} is not writable (read-only filesystem or permissions)")
-        os.chmod(self.root, 0o700)
+        safefs.set_mode(self.root, 0o700)
 
     # -- writing --------------------------------------------------------
     def stage(self, snapshot_id: str) -> Staging:

@@ -22,6 +22,7 @@ import os
 import signal
 from typing import Any, Dict, List, Optional
 
+from ansible_collections.warmstart.snapshot.plugins.module_utils import _safefs as safefs
 from ansible_collections.warmstart.snapshot.plugins.module_utils import _control as ctl
 from ansible_collections.warmstart.snapshot.plugins.module_utils import _namespaces as nsu
 from ansible_collections.warmstart.snapshot.plugins.module_utils import _proc as proc
@@ -100,10 +101,8 @@ def start(root: str, name: str, command: List[str], env: Optional[Dict[str, str]
         del full_env[key]
     full_env.update(env or {})
     full_env[ctl.ENV_VAR] = p["control"]
-    with open(p["spec"] + ".tmp", "w", encoding="utf-8") as handle:
-        json.dump({"command": command, "env": env or {}, "chdir": chdir, "mount_namespace": mount_namespace},
-                  handle, indent=2)
-    os.rename(p["spec"] + ".tmp", p["spec"])
+    spec = {"command": command, "env": env or {}, "chdir": chdir, "mount_namespace": mount_namespace}
+    safefs.write_file(os.path.abspath(p["spec"]), json.dumps(spec, indent=2).encode("utf-8"), 0o600)
 
     rfd, wfd = os.pipe()
     first = os.fork()
@@ -144,8 +143,8 @@ def _exec_workload(command: List[str], env: Dict[str, str], chdir: Optional[str]
             nsu.replace_proc()
         os.setsid()
         null = os.open("/dev/null", os.O_RDONLY)
-        out = os.open(p["stdout"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-        err = os.open(p["stderr"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        out = safefs.open_file(os.path.abspath(p["stdout"]), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        err = safefs.open_file(os.path.abspath(p["stderr"]), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
         os.dup2(null, 0)
         os.dup2(out, 1)
         os.dup2(err, 2)

@@ -35,6 +35,7 @@ import os
 import threading
 from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Tuple
 
+from ansible_collections.warmstart.snapshot.plugins.module_utils import _safefs as safefs
 from ansible_collections.warmstart.snapshot.plugins.module_utils._digest import ChunkedHasher, workers
 from ansible_collections.warmstart.snapshot.plugins.module_utils._errors import WarmstartError
 from ansible_collections.warmstart.snapshot.plugins.module_utils._schema import ZSTD_ALG
@@ -134,7 +135,8 @@ def compress_file(src: str, dst: str, level: int = LEVEL, frame: int = FRAME, pr
         return len(data), local.cctx.compress(data)
 
     plain, stored, frames, size = hashlib.sha256(), ChunkedHasher(), [], 0
-    fd = os.open(dst, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+    safefs.remove(dst)
+    fd = safefs.create_file(dst)
     with open(src, "rb") as handle, os.fdopen(fd, "wb") as out:
         for length, packed in _window(_hashed(_reads(handle, frame), plain), pack, threads or workers()):
             stored.update(packed)

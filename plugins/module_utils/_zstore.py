@@ -29,6 +29,7 @@ import shutil
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Set
 
+from ansible_collections.warmstart.snapshot.plugins.module_utils import _safefs as safefs
 from ansible_collections.warmstart.snapshot.plugins.module_utils import _crypt as cr
 from ansible_collections.warmstart.snapshot.plugins.module_utils import _encstore as es
 from ansible_collections.warmstart.snapshot.plugins.module_utils import _manifest as mf
@@ -139,8 +140,7 @@ class CompressedStore:
             rel, src, out = entry["path"], os.path.join(plain, entry["path"]), os.path.join(dest, entry["path"])
             os.makedirs(os.path.dirname(out), mode=0o700, exist_ok=True)
             if not zs.worth(rel, int(entry["size"])):
-                shutil.copyfile(src, out)
-                os.chmod(out, 0o600)
+                safefs.copy_into(os.path.dirname(out), os.path.basename(out), src, 0o600)
                 prog.add(int(entry["size"]))
                 files.append(entry)
                 continue
@@ -231,7 +231,7 @@ class CompressedStore:
         meta = block["files"].get(rel)
         fd = os.open(os.path.join(src, rel), os.O_RDONLY | os.O_NOFOLLOW)
         try:
-            with os.fdopen(fd, "rb") as stored, open(_created(path), "wb") as out:
+            with os.fdopen(fd, "rb") as stored, os.fdopen(_created(path), "wb") as out:
                 if meta is not None:
                     _inflate(block, meta, stored, out, prog.add)
                 else:
@@ -288,14 +288,14 @@ class CompressedStore:
             self.inner.fetch_file(snapshot_id, entry, path, verify=verify)
             return
         if self._complete(doc):
-            shutil.copyfile(os.path.join(self.plain_dir(snapshot_id), entry["path"]), path)
-            os.chmod(path, 0o600)
+            safefs.copy_into(os.path.dirname(path), os.path.basename(path),
+                             os.path.join(self.plain_dir(snapshot_id), entry["path"]), 0o600)
             return
         self._require(snapshot_id)
         stored = f"{path}.zst"
         try:
             self.inner.fetch_file(snapshot_id, entry, stored, verify=verify)
-            with open(stored, "rb") as handle, open(_created(path), "wb") as out:
+            with open(stored, "rb") as handle, os.fdopen(_created(path), "wb") as out:
                 _inflate(block, block["files"][entry["path"]], handle, out)
         except zs.CompressionError as exc:
             raise self._fail(exc, snapshot_id) from None
@@ -380,7 +380,7 @@ def _inflate(block: Dict[str, Any], meta: Dict[str, Any], stored: Any, out: Any,
                          meta, int(block["frame"]), out.write, progress)
 
 
-def _created(path: str) -> str:
-    """``path`` created afresh (0600, no symlink followed) for writing; returns it."""
-    os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600))
-    return path
+def _created(path: str) -> int:
+    """``path`` created afresh (0600, ``O_EXCL``, no symlink followed) for writing; its fd."""
+    safefs.remove(path)
+    return safefs.create_file(path)

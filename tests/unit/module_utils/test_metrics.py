@@ -11,7 +11,7 @@ import threading
 import urllib.error
 import urllib.request
 from pathlib import Path
-from typing import Dict, Iterator, List, Tuple
+from typing import Any, Dict, Iterator, List, Tuple
 
 import pytest
 
@@ -307,14 +307,15 @@ def test_a_failed_rewrite_leaves_the_old_file_whole(mdir: Path, monkeypatch: pyt
     mt.record_restore(str(mdir), "succeeded")
     before = prom(mdir)
 
-    def broken_replace(src: str, dst: str) -> None:
+    def broken_rename(src: str, dst: str, **_fds: Any) -> None:  # the rename safefs.write_file ends with
         raise OSError(28, "No space left on device", dst)
 
-    monkeypatch.setattr(mt.os, "replace", broken_replace)
+    monkeypatch.setattr(mt.safefs.os, "rename", broken_rename)
     warning = mt.record_restore(str(mdir), "failed")
+    monkeypatch.undo()
     assert warning and "No space left on device" in warning
     assert prom(mdir) == before
-    assert not [p for p in mdir.iterdir() if p.name.endswith(".tmp")]
+    assert not [p for p in mdir.iterdir() if ".tmp" in p.name]
 
 
 def test_readers_never_see_a_partial_file(mdir: Path) -> None:

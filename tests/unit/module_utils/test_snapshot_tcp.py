@@ -121,7 +121,7 @@ def placeholders(monkeypatch: pytest.MonkeyPatch) -> Dict[str, Any]:
     calls: Dict[str, Any] = {"opts": [], "doc": container_doc("established")}
     monkeypatch.setattr(ctr, "find_criu", lambda path: "/usr/local/bin/criu")
     monkeypatch.setattr(ctr, "describe_node", lambda criu: {"hostname": "node-a"})
-    monkeypatch.setattr(ctr.snap, "select", lambda *a: calls["doc"])
+    monkeypatch.setattr(ctr.snap, "select", lambda *a, **kw: calls["doc"])
     monkeypatch.setattr(ctr, "incompatibilities", lambda source, node: [])
     monkeypatch.setattr(ctr.st, "verify_local", lambda store, doc, fetch, cached: [])
     monkeypatch.setattr(ctr, "get_runtime", lambda name: object())

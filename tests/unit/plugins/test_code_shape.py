@@ -4,7 +4,10 @@
 - no function there is longer than MAX_FUNCTION_LINES;
 - every exception class the engine defines derives from _errors.WarmstartError;
 - every module's main() is its AnsibleModule argument spec plus one run_module() call;
-- no test module imports another test module, and bench scripts do not edit sys.path.
+- no test module imports another test module, and bench scripts do not edit sys.path;
+- no file is written, chmod'ed or chown'ed by path outside _safefs (issue 32): no os.chmod/os.chown/os.lchown/
+  shutil.chown, no open() for writing, and every os.open that writes has O_NOFOLLOW and creates only with O_EXCL
+  or relative to a directory descriptor.
 """
 from __future__ import annotations
 
@@ -155,3 +158,53 @@ def test_bench_shares_code_through_its_package() -> None:
     edits = [str(p.relative_to(REPO)) for p in sorted((REPO / "bench").glob("*.py"))
              if p.name != "__init__.py" and re.search(r"sys\.path\.(insert|append|extend)|sys\.path\[", p.read_text())]
     assert not edits, f"bench scripts editing sys.path (import through the bench package instead): {edits}"
+
+
+# --- file operations by path (issue 32, class 2) -------------------------------------------------------------------
+
+BY_PATH_CALLS = {("os", "chmod"), ("os", "chown"), ("os", "lchown"), ("shutil", "chown"), ("os", "lchmod")}
+WRITE_FLAGS = {"O_WRONLY", "O_RDWR", "O_CREAT", "O_TRUNC", "O_APPEND"}
+
+
+def _flag_names(node: ast.AST) -> Set[str]:
+    return {n.attr for n in ast.walk(node) if isinstance(n, ast.Attribute) and n.attr.startswith("O_")} | \
+        {n.id for n in ast.walk(node) if isinstance(n, ast.Name) and n.id.startswith("O_")}
+
+
+def _by_path_problems(tree: ast.Module) -> List[str]:
+    out = []
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Call):
+            continue
+        func = node.func
+        dotted = (func.value.id, func.attr) if isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name) \
+            else None
+        if dotted in BY_PATH_CALLS:
+            out.append(f"line {node.lineno}: {'.'.join(dotted)} by path (use _safefs.set_mode or fchmod/fchown)")
+        if isinstance(func, ast.Name) and func.id == "open":
+            mode = node.args[1] if len(node.args) > 1 else next((k.value for k in node.keywords if k.arg == "mode"), None)
+            if isinstance(mode, ast.Constant) and isinstance(mode.value, str) and set(mode.value) & set("wax+"):
+                out.append(f"line {node.lineno}: open(..., {mode.value!r}) by path (use _safefs.write_file/open_file)")
+        if dotted == ("os", "open") and len(node.args) > 1:
+            flags = _flag_names(node.args[1])
+            if flags & WRITE_FLAGS:
+                if "O_NOFOLLOW" not in flags:
+                    out.append(f"line {node.lineno}: os.open for writing without O_NOFOLLOW")
+                if "O_CREAT" in flags and "O_EXCL" not in flags and not any(k.arg == "dir_fd" for k in node.keywords):
+                    out.append(f"line {node.lineno}: os.open(O_CREAT) without O_EXCL or a dir_fd")
+    return out
+
+
+@pytest.mark.parametrize("path", [p for p in _engine_files() if p.name != "_safefs.py"], ids=lambda p: p.name)
+def test_no_file_is_written_chmodded_or_chowned_by_path(path: Path) -> None:
+    found = _by_path_problems(_tree(path))
+    assert not found, f"{path.name}: " + "; ".join(found)
+
+
+def test_the_by_path_rule_catches_what_it_names() -> None:
+    bad = ast.parse("import os, shutil\nos.chmod(p, 0o600)\nopen(p, 'w')\nos.open(p, os.O_WRONLY | os.O_CREAT, 0o600)\n"
+                    "shutil.chown(p, 0, 0)\nos.open(p, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)\n")
+    assert len(_by_path_problems(bad)) == 6
+    good = ast.parse("import os\nos.open(p, os.O_RDONLY)\nos.open(n, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600, dir_fd=d)\n"
+                     "os.open(p, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)\nopen(p, 'rb')\nos.fchmod(f, 0o600)\n")
+    assert _by_path_problems(good) == []
