@@ -83,7 +83,7 @@ class Server:
         self.graph = None
         if self.model is not None:
             with torch.inference_mode():
-                for _ in range(3):  # warm-up: kernels chosen, caches filled
+                for _warm in range(3):  # warm-up: kernels chosen, caches filled
                     self.model(self.prompt, use_cache=False)
                 if gpu:
                     torch.cuda.synchronize()
@@ -93,7 +93,7 @@ class Server:
                 stream = torch.cuda.Stream()
                 stream.wait_stream(torch.cuda.current_stream())
                 with torch.cuda.stream(stream), torch.inference_mode():
-                    for _ in range(2):
+                    for _capture in range(2):
                         self.model(self.static_in, use_cache=False)
                 torch.cuda.current_stream().wait_stream(stream)
                 self.graph = torch.cuda.CUDAGraph()
@@ -130,7 +130,7 @@ class Server:
                 out["logits_sha256"] = hashlib.sha256(logits.float().cpu().numpy().tobytes()).hexdigest()
                 ids = self.prompt
                 tokens = []
-                for _ in range(8):  # greedy, eager: every kernel runs again
+                for _step in range(8):  # greedy, eager: every kernel runs again
                     nxt = self.model(ids, use_cache=False).logits[:, -1].argmax(-1, keepdim=True)
                     tokens.append(int(nxt.item()))
                     ids = torch.cat([ids, nxt], dim=1)

@@ -13,7 +13,7 @@ import os
 import stat
 import threading
 from pathlib import Path
-from typing import Any, Dict, List, Tuple
+from typing import Any, List, Tuple
 
 import pytest
 

@@ -284,8 +284,8 @@ def test_a_selecting_pod_with_nothing_that_fits_is_refused_with_the_reasons(fake
 
 @pytest.mark.parametrize("value", ["../../other/podsnapshots/snap-a", "snap-a/status", "snap-a?watch=1", "..",
                                    "Snap-A", "snap-a%2F..", "a" * 254])
-def test_a_restore_from_that_is_not_a_name_is_refused_before_any_request(fake_apiserver: FakeApiServer,
-                                                                          value: str) -> None:
+def test_a_restore_from_that_is_not_a_name_is_refused_before_any_request(
+        fake_apiserver: FakeApiServer, value: str) -> None:
     _recorded(fake_apiserver)
     _restore_pod(fake_apiserver, "r-evil", annotations={pc.ANN_RESTORE_FROM: value})
     before = len(fake_apiserver.requests)
