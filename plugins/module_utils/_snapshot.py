@@ -799,8 +799,8 @@ def select(store: Store, snapshot_id: Optional[str], name: Optional[str], labels
         raise SnapshotError(f"{len(newer_unreadable)} snapshot(s) in {store.root} newer than {what} cannot be read or "
                             "trusted, so whether they are newer versions of name={name!r} labels={labels} cannot be "
                             "told; refusing to fall back to an older one silently (remove them with cleanup "
-                            "remove_broken, or set skip_unreadable to pass over them)".format(name=name,
-                                                                                             labels=labels or {}),
+                            "remove_broken, or set skip_unreadable to pass over them)".format(
+                                name=name, labels=labels or {}),
                             reasons=[f"{r['id']}: {r['reason']}" for r in newer_unreadable], outcome="incompatible")
     if passed_over is not None:
         passed_over.extend(rejected + newer_unreadable)
