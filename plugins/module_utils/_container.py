@@ -24,6 +24,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import shutil
 import signal
 import time
 from dataclasses import dataclass, field
@@ -41,6 +42,7 @@ from ansible_collections.warmstart.snapshot.plugins.module_utils import _rootfs 
 from ansible_collections.warmstart.snapshot.plugins.module_utils import _safefs as safefs
 from ansible_collections.warmstart.snapshot.plugins.module_utils import _snapshot as snap
 from ansible_collections.warmstart.snapshot.plugins.module_utils import _store as st
+from ansible_collections.warmstart.snapshot.plugins.module_utils import _storecopy as sc
 from ansible_collections.warmstart.snapshot.plugins.module_utils import _tcp as tcpm
 from ansible_collections.warmstart.snapshot.plugins.module_utils._compat import (
     GpuNode, describe_node, gpu_incompatibilities, incompatibilities)
@@ -473,6 +475,24 @@ def _begin(snap_dir: str, doc: Dict[str, Any], d: Destination, info: ContainerIn
                     control=control, out=out)
 
 
+def _copy_source(r: _Restore, snap_dir: str) -> List[str]:
+    """The source container's files (images, rootfs diff) copied into ``r.work/snapshot``, hashed as they pass;
+    ``r.tdir`` then points there. The problems, as checksum refusals."""
+    prefix = f"{r.d.source['path']}/"
+    items = [(e, os.path.join(r.work, "snapshot", e["path"])) for e in r.doc.get("files", [])
+             if e["path"].startswith(prefix) and e["path"] != f"{prefix}criu/dump.log"]
+    need = sum(int(e["size"]) for e, _dest in items)
+    space = sc.space_problem(r.work, need)
+    if space:
+        return [space]
+    t0 = time.monotonic()
+    problems, _deferred = sc.copy_verified(snap_dir, items)
+    r.timings["verified_copy"] = time.monotonic() - t0
+    os.makedirs(os.path.join(r.work, "snapshot", r.d.source["path"], "criu"), mode=0o700, exist_ok=True)
+    r.tdir = os.path.join(r.work, "snapshot", r.d.source["path"])
+    return [f"checksum: {p}" for p in problems]
+
+
 def _pin(r: _Restore) -> None:
     """Pin the placeholder: its namespaces stay what we checked even if it is replaced meanwhile."""
     for ns in PINNED:
@@ -604,17 +624,28 @@ def _copy_stage(r: _Restore, stage: str) -> None:
 
 
 def restore_one(criu: str, snap_dir: str, doc: Dict[str, Any], d: Destination, options: CriuOptions,
-                restore_root: str, kill_on_failure: bool, gpu_node: Optional[GpuNode] = None) -> Dict[str, Any]:
+                restore_root: str, kill_on_failure: bool, gpu_node: Optional[GpuNode] = None,
+                verified_copy: bool = False) -> Dict[str, Any]:
     """Restore one source container into one checked placeholder; never raises for a restore failure.
 
     Phases: pin the placeholder, prepare it, CRIU (no CRIU plugin loaded for a GPU snapshot), the GPU state
     (every CUDA process restored onto ``d.gpu_pairs``, then all unlocked), finish (restore-complete); any
     failure rolls back (``_roll_back``), and the pins are always closed.
+
+    ``verified_copy`` (a store read in place, verify on): the source's files are first copied into the work dir,
+    hashed as they pass (``_storecopy``), and CRIU and the rootfs diff read only that copy; a mismatch refuses
+    this destination before the placeholder is touched.
     """
     if d.info is None:
         raise snap.SnapshotError(f"placeholder {d.name} was not checked")
     t_start = time.monotonic()
     r = _begin(snap_dir, doc, d, d.info, restore_root)
+    if verified_copy:
+        problems = _copy_source(r, snap_dir)
+        if problems:
+            shutil.rmtree(r.work, ignore_errors=True)
+            return {"container": d.name, "source": d.source["name"], "result": "refused", "reasons": problems,
+                    "error": f"refusing to restore into {d.name}: " + "; ".join(problems)}
     try:
         _pin(r)
         _prepare(r)
@@ -630,6 +661,8 @@ def restore_one(criu: str, snap_dir: str, doc: Dict[str, Any], d: Destination, o
         _roll_back(r, str(exc), None, kill_on_failure)
     finally:
         _unpin(r)
+        if verified_copy:  # our copy of the memory images: CRIU is done with it, whatever happened
+            shutil.rmtree(os.path.join(r.work, "snapshot"), ignore_errors=True)
     r.out["timings"] = {k: round(v, 3) for k, v in r.timings.items()}
     return r.out
 
@@ -649,7 +682,10 @@ def _select(store: Store, snapshot_id: Optional[str], name: Optional[str], label
     except snap.SnapshotError as exc:  # with reasons: snapshots were found, and none fits this node
         raise exc.with_details(outcome="incompatible") if exc.reasons else exc
     problems = [] if skip_compat else incompatibilities(doc["source"], node)
-    if verify:
+    if verify and getattr(store, "reads_in_place", False) and fetch:  # each destination hashes its copy (restore_one)
+        problems += [f"checksum: {p}" for p in st.verify_files(store.local_dir(doc["id"]), doc, phase=False,
+                                                               hashed=False)]
+    elif verify:
         problems += [f"checksum: {p}" for p in st.verify_local(store, doc, fetch=fetch, cached=True)]
     targets = doc.get("targets") or []
     if not targets or any(t.get("kind") != "container" for t in targets):
@@ -685,7 +721,8 @@ class _GpuCheck:
 
 def _restore_exclusive(runtime: Runtime, criu: str, store: Any, doc: Dict[str, Any], d: Destination,
                        opts: CriuOptions, restore_root: str, kill_on_failure: bool,
-                       skip_image_check: bool, gpu: Optional[_GpuCheck] = None) -> Dict[str, Any]:
+                       skip_image_check: bool, gpu: Optional[_GpuCheck] = None,
+                       verified_copy: bool = False) -> Dict[str, Any]:
     """One restore into a placeholder at a time: its lock held from a fresh inertness check to the end."""
     refused = {"container": d.name, "source": d.source["name"], "result": "refused"}
     try:
@@ -698,7 +735,7 @@ def _restore_exclusive(runtime: Runtime, criu: str, store: Any, doc: Dict[str, A
         if problems:
             return dict(refused, error=f"refusing to restore into {d.name}: " + "; ".join(problems), reasons=problems)
         return restore_one(criu, store.local_dir(doc["id"]), doc, d, opts, restore_root, kill_on_failure,
-                           gpu.node if gpu else None)
+                           gpu.node if gpu else None, verified_copy=verified_copy)
     finally:
         os.close(lock)
 
@@ -751,8 +788,9 @@ def restore_into(store: Store, into: Any, snapshot_id: Optional[str] = None, nam
         runtime = get_runtime(runtime_name)
         gpu = _GpuCheck(doc.get("gpu"), gpu_node, skip_compat)
         checked = [gpu.check(*check_destination(runtime, sources[src], dst, skip_image_check)) for src, dst in pairs]
+        copying = bool(getattr(store, "reads_in_place", False) and verify)
         results = [_destination(runtime, criu, store, doc, d, problems, options, restore_root, kill_on_failure,
-                                skip_image_check, check_mode, tcp, gpu) for d, problems in checked]
+                                skip_image_check, check_mode, tcp, gpu, copying) for d, problems in checked]
     except WarmstartError as exc:
         raise exc.with_details(outcome=exc.details.get("outcome", "failed"))
     return {"id": doc["id"], "name": doc["name"], "outcome": _outcome(results), "destinations": results,
@@ -761,7 +799,8 @@ def restore_into(store: Store, into: Any, snapshot_id: Optional[str] = None, nam
 
 def _destination(runtime: Runtime, criu: str, store: Any, doc: Dict[str, Any], d: Destination, problems: List[str],
                  options: Optional[CriuOptions], restore_root: str, kill_on_failure: bool, skip_image_check: bool,
-                 check_mode: bool, tcp: Optional[str] = None, gpu: Optional[_GpuCheck] = None) -> Dict[str, Any]:
+                 check_mode: bool, tcp: Optional[str] = None, gpu: Optional[_GpuCheck] = None,
+                 verified_copy: bool = False) -> Dict[str, Any]:
     """One destination's result: refused (its check failed), would restore (check mode), or its restore; the
     last two say what the restore does with the snapshot's TCP connections (``_tcp``)."""
     recorded = (d.source.get("criu") or {}).get("options", {}).get("tcp")
@@ -775,7 +814,7 @@ def _destination(runtime: Runtime, criu: str, store: Any, doc: Dict[str, Any], d
                 "tcp": plan.result()}
     opts = dataclasses.replace(options or CriuOptions.from_manifest(d.source["criu"]["options"]), tcp=plan.criu_tcp)
     done = _restore_exclusive(runtime, criu, store, doc, d, opts, restore_root, kill_on_failure, skip_image_check,
-                              gpu)
+                              gpu, verified_copy)
     return done if done["result"] == "refused" else dict(done, tcp=plan.result())
 
 

@@ -75,7 +75,7 @@ def _open(path: str) -> int:
     return os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
 
 
-def _reads(fd: int, offset: int, length: int) -> Iterator[bytes]:
+def reads(fd: int, offset: int, length: int) -> Iterator[bytes]:
     """``length`` bytes of ``fd`` from ``offset`` in reads of ``READ``; stops early at end of file."""
     end = offset + length
     while offset < end:
@@ -92,7 +92,7 @@ def hash_file(path: str, rel: str, progress: Optional[Progress] = None,
     hasher = ChunkedHasher(chunk_size)
     fd = _open(path)
     try:
-        for data in _reads(fd, 0, os.fstat(fd).st_size):
+        for data in reads(fd, 0, os.fstat(fd).st_size):
             hasher.update(data)
             if progress:
                 progress(len(data))
@@ -105,7 +105,7 @@ def _chunk_ok(fd: int, offset: int, length: int, want: str, progress: Optional[P
               cancel: Optional[threading.Event] = None) -> bool:
     digest = hashlib.sha256()
     got = 0
-    for data in _reads(fd, offset, length):
+    for data in reads(fd, offset, length):
         if cancel is not None and cancel.is_set():
             return False
         digest.update(data)
@@ -123,6 +123,20 @@ def pieces(entry: Dict[str, Any]) -> List[Tuple[int, int, str]]:
         return [(0, size, str(entry["sha256"]))]
     step = int(chunks["size"])
     return [(n * step, min(step, size - n * step), str(d)) for n, d in enumerate(chunks["sha256"])]
+
+
+def file_matches(path: str, entry: Dict[str, Any]) -> bool:
+    """Whether ``path`` holds the bytes of manifest ``entry``, hashed on this thread alone (no pool, no progress:
+    safe in a forked child whose parent had threads)."""
+    try:
+        fd = _open(path)
+    except OSError:
+        return False
+    try:
+        return os.fstat(fd).st_size == int(entry["size"]) and \
+            all(_chunk_ok(fd, offset, length, want, None) for offset, length, want in pieces(entry))
+    finally:
+        os.close(fd)
 
 
 def check_files(items: List[Tuple[str, Dict[str, Any]]], progress: Optional[Progress] = None,

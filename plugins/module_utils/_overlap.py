@@ -15,8 +15,10 @@ Invariants:
   no problem; on a problem (or any failure before) the caller kills it (``_snapshot._kill_copy``);
 - nothing but the target's ``pages-*.img`` is deferred: every file the restore writes onto the node or
   CRIU parses (images, the workload's files) is verified before anything is touched, as without overlap;
-- it is used only where what CRIU reads is what is hashed and nothing else must run first: a store read
-  in place (the images are the store's files; an object store verifies while it fetches), a snapshot
+- what is hashed is what CRIU reads: the node's own private copy (``_storecopy`` copies the deferred page
+  images out of a store read in place without hashing them; nobody but root can change the copy), or an
+  object store's download, verified as it is fetched;
+- it is used only where nothing else must run first: a snapshot
   without compression (a compressed one is checked as it is decompressed into the node's copy), an eager
   restore (no lazy-pages daemon serving pages to a running tree), no GPU state, ``verify`` on.
 """
@@ -70,6 +72,7 @@ class Overlap:
         self._thread = threading.Thread(target=self._run, name="warmstart-verify", daemon=True)
         self.bytes = sum(int(e["size"]) for _p, e in items)
         self.waited = 0.0
+        self.held: Optional[Any] = None  # the restorer child waiting for the verdict (_restorer.Held)
 
     def _run(self) -> None:
         try:

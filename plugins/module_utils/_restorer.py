@@ -14,6 +14,10 @@ Invariants:
   the calling module is killed meanwhile (Ansible's timeout, SIGKILL, a lost connection), the child
   still finishes the restore and records the tree, so the next restore sees it running instead of
   starting a second, untracked copy.
+- ``restore_held`` does the same for a tree CRIU leaves stopped until the module's verdict (the page images
+  hashed meanwhile, ``_overlap``): the child waits for that verdict, and when the module dies first it gives
+  its own (``orphaned(pid)``: hash again, then resume or kill) - a stopped tree is never left behind, and
+  never resumed unverified.
 
 Stdlib only.
 """
@@ -24,7 +28,7 @@ import hashlib
 import json
 import os
 import signal
-from typing import Any, Callable, Dict, Optional
+from typing import Any, Callable, Dict, Optional, Tuple
 
 from ansible_collections.warmstart.snapshot.plugins.module_utils import _safefs as safefs
 from ansible_collections.warmstart.snapshot.plugins.module_utils._errors import WarmstartError
@@ -64,9 +68,11 @@ def exclusive(key: str, lock_dir: str = LOCK_DIR) -> int:
                    "run one at a time") from None
 
 
-def _child(run: Callable[[], int], record: Callable[[int], None], out: int) -> None:  # pragma: no cover - forked
-    """In the restorer child: restore, record, report; never returns."""
+def _child(run: Callable[[], int], record: Callable[[int], None], out: int,  # pragma: no cover - forked
+           verdict: Optional[int] = None, orphaned: Optional[Callable[[int], None]] = None) -> None:
+    """In the restorer child: restore, record, report (then, held, wait for the verdict); never returns."""
     code = 0
+    pid = 0
     try:
         os.setsid()  # a signal to the module's process group does not stop a restore half-way
         try:
@@ -88,6 +94,10 @@ def _child(run: Callable[[], int], record: Callable[[int], None], out: int) -> N
                 data = data[os.write(out, data):]
             except BrokenPipeError:  # the module is gone: the tree is recorded, nobody to tell
                 break
+        os.close(out)
+        if verdict is not None and orphaned is not None and "pid" in report:
+            if not os.read(verdict, 1):  # end of file, no verdict: the module died with the tree stopped
+                orphaned(pid)
     except BaseException:  # pylint: disable=broad-except
         code = 1
     finally:
@@ -101,11 +111,56 @@ def restore_recorded(run: Callable[[], int], record: Callable[[int], None],
     Returns the pid; a failure of ``run`` is re-raised here as ``rebuild(report)`` (report: error text,
     exception type name, CRIU log tail).
     """
+    child, report = _start(run, record, None)
+    os.waitpid(child, 0)
+    return _pid(report, rebuild)
+
+
+class Held:
+    """A tree CRIU restored stopped, its restorer child waiting for ``settled()`` (or for the module to die)."""
+
+    def __init__(self, pid: int, child: int, verdict: int) -> None:
+        self.pid, self._child, self._verdict = pid, child, verdict
+
+    def settled(self) -> None:
+        """The module resumed or killed the tree itself: the child may go."""
+        if self._verdict >= 0:
+            try:
+                os.write(self._verdict, b"s")
+            except OSError:
+                pass
+            os.close(self._verdict)
+            self._verdict = -1
+            os.waitpid(self._child, 0)
+
+
+def restore_held(run: Callable[[], int], record: Callable[[int], None],
+                 rebuild: Callable[[Dict[str, Any]], BaseException], orphaned: Callable[[int], None]) -> Held:
+    """``restore_recorded`` for a tree restored stopped: the child stays until ``Held.settled``; should the
+    module die first, the child calls ``orphaned(pid)`` (which resumes or kills the tree) and ends."""
+    vr, vw = os.pipe()  # not inheritable (O_CLOEXEC): CRIU and its tree never hold the verdict's write end
+    try:
+        child, report = _start(run, record, (vr, vw, orphaned))
+    finally:
+        os.close(vr)
+    try:
+        return Held(_pid(report, rebuild), child, vw)
+    except BaseException:
+        os.close(vw)  # CRIU failed: the child is ending (it waits for no verdict)
+        os.waitpid(child, 0)
+        raise
+
+
+def _start(run: Callable[[], int], record: Callable[[int], None],
+           held: Optional[Tuple[int, int, Callable[[int], None]]]) -> Tuple[int, Dict[str, Any]]:
+    """Fork the restorer child; (its pid, its report) once it has written the report."""
     rfd, wfd = os.pipe()
     child = os.fork()
     if child == 0:  # pragma: no cover - runs in the forked child
         os.close(rfd)
-        _child(run, record, wfd)
+        if held is not None:
+            os.close(held[1])
+        _child(run, record, wfd, held[0] if held else None, held[2] if held else None)
     os.close(wfd)
     chunks = []
     try:
@@ -116,11 +171,14 @@ def restore_recorded(run: Callable[[], int], record: Callable[[int], None],
             chunks.append(chunk)
     finally:
         os.close(rfd)
-        os.waitpid(child, 0)
     try:
         report = json.loads(b"".join(chunks) or b"{}")
     except ValueError:
         report = {}
+    return child, report
+
+
+def _pid(report: Dict[str, Any], rebuild: Callable[[Dict[str, Any]], BaseException]) -> int:
     if "pid" in report:
         return int(report["pid"])
     if "error" not in report:

@@ -34,6 +34,7 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Protocol, Tupl
 
 from ansible_collections.warmstart.snapshot.plugins.module_utils import _control as ctl
 from ansible_collections.warmstart.snapshot.plugins.module_utils import _cuda as cu
+from ansible_collections.warmstart.snapshot.plugins.module_utils import _digest as dg
 from ansible_collections.warmstart.snapshot.plugins.module_utils import _gpuplace as gpl
 from ansible_collections.warmstart.snapshot.plugins.module_utils import _lazy as lz
 from ansible_collections.warmstart.snapshot.plugins.module_utils import _manifest as mf
@@ -45,6 +46,7 @@ from ansible_collections.warmstart.snapshot.plugins.module_utils import _proc as
 from ansible_collections.warmstart.snapshot.plugins.module_utils import _restorer as rst
 from ansible_collections.warmstart.snapshot.plugins.module_utils import _safefs as safefs
 from ansible_collections.warmstart.snapshot.plugins.module_utils import _store as st
+from ansible_collections.warmstart.snapshot.plugins.module_utils import _storecopy as sc
 from ansible_collections.warmstart.snapshot.plugins.module_utils import _tcp as tcpm
 from ansible_collections.warmstart.snapshot.plugins.module_utils import _workload as wl
 from ansible_collections.warmstart.snapshot.plugins.module_utils import _zstd as zs
@@ -815,7 +817,7 @@ def select(store: Store, snapshot_id: Optional[str], name: Optional[str], labels
 def preflight(store: Store, doc: Dict[str, Any], node: Dict[str, Any], verify: bool,
               skip_compat: bool, fetch: bool = True, gpu_node: Optional[GpuNode] = None,
               cuda: str = "auto", workloads_root: str = wl.DEFAULT_ROOT,
-              deferred: Optional[ov.Items] = None) -> List[str]:
+              deferred: Optional[ov.Items] = None, copying: bool = False) -> List[str]:
     """Everything that stops this restore, before any process is touched (GPU checks with ``gpu_node``).
 
     Node-side locations come from this node (``workloads_root``); the manifest's are only compared with them.
@@ -827,7 +829,7 @@ def preflight(store: Store, doc: Dict[str, Any], node: Dict[str, Any], verify: b
         problems += incompatibilities(doc["source"], node)
     problems += _gpu_reasons(doc, gpu_node, cuda, skip_compat)
     if verify:
-        problems += [f"checksum: {p}" for p in _checksums(store, doc, fetch, deferred)]
+        problems += [f"checksum: {p}" for p in _checksums(store, doc, fetch, deferred, copying)]
     if not skip_compat:
         for t in doc.get("targets") or []:
             problems += proc.file_mismatches(t.get("files_in_use") or {})
@@ -855,9 +857,13 @@ def preflight(store: Store, doc: Dict[str, Any], node: Dict[str, Any], verify: b
     return problems
 
 
-def _checksums(store: Store, doc: Dict[str, Any], fetch: bool, deferred: Optional[ov.Items]) -> List[str]:
+def _checksums(store: Store, doc: Dict[str, Any], fetch: bool, deferred: Optional[ov.Items],
+               copying: bool = False) -> List[str]:
     """The snapshot's checksum problems (``Store.verify``); with ``deferred``, for a store read in place, the page
-    images' hashing is left to the caller (the same check as ``FsStore.verify``, in two parts)."""
+    images' hashing is left to the caller (the same check as ``FsStore.verify``, in two parts). ``copying``: only
+    the layout and sizes here - the restore hashes what it copies (``_storecopy``)."""
+    if copying:
+        return st.verify_files(store.local_dir(doc["id"]), doc, phase=False, hashed=False)
     if deferred is None:
         return st.verify_local(store, doc, fetch=fetch, cached=True)
     return st.verify_files(store.local_dir(doc["id"]), doc, cache=st.VerifiedFiles(doc["id"], record=fetch),
@@ -999,12 +1005,34 @@ def _rebuild_error(report: Dict[str, Any]) -> BaseException:
 
 
 def _run_criu(criu: str, images: str, work: str, opts: CriuOptions, session: Optional[lz.Session],
-              pidfile: Optional[str]) -> int:
-    """CRIU's restore in the restorer child, which writes ``pidfile`` as soon as the tree exists (_restorer)."""
+              pidfile: Optional[str], overlap: Optional[ov.Overlap] = None,
+              orphaned: Optional[Callable[[int], None]] = None) -> int:
+    """CRIU's restore in the restorer child, which writes ``pidfile`` as soon as the tree exists (_restorer).
+
+    With ``overlap`` (the tree restored stopped while its page images are hashed) the child stays until the
+    verdict (``overlap.held``); should the module die first, it calls ``orphaned(pid)`` itself."""
     if session is not None:
         opts = dataclasses.replace(opts, lazy_pages=True)
-    return rst.restore_recorded(lambda: criu_restore(criu, images, work, opts),
-                                rst.tree_recorder(pidfile, proc.write_pidfile), _rebuild_error)
+    record = rst.tree_recorder(pidfile, proc.write_pidfile)
+    if overlap is None or orphaned is None:
+        return rst.restore_recorded(lambda: criu_restore(criu, images, work, opts), record, _rebuild_error)
+    overlap.held = rst.restore_held(lambda: criu_restore(criu, images, work, opts), record, _rebuild_error,
+                                    orphaned)
+    return overlap.held.pid
+
+
+def _orphaned_verdict(overlap: ov.Overlap, pidfile: Optional[str], control: Optional[str],
+                      doc: Dict[str, Any]) -> Callable[[int], None]:
+    """The verdict on a stopped tree whose module died before giving it: the page images hashed again (on one
+    thread: this runs in the forked restorer child), then the tree resumed, or killed and forgotten."""
+    def orphaned(pid: int) -> None:  # pragma: no cover - runs in the forked restorer child
+        bad = [entry["path"] for path, entry in overlap.items if not dg.file_matches(path, entry)]
+        if bad:
+            _kill_copy(pid, pidfile, control, f"restore of snapshot {doc['id']} refused: its page images do not "
+                                              f"match the manifest ({', '.join(bad)})")
+        else:
+            proc.signal_tree(pid, signal.SIGCONT)
+    return orphaned
 
 
 @dataclass
@@ -1152,11 +1180,11 @@ def _prepare(store: Store, doc: Dict[str, Any], node: Dict[str, Any], a: _Restor
     remote = a.remote if lazy_plan["used"] else None
     t0 = time.monotonic()
     use, why = ov.usable(doc, a.verify, store.reads_in_place, lazy_plan["used"])
-    deferred: Optional[ov.Items] = [] if use else None
     a.overlap_note = "used" if use else why
+    copying = store.reads_in_place and a.verify and not remote
     problems = preflight(store, doc, node, a.verify and not remote, a.skip_compat, fetch=not remote,
                          gpu_node=a.gpu_node, cuda=a.cuda, workloads_root=a.workloads_root,
-                         deferred=deferred) + _tcp_plan(doc, node, a)[1]
+                         copying=copying) + _tcp_plan(doc, node, a)[1]
     target = doc["targets"][0] if doc.get("targets") else {}
     work = os.path.join(a.restore_root, f"{doc['id']}-{uuid.uuid4().hex[:8]}")
     snap_dir = os.path.join(work, "snapshot")
@@ -1172,12 +1200,42 @@ def _prepare(store: Store, doc: Dict[str, Any], node: Dict[str, Any], a: _Restor
     timings["preflight"] = time.monotonic() - t0
     if problems:
         raise _refusal(doc, problems)
+    deferred: ov.Items = []
     if not remote:
         snap_dir = store.local_dir(doc["id"])
         os.makedirs(a.restore_root, mode=0o700, exist_ok=True)
         os.makedirs(work, mode=0o700)
-        stage_images(os.path.join(snap_dir, target["path"], "criu"), os.path.join(work, "images"))
-    return work, snap_dir, remote, (ov.Overlap(deferred, st.VerifiedFiles(doc["id"])) if deferred else None)
+        if copying:
+            t0 = time.monotonic()
+            snap_dir, deferred = _copy_verified(store, doc, target, work, ov.deferrable(doc) if use else set())
+            timings["verified_copy"] = time.monotonic() - t0
+        else:
+            stage_images(os.path.join(snap_dir, target["path"], "criu"), os.path.join(work, "images"))
+    return work, snap_dir, remote, (ov.Overlap(deferred) if deferred else None)
+
+
+def _copy_verified(store: Store, doc: Dict[str, Any], target: Dict[str, Any], work: str,
+                   defer: Any) -> Tuple[str, ov.Items]:
+    """A store read in place: the target's images copied into ``work/images`` and its workload files into
+    ``work/snapshot``, hashed as they pass (``_storecopy``); CRIU and the put-back read only these copies.
+    Returns (the snapshot dir to read the workload files from, the page images left to the overlapped verify).
+    A mismatch or a shortage of space refuses the restore, the work dir removed."""
+    images, files = f"{target['path']}/criu/", f"{target['path']}/files/"
+    items = [(e, os.path.join(work, "images", e["path"][len(images):])) for e in doc.get("files", [])
+             if e["path"].startswith(images) and e["path"][len(images):] != "dump.log" and "/" not in e["path"][len(images):]]
+    items += [(e, os.path.join(work, "snapshot", e["path"])) for e in doc.get("files", [])
+              if e["path"].startswith(files)]
+    need = sum(int(e["size"]) for e, _dest in items)
+    problems = [p for p in [sc.space_problem(work, need)] if p]
+    deferred: ov.Items = []
+    if not problems:
+        prog.phase("verified copy", need)
+        problems, deferred = sc.copy_verified(store.local_dir(doc["id"]), items, set(defer))
+    if problems:
+        shutil.rmtree(work, ignore_errors=True)
+        raise _refusal(doc, [f"checksum: {p}" for p in problems])
+    os.makedirs(os.path.join(work, "images"), mode=0o700, exist_ok=True)
+    return os.path.join(work, "snapshot"), deferred
 
 
 def _restore_locked(store: Store, doc: Dict[str, Any], node: Dict[str, Any], criu: str,
@@ -1192,6 +1250,8 @@ def _restore_locked(store: Store, doc: Dict[str, Any], node: Dict[str, Any], cri
     if target.get("workload"):
         within = [store.snapshot_dir(doc["id"])] if remote and store.reads_in_place else []
         _put_back_files(target, snap_dir, a.workloads_root, within)
+    if os.path.dirname(snap_dir) == work:  # our copy of the workload's files (verified): put back, not needed now
+        shutil.rmtree(snap_dir, ignore_errors=True)
     if control and os.path.isdir(control):  # the source's checkpoint sentinels are not the copy's
         ctl.clear(control, ctl.RESTORE_COMPLETE, ctl.RESTORE_FAILED, *ctl.CHECKPOINT_SENTINELS)
     tcp = _tcp_plan(doc, node, a)[0]
@@ -1244,7 +1304,8 @@ def _criu_phase(criu: str, work: str, opts: CriuOptions, lazy_plan: Dict[str, An
         else:
             overlap.start()
         with criu_plugins_off(bool(doc.get("gpu"))), lz.guard(session):
-            pid = _run_criu(criu, images, work, opts, session, pidfile)
+            pid = _run_criu(criu, images, work, opts, session, pidfile, overlap,
+                            _orphaned_verdict(overlap, pidfile, control, doc) if overlap is not None else None)
     except (CriuError, lz.LazyError) as exc:
         if overlap is not None:
             overlap.cancel()
@@ -1261,11 +1322,16 @@ def _settle(overlap: ov.Overlap, pid: int, pidfile: Optional[str], control: Opti
     manifest, and is killed otherwise - restored code never runs on unverified bytes."""
     problems = overlap.finish()
     timings["verify_wait"] = overlap.waited
-    if problems:
-        err = _kill_copy(pid, pidfile, control, f"restore of snapshot {doc['id']} refused: its page images do not "
-                                                f"match the manifest (verified while CRIU restored the tree stopped)")
-        raise SnapshotError(str(err), reasons=problems, outcome="failed")
-    proc.signal_tree(pid, signal.SIGCONT)
+    try:
+        if problems:
+            err = _kill_copy(pid, pidfile, control, f"restore of snapshot {doc['id']} refused: its page images do "
+                                                    "not match the manifest (verified while CRIU restored the tree "
+                                                    "stopped)")
+            raise SnapshotError(str(err), reasons=problems, outcome="failed")
+        proc.signal_tree(pid, signal.SIGCONT)
+    finally:
+        if overlap.held is not None:
+            overlap.held.settled()  # the restorer child has nothing left to decide
 
 
 def _restore_failed(exc: BaseException, session: Optional[lz.Session], remote: Any, page_server: Optional[str],

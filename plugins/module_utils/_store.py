@@ -33,6 +33,7 @@ from ansible_collections.warmstart.snapshot.plugins.module_utils import _safefs 
 from ansible_collections.warmstart.snapshot.plugins.module_utils import _digest as dg
 from ansible_collections.warmstart.snapshot.plugins.module_utils import _manifest as mf
 from ansible_collections.warmstart.snapshot.plugins.module_utils import _progress as prog
+from ansible_collections.warmstart.snapshot.plugins.module_utils import _storecopy as sc
 from ansible_collections.warmstart.snapshot.plugins.module_utils._errors import WarmstartError
 from ansible_collections.warmstart.snapshot.plugins.module_utils._storeapi import Store
 
@@ -358,14 +359,19 @@ class FsStore:
         return verify_files(self.local_dir(doc["id"]), doc, cache=cache)
 
     def fetch_file(self, snapshot_id: str, entry: Dict[str, Any], path: str, verify: bool = True) -> None:
-        """One file of the snapshot at ``path`` (a symlink into the store), checked against its manifest entry."""
+        """One file of the snapshot at ``path``: with ``verify`` a copy of ours hashed as it is written (a store
+        writer cannot change it after the check, ``_storecopy``); without, a symlink into the store."""
         src = os.path.join(self.snapshot_dir(snapshot_id), entry["path"])
-        problems = verify_files(self.snapshot_dir(snapshot_id), {"files": [entry]}, phase=False,
-                                cache=VerifiedFiles(snapshot_id), whole=False) if verify else []
-        if not verify and not stat.S_ISREG(os.lstat(src).st_mode if os.path.lexists(src) else 0):
-            problems = [f"{entry['path']}: missing"]
-        if problems:
-            raise StoreError(problems[0])
+        if verify:
+            problems = real_dirs(self.snapshot_dir(snapshot_id), os.path.dirname(entry["path"]))
+            if problems:
+                raise StoreError(f"{entry['path']}: {problems}")
+            found, _deferred = sc.copy_verified(self.snapshot_dir(snapshot_id), [(entry, path)])
+            if found:
+                raise StoreError(found[0])
+            return
+        if not stat.S_ISREG(os.lstat(src).st_mode if os.path.lexists(src) else 0):
+            raise StoreError(f"{entry['path']}: missing")
         os.symlink(src, path)
 
     def read_range(self, snapshot_id: str, rel: str, offset: int, length: int) -> bytes:
@@ -576,7 +582,7 @@ def unaccounted(top: str, doc: Dict[str, Any]) -> List[str]:
     return [f"{rel}: {why}" for rel, why in stray_entries(top, doc)]
 
 
-def verify_files(top: str, doc: Dict[str, Any], phase: bool = True,
+def verify_files(top: str, doc: Dict[str, Any], phase: bool = True, hashed: bool = True,
                  cache: Optional[VerifiedFiles] = None, whole: bool = True,
                  defer: Collection[str] = (), deferred: Optional[List[Tuple[str, Dict[str, Any]]]] = None) -> List[str]:
     """Every problem with the files of a snapshot, as readable sentences (empty = intact).
@@ -585,7 +591,8 @@ def verify_files(top: str, doc: Dict[str, Any], phase: bool = True,
     single file). With ``cache``, a file it knows unchanged since this node hashed it is not hashed again.
     Files are hashed in parallel, by chunk (``_digest.check_files``). Paths in ``defer`` are checked for
     presence, type and size only: their (path, entry) go to ``deferred``, for the caller to hash
-    (``hash_problems``) while it does something else.
+    (``hash_problems``) while it does something else. Without ``hashed`` nothing is hashed: the caller copies
+    and hashes what it reads (``_storecopy``).
     """
     problems = unaccounted(top, doc) if whole else []
     todo: List[Tuple[str, Dict[str, Any]]] = []
@@ -596,6 +603,8 @@ def verify_files(top: str, doc: Dict[str, Any], phase: bool = True,
             problems.append(f"{entry['path']}: {why}")
         if not hashable:
             continue
+        if not hashed:
+            continue  # presence, kind and size only: the caller hashes what it copies (_storecopy)
         if cache is not None and cache.known(full, entry["sha256"]):
             prog.add(int(entry["size"]))
         elif entry["path"] in defer and deferred is not None:

@@ -260,7 +260,7 @@ def test_killed_checkpoint_resumes_source_and_publishes_nothing(lab: Lab) -> Non
 # --- restore faults: refused before anything is touched -----------------------------------
 
 RESTORE_CASES = ["corrupted image", "truncated image", "missing manifest", "missing manifest (by name)",
-                 "newer manifest schema", "name with slash", "name with dotdot", "id with slash",
+                 "missing manifest (by name, skip unreadable)", "newer manifest schema", "name with slash", "name with dotdot", "id with slash",
                  "incompatible node", "incompatible node (by name)"]
 
 
@@ -291,7 +291,8 @@ def restore_faults(module_lab: Lab, golden: Dict[str, Any]) -> Dict[str, Any]:
     sid = golden["id"]
     pages = "containers/gold/criu/pages-1.img"
     stores, roots, sizes = {}, {}, {}
-    by = {"missing manifest (by name)": {"name": "gold"}, "name with slash": {"name": "../gold"},
+    by = {"missing manifest (by name)": {"name": "gold"},
+          "missing manifest (by name, skip unreadable)": {"name": "gold", "skip_unreadable": True}, "name with slash": {"name": "../gold"},
           "name with dotdot": {"name": "gold..x"}, "id with slash": {"snapshot": "../../etc"},
           "incompatible node (by name)": {"name": "gold"}}
     tasks = []
@@ -349,6 +350,10 @@ def test_bad_snapshot_or_node_is_refused_before_anything_is_touched(restore_faul
     elif case == "missing manifest":
         assert msg == f"{manifest}: manifest is missing (snapshot not published or incomplete)"
     elif case == "missing manifest (by name)":
+        # a published dir without its manifest may have been a newer 'gold': no silent fall back (or none at all)
+        assert msg.startswith(f"1 snapshot(s) in {store} newer than every match cannot be read or trusted"), msg
+        assert "skip_unreadable" in msg and f"{sid}: unreadable: {manifest}: manifest is missing" in msg, msg
+    elif case == "missing manifest (by name, skip unreadable)":
         assert msg == f"no published snapshot in {store} matches name='gold' labels={{}}"
     elif case == "newer manifest schema":
         assert msg == (f"{manifest}: manifest schema 99 is newer than this warmstart understands (1); "

@@ -70,7 +70,8 @@ def test_a_process_restore_hands_criu_the_decided_mode(store: st.FsStore, node: 
     node["hostname"] = here
     seen: List[CriuOptions] = []
 
-    def criu(criu_path: str, images: str, work: str, opts: CriuOptions, session: Any, pidfile: Any) -> int:
+    def criu(criu_path: str, images: str, work: str, opts: CriuOptions, session: Any, pidfile: Any,
+             *_held: Any) -> int:
         seen.append(opts)
         raise CriuError("CRIU restore failed: stubbed")
 

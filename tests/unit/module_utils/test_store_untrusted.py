@@ -340,6 +340,64 @@ def test_a_killed_caller_still_gets_its_tree_recorded(tmp_path: Path) -> None:
     assert record.read_text() == "31337"
 
 
+HELD_CALLER = r'''
+import os, sys, time
+sys.path.insert(0, sys.argv[1])
+from ansible_collections.warmstart.snapshot.plugins.module_utils import _restorer as rst
+out, tree = sys.argv[2], int(sys.argv[3])
+def orphaned(pid):
+    with open(out + ".verdict", "w") as handle:
+        handle.write(f"orphaned {pid} by {os.getpid()}")
+held = rst.restore_held(lambda: tree, lambda pid: open(out, "w").write(str(pid)), RuntimeError, orphaned)
+print(held.pid, flush=True)
+if sys.argv[4] == "settle":
+    held.settled()
+    print("settled", flush=True)
+else:
+    time.sleep(60)   # SIGKILLed meanwhile, before any verdict
+'''
+
+
+def _held_caller(tmp_path: Path, how: str) -> "Tuple[subprocess.Popen[str], Path]":
+    record = tmp_path / "pidfile"
+    collections = str(Path(__file__).resolve().parents[3] / ".collections")
+    caller = subprocess.Popen([sys.executable, "-c", HELD_CALLER, collections, str(record), "4343", how],
+                              stdout=subprocess.PIPE, text=True)
+    return caller, record
+
+
+def test_a_held_tree_settled_by_the_module_gets_no_second_verdict(tmp_path: Path) -> None:
+    caller, record = _held_caller(tmp_path, "settle")
+    out, _err = caller.communicate(timeout=20)
+    assert caller.returncode == 0 and out.split() == ["4343", "settled"]
+    assert record.read_text() == "4343"
+    assert not (tmp_path / "pidfile.verdict").exists()  # the child went without deciding anything
+
+
+def test_a_module_killed_before_its_verdict_leaves_the_verdict_to_the_restorer_child(tmp_path: Path) -> None:
+    caller, record = _held_caller(tmp_path, "die")
+    assert caller.stdout is not None and caller.stdout.readline().strip() == "4343"
+    assert record.read_text() == "4343"
+    assert not (tmp_path / "pidfile.verdict").exists()  # still waiting for the module
+    caller.send_signal(signal.SIGKILL)
+    caller.wait()
+    end = time.monotonic() + 10
+    verdict = tmp_path / "pidfile.verdict"
+    while not verdict.exists() and time.monotonic() < end:
+        time.sleep(0.05)
+    text = verdict.read_text()
+    assert text.startswith("orphaned 4343 by ") and int(text.split()[-1]) != caller.pid
+
+
+def test_a_held_restore_that_fails_reports_and_decides_nothing(tmp_path: Path) -> None:
+    def fails() -> int:
+        raise ValueError("criu said no")
+    called: List[int] = []
+    with pytest.raises(RuntimeError, match="criu said no"):
+        rst.restore_held(fails, lambda pid: None, lambda report: RuntimeError(report["error"]), called.append)
+    assert called == []  # no tree: nothing to decide
+
+
 def test_an_empty_criu_log_is_a_warning_naming_the_free_space(tmp_path: Path) -> None:
     from ansible_collections.warmstart.snapshot.plugins.module_utils import _snapshot as snap
     (tmp_path / "restore.log").write_text("")
