@@ -13,6 +13,8 @@ Invariants:
 
 - restored code never runs on unverified bytes: the tree stays SIGSTOPped until ``Overlap.finish`` returned
   no problem; on a problem (or any failure before) the caller kills it (``_snapshot._kill_copy``);
+- CRIU failing meanwhile does not end the hashing: bytes a store writer changed are the failure's cause,
+  and the error names the mismatch rather than CRIU's stumble on them (``_snapshot._mismatch_first``);
 - nothing but the target's ``pages-*.img`` is deferred: every file the restore writes onto the node or
   CRIU parses (images, the workload's files) is verified before anything is touched, as without overlap;
 - what is hashed is what CRIU reads: the node's own private copy (``_storecopy`` copies the deferred page
@@ -66,7 +68,6 @@ class Overlap:
     def __init__(self, items: Items, cache: Optional[st.VerifiedFiles] = None) -> None:
         self.items = items
         self.cache = cache
-        self._cancel = threading.Event()
         self._problems: List[str] = []
         self._error: Optional[BaseException] = None
         self._thread = threading.Thread(target=self._run, name="warmstart-verify", daemon=True)
@@ -76,7 +77,7 @@ class Overlap:
 
     def _run(self) -> None:
         try:
-            self._problems = st.hash_problems(self.items, self.cache, cancel=self._cancel)
+            self._problems = st.hash_problems(self.items, self.cache)
         except BaseException as exc:  # reported by finish(): the tree is then killed, never resumed
             self._error = exc
 
@@ -95,9 +96,3 @@ class Overlap:
         if self._error is not None:
             return [f"verify of the page images failed: {self._error}"]
         return [f"checksum: {p}" for p in self._problems]
-
-    def cancel(self) -> None:
-        """CRIU failed: stop hashing (nothing will run on these bytes)."""
-        self._cancel.set()
-        if self._thread.ident is not None:
-            self._thread.join()

@@ -1307,9 +1307,10 @@ def _criu_phase(criu: str, work: str, opts: CriuOptions, lazy_plan: Dict[str, An
             pid = _run_criu(criu, images, work, opts, session, pidfile, overlap,
                             _orphaned_verdict(overlap, pidfile, control, doc) if overlap is not None else None)
     except (CriuError, lz.LazyError) as exc:
+        failed = _restore_failed(exc, session, remote, a.page_server, control, doc)
         if overlap is not None:
-            overlap.cancel()
-        raise _restore_failed(exc, session, remote, a.page_server, control, doc) from None
+            raise _mismatch_first(overlap, failed, doc) from None
+        raise failed from None
     if session is not None:
         session.attach(pid)
         lazy_plan.update(daemon_pid=session.daemon_pid, resumed_after=round(time.monotonic() - a.t_start, 3))
@@ -1332,6 +1333,17 @@ def _settle(overlap: ov.Overlap, pid: int, pidfile: Optional[str], control: Opti
     finally:
         if overlap.held is not None:
             overlap.held.settled()  # the restorer child has nothing left to decide
+
+
+def _mismatch_first(overlap: ov.Overlap, failed: BaseException, doc: Dict[str, Any]) -> BaseException:
+    """CRIU failed while the page images were hashed: when they do not match the manifest, that is the cause
+    (CRIU stumbled on bytes a store writer changed) and the error says so; otherwise CRIU's own error."""
+    problems = overlap.finish()
+    if not problems:
+        return failed
+    return SnapshotError(f"restore of snapshot {doc['id']} refused: its page images do not match the manifest "
+                         f"(verified while CRIU restored the tree stopped; CRIU failed on them: {failed})",
+                         reasons=problems, outcome="failed", log_tail=getattr(failed, "log_tail", None))
 
 
 def _restore_failed(exc: BaseException, session: Optional[lz.Session], remote: Any, page_server: Optional[str],

@@ -547,3 +547,26 @@ def test_with_no_usable_match_a_broken_one_is_named(store: st.FsStore) -> None:
     with pytest.raises(snap.SnapshotError) as err:
         _select(store)
     assert "newer than every match" in str(err.value) and err.value.reasons[0].startswith(broken["id"])
+
+
+def test_criu_failing_on_changed_page_images_is_reported_as_the_mismatch(tmp_path: Path) -> None:
+    """A writer changed the page images under an overlapped verify and CRIU stumbled on them: the error names
+    the mismatch (the cause), not only CRIU's complaint; with intact images CRIU's own error stands."""
+    import hashlib
+    from ansible_collections.warmstart.snapshot.plugins.module_utils import _overlap as ov
+    from ansible_collections.warmstart.snapshot.plugins.module_utils import _snapshot as snap
+    from ansible_collections.warmstart.snapshot.plugins.module_utils._criu import CriuError
+    data = os.urandom(1 << 16)
+    entry = {"path": "containers/x/criu/pages-1.img", "size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+    image = tmp_path / "pages-1.img"
+    failed = CriuError("CRIU restore failed: vdso: Invalid ELF magic", log_tail="tail")
+    image.write_bytes(data)
+    intact = ov.Overlap([(str(image), entry)]).start()
+    assert snap._mismatch_first(intact, failed, {"id": "s1"}) is failed  # pylint: disable=protected-access
+    image.write_bytes(data[::-1])
+    changed = ov.Overlap([(str(image), entry)]).start()
+    err = snap._mismatch_first(changed, failed, {"id": "s1"})  # pylint: disable=protected-access
+    assert isinstance(err, snap.SnapshotError)
+    assert "s1 refused: its page images do not match the manifest" in str(err) and "Invalid ELF magic" in str(err)
+    assert err.reasons == [f"checksum: {entry['path']}: SHA256 mismatch (corrupted)"]
+    assert err.log_tail == "tail"
