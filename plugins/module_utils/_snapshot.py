@@ -1181,7 +1181,9 @@ def _prepare(store: Store, doc: Dict[str, Any], node: Dict[str, Any], a: _Restor
     t0 = time.monotonic()
     use, why = ov.usable(doc, a.verify, store.reads_in_place, lazy_plan["used"])
     a.overlap_note = "used" if use else why
-    copying = store.reads_in_place and a.verify and not remote
+    # a store read in place hands CRIU its own files unless we copy them; a compressed snapshot's local_dir is
+    # already this node's plaintext copy, checked as it was decompressed (_zstore)
+    copying = store.reads_in_place and a.verify and not remote and doc.get("compression") is None
     problems = preflight(store, doc, node, a.verify and not remote, a.skip_compat, fetch=not remote,
                          gpu_node=a.gpu_node, cuda=a.cuda, workloads_root=a.workloads_root,
                          copying=copying) + _tcp_plan(doc, node, a)[1]

@@ -94,7 +94,7 @@ def test_lazy_wait_reports_memory_complete_and_checkpoint_after_it(lab: Lab) -> 
 
 
 def test_checkpoint_refused_while_memory_is_loading(lab: Lab) -> None:
-    snap = checkpointed(lab, "lazy3", 256, "--pattern")
+    snap = checkpointed(lab, "lazy3", 512, "--pattern")
     out = drive(lab, snap["id"], "--stop-daemon")
     assert out["lazy"]["used"] is True, out
     try:
@@ -108,7 +108,7 @@ def test_checkpoint_refused_while_memory_is_loading(lab: Lab) -> None:
 
 
 def test_daemon_killed_mid_stream_kills_the_restored_tree(lab: Lab) -> None:
-    snap = checkpointed(lab, "lazy4", 256, "--pattern")
+    snap = checkpointed(lab, "lazy4", 512, "--pattern")
     out = drive(lab, snap["id"], "--stop-daemon")
     pid, daemon = out["pid"], out["lazy"]["daemon_pid"]
     assert state(out["work_dir"]).get("held_uffds", 0) >= 1, "the supervisor holds no userfault descriptor"
@@ -123,7 +123,7 @@ def test_daemon_killed_mid_stream_kills_the_restored_tree(lab: Lab) -> None:
 
 
 def test_lazy_timeout_bounds_a_stalled_daemon(lab: Lab) -> None:
-    snap = checkpointed(lab, "lazy5", 256, "--pattern")
+    snap = checkpointed(lab, "lazy5", 512, "--pattern")
     t0 = time.monotonic()
     out = drive(lab, snap["id"], "--stop-daemon", "--lazy-timeout", "4")
     final = wait_state(out["work_dir"], "failed", 30)
@@ -136,7 +136,7 @@ def test_lazy_timeout_bounds_a_stalled_daemon(lab: Lab) -> None:
 
 def test_images_deleted_during_lazy_restore(lab: Lab) -> None:
     """The daemon holds the page images open: deleting the snapshot under it loses nothing."""
-    snap = checkpointed(lab, "lazy6", 256, "--pattern")  # big enough that the daemon cannot finish before it is stopped
+    snap = checkpointed(lab, "lazy6", 512, "--pattern")  # big: the daemon must not finish, even from hot cache
     out = drive(lab, snap["id"], "--stop-daemon")
     assert state(out["work_dir"]).get("state") != "complete", "memory was complete before the daemon was stopped"
     shutil.rmtree(lab.store / "snapshots" / snap["id"])
