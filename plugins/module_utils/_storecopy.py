@@ -66,11 +66,32 @@ def _open_source(path: str, size: int) -> Tuple[Optional[int], Optional[str]]:
     return fd, None
 
 
+def _in_kernel(src: int, dst: int, offset: int, length: int) -> int:
+    """Bytes copied at ``offset`` by ``copy_file_range`` (no pass through user space; a reflink where the file
+    system shares extents, which a later write to the store's file does not change: it gets blocks of its own).
+    Stops early (short count) where the kernel cannot, for the caller to finish by reading."""
+    done = 0
+    while done < length:
+        try:
+            n = os.copy_file_range(src, dst, length - done, offset + done, offset + done)
+        except OSError:
+            break  # EXDEV, EINVAL, ENOSYS, EOPNOTSUPP...: read and write instead
+        if n <= 0:
+            break
+        done += n
+        prog.add(n)
+    return done
+
+
 def _piece(src: int, dst: int, offset: int, length: int, want: Optional[str]) -> bool:
-    """Copy ``length`` bytes at ``offset``; with ``want``, True only when they hash to it."""
+    """Copy ``length`` bytes at ``offset``; with ``want``, True only when they hash to it (without, the bytes are
+    hashed later, on our copy: they go through the kernel alone where it can)."""
+    if want is None:
+        kernel = _in_kernel(src, dst, offset, length)
+        offset, length = offset + kernel, length - kernel
     digest = hashlib.sha256() if want else None
     done = 0
-    for data in dg.reads(src, offset, length):
+    for data in dg.reads(src, offset, length) if length else ():
         if digest is not None:
             digest.update(data)
         view = memoryview(data)
