@@ -1,6 +1,7 @@
 """Shared pytest set-up: make the collection importable by its FQCN."""
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -24,3 +25,14 @@ if str(COLLECTIONS) not in sys.path:
 def pytest_configure(config) -> None:  # noqa: ANN001 - pytest hook signature
     config.addinivalue_line("markers", "integration: runs real CRIU / Ansible / podman on this machine")
     config.addinivalue_line("markers", "gpu: needs an NVIDIA GPU and driver (run on the device machine)")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def node_keys_of_our_own(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tests' node keys directory: an empty one of their own (``WARMSTART_KEYS_DIR``, which ansible-playbook,
+    its modules and every helper process inherit), never this machine's ``/etc/warmstart/keys``: ``make demo``
+    and ``prepare_nodes`` sign by default and install a trust set there, which would turn every hand-made test
+    snapshot into a refused unsigned one. A test that wants keys sets its own directory (monkeypatch)."""
+    keys = tmp_path_factory.mktemp("node-keys")
+    os.environ["WARMSTART_KEYS_DIR"] = str(keys)
+    return keys

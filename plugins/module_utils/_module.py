@@ -29,6 +29,7 @@ from ansible_collections.warmstart.snapshot.plugins.module_utils import _accel a
 from ansible_collections.warmstart.snapshot.plugins.module_utils import _cleanup as cln
 from ansible_collections.warmstart.snapshot.plugins.module_utils import _container as ctr
 from ansible_collections.warmstart.snapshot.plugins.module_utils import _cuda as cu
+from ansible_collections.warmstart.snapshot.plugins.module_utils import _fleetkey as fk
 from ansible_collections.warmstart.snapshot.plugins.module_utils import _info as inf
 from ansible_collections.warmstart.snapshot.plugins.module_utils import _lazy as lz
 from ansible_collections.warmstart.snapshot.plugins.module_utils import _metrics as mt
@@ -393,3 +394,9 @@ def _command(command: Any) -> List[str]:
     if isinstance(command, str):
         command = shlex.split(command)
     return [str(c) for c in command or []]
+
+
+def fleet_key(p: Params, check_mode: bool) -> Result:
+    """The fleet_key module: the fleet's signing key at ``path``, made once; its public half returned."""
+    key = fk.ensure(p["path"], check_mode)
+    return dict(changed=key.created, path=key.path, key_id=key.key_id, public_key=key.public_pem)

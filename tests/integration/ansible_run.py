@@ -36,6 +36,13 @@ class Run:
         return "\n".join(out)
 
 
+def prep_vars() -> dict:
+    """The tests' prepare_nodes variables on this machine: signing by default opted out (the tests make unsigned
+    snapshots by hand; test_cross_node runs the default on its nodes) and the keys dir the tests' own
+    (``WARMSTART_KEYS_DIR``, set by tests/conftest.py), never this machine's /etc/warmstart/keys."""
+    return {"node_prep_sign_snapshots": False, "node_prep_keys_dir": os.environ["WARMSTART_KEYS_DIR"]}
+
+
 def ansible_env() -> dict[str, str]:
     env = dict(os.environ)
     env.update(

@@ -18,16 +18,18 @@ from typing import Any, Dict, Iterator
 
 import pytest
 
-from .ansible_run import playbook
+from .ansible_run import playbook, prep_vars
 from .process_lab import Lab, free_port, needs_root_and_criu
 from .s3_lab import SECRET, serve
 
 
 @pytest.fixture(scope="session", autouse=True)
-def prepared_node() -> dict:
+def prepared_node(node_keys_of_our_own: Path) -> dict:
+    """prepare_nodes on this machine with the tests' variables (``ansible_run.prep_vars``)."""
     if os.geteuid() != 0:
         pytest.fail("integration tests need root (CRIU, tmpfs mounts, privileged podman): run `make test` as root")
-    run = playbook("warmstart.snapshot.prepare_nodes")
+    assert os.environ["WARMSTART_KEYS_DIR"] == str(node_keys_of_our_own)
+    run = playbook("warmstart.snapshot.prepare_nodes", extra=prep_vars())
     assert run.rc == 0, run.messages() or run.stderr[-3000:]
     return run.stats()
 

@@ -26,7 +26,7 @@ from ansible_collections.warmstart.snapshot.plugins.module_utils import _podcont
 
 from tests.support.fake_apiserver import FakeApiServer
 
-from .ansible_run import REPO, VENV_BIN, playbook
+from .ansible_run import REPO, VENV_BIN, playbook, prep_vars
 from .process_lab import free_port
 from .k8s_lab import NS, POD_LABELS, Kubelet, PodmanNode, source_pod, template
 
@@ -95,7 +95,7 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Dict[str, Any]]:
     # the agent's modules need pycriu and the kubernetes client in one interpreter: prepare this one (the venv's),
     # as an agent image is prepared
     prep = playbook("warmstart.snapshot.prepare_nodes", "-e",
-                    json.dumps({"ansible_python_interpreter": str(VENV_BIN / "python")}))
+                    json.dumps({**prep_vars(), "ansible_python_interpreter": str(VENV_BIN / "python")}))
     assert prep.rc == 0, prep.stdout[-4000:] + prep.stderr[-2000:]
     lab = PodmanNode(tmp)
     api = FakeApiServer(token="agent-token").start()

@@ -8,16 +8,23 @@ workload is a process with memory state, a listening TCP socket
 continue on node B from where it was. A snapshot taken on this machine,
 whose software differs from the nodes', must be refused on node B before
 anything is touched, naming the files that differ.
+
+The nodes are prepared as a fleet is by default: prepare_nodes makes the fleet signing key on the controller
+(here a path of the test's own) and gives every node the key and the trust set, so the snapshot node A takes
+is signed and node B checks it; an unsigned snapshot in the store is refused on node B.
 """
 from __future__ import annotations
 
 import base64
+import json
 import subprocess
 import time
 import uuid
 from pathlib import Path
 
 import pytest
+
+from ansible_collections.warmstart.snapshot.plugins.module_utils import _signing as sg
 
 from .ansible_run import REPO
 from .podman_lab import node_image, play as _play, podman_env
@@ -55,6 +62,7 @@ def nodes(tmp_path_factory: pytest.TempPathFactory):
     image = node_image()
     store = tmp_path_factory.mktemp("xnode") / "store"
     store.mkdir(mode=0o700)
+    fleet_key = store.parent / "controller" / "fleet-signing.key"  # made by prepare_nodes (node_prep_sign_snapshots)
     tag = uuid.uuid4().hex[:8]
     names = [f"ws-xnode-a-{tag}", f"ws-xnode-b-{tag}"]
     try:
@@ -64,10 +72,11 @@ def nodes(tmp_path_factory: pytest.TempPathFactory):
                            capture_output=True)
         prep = subprocess.run([str(REPO / ".venv/bin/ansible-playbook"), "warmstart.snapshot.prepare_nodes",
                                "-i", ",".join(names) + ",", "-c", "containers.podman.podman",
-                               "-e", "prepare_nodes_become=false"],
+                               "-e", "prepare_nodes_become=false",
+                               "-e", f"node_prep_fleet_key_path={fleet_key}"],  # signed by default, key of our own
                               cwd=REPO, env=env, capture_output=True, text=True, timeout=1200, check=False)
         assert prep.returncode == 0, prep.stdout[-3000:]
-        yield {"a": names[0], "b": names[1], "store": store, "env": env}
+        yield {"a": names[0], "b": names[1], "store": store, "env": env, "fleet_key": fleet_key}
     finally:
         subprocess.run(["podman", "rm", "-f", "-t", "0", *names], env=env, capture_output=True, check=False)
 
@@ -99,7 +108,9 @@ def test_restore_on_another_node(nodes: dict, tmp_path: Path) -> None:
         {"name": "gone", "ansible.builtin.command": {"argv": ["cat", f"/var/lib/warmstart/workloads/{wl_name}/pid"]},
          "register": "pidfile", "failed_when": "pidfile.rc == 0"},
     ], "checkpoint")["checkpoint"]["snapshot"]
-    assert (nodes["store"] / "snapshots" / snap["id"] / "manifest.json").is_file()
+    manifest = json.loads((nodes["store"] / "snapshots" / snap["id"] / "manifest.json").read_text())
+    # signed by default: prepare_nodes made the fleet key on the controller and gave it to the nodes
+    assert manifest["signature"]["key_id"] == sg.load_signing_key(str(nodes["fleet_key"])).key_id
 
     restored = _on(nodes, "b", tmp_path, [
         {"name": "restore", "warmstart.snapshot.restore": {"labels": {"test": "cross-node"}, "store": "/store"}},
@@ -131,16 +142,32 @@ def test_other_software_is_refused_before_restore(nodes: dict, tmp_path: Path) -
             "name": wl_name, "root": roots["workloads_root"], "wait_ready": True,
             "command": ["/usr/bin/python3", "-c", PROGRAM.replace(str(PORT), str(PORT + 1))]}},
         {"name": "checkpoint", "warmstart.snapshot.checkpoint": {
-            "workload": wl_name, **roots, "store": str(nodes["store"]), "name": "from-host"}},
+            "workload": wl_name, **roots, "store": str(nodes["store"]), "name": "from-host",
+            "store_options": {"signing_key": str(nodes["fleet_key"])}}},  # signed as the fleet signs
+        {"name": "unsigned", "warmstart.snapshot.checkpoint": {
+            "workload": wl_name, **roots, "store": str(nodes["store"]), "name": "unsigned-from-host"}},
         {"name": "stop", "warmstart.snapshot.workload": {"name": wl_name, "root": roots["workloads_root"],
                                                          "state": "stopped"}},
     ], "host")
     assert local["checkpoint"]["snapshot"]["source_running"]
     refused = _on(nodes, "b", tmp_path, [
-        {"name": "restore", "warmstart.snapshot.restore": {"name": "from-host", "store": "/store"},
+        {"name": "restore", "warmstart.snapshot.restore": {"snapshot": local["checkpoint"]["snapshot"]["id"],
+                                                           "store": "/store"},
          "register": "r", "ignore_errors": True},
     ], "refused", ok=True)["restore"]
     assert refused["failed"]
     assert "refusing to restore" in refused["msg"]
     assert any(r.startswith("file /usr/") and "at checkpoint" in r for r in refused["reasons"]), refused["reasons"]
     assert "criu_log_tail" not in refused  # CRIU never ran
+    answers = _on(nodes, "b", tmp_path, [
+        {"name": "restore", "warmstart.snapshot.restore": {"snapshot": local["unsigned"]["snapshot"]["id"],
+                                                           "store": "/store"},
+         "register": "r", "ignore_errors": True},
+        # by name: a newer snapshot this node cannot trust may be a newer version of anything, so the selection
+        # refuses rather than fall back to the older signed one silently
+        {"name": "by name", "warmstart.snapshot.restore": {"name": "from-host", "store": "/store"},
+         "register": "n", "ignore_errors": True},
+    ], "unsigned", ok=True)
+    by_name, unsigned = answers["by name"], answers["restore"]
+    assert by_name["failed"] and "cannot be read or trusted" in by_name["msg"], by_name.get("msg")
+    assert unsigned["failed"] and "it is not signed" in unsigned["msg"], unsigned.get("msg")

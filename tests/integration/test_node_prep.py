@@ -20,7 +20,7 @@ import pytest
 from ansible_collections.warmstart.snapshot.plugins.module_utils import _signing as sg
 from tests.support.signing_keys import new_key
 
-from .ansible_run import Run, playbook
+from .ansible_run import Run, playbook, prep_vars
 
 PLAYBOOK = "warmstart.snapshot.prepare_nodes"
 SYSTEM_PYTHON = "/usr/bin/python3"
@@ -74,13 +74,13 @@ def test_files_and_modes(prepared: dict) -> None:
 
 
 def test_second_run_changes_nothing(prepared: dict) -> None:
-    again = playbook(PLAYBOOK)
+    again = playbook(PLAYBOOK, extra=prep_vars())
     assert again.rc == 0, again.messages()
     assert again.stats()["changed"] == 0
 
 
 def test_check_mode_changes_nothing(prepared: dict) -> None:
-    check = playbook(PLAYBOOK, "--check")
+    check = playbook(PLAYBOOK, "--check", extra=prep_vars())
     assert check.rc == 0, check.messages()
     assert check.stats()["changed"] == 0
 
@@ -88,27 +88,27 @@ def test_check_mode_changes_nothing(prepared: dict) -> None:
 # --- bad input: each fails the host with a message saying what and where ---
 
 def test_refuses_old_kernel() -> None:
-    run = playbook(PLAYBOOK, extra={"node_prep_kernel_min_version": "99.1"})
+    run = playbook(PLAYBOOK, extra={**prep_vars(), "node_prep_kernel_min_version": "99.1"})
     assert run.rc != 0
     msg = run.messages()
     assert "localhost: kernel " + os.uname().release in msg and "older than 99.1" in msg
 
 
 def test_refuses_node_without_python() -> None:
-    run = playbook(PLAYBOOK, extra={"ansible_python_interpreter": "/nonexistent/python3"})
+    run = playbook(PLAYBOOK, extra={**prep_vars(), "ansible_python_interpreter": "/nonexistent/python3"})
     assert run.rc != 0
     assert "localhost: no usable Python 3" in run.messages()
 
 
 def test_refuses_non_root() -> None:
-    run = playbook(PLAYBOOK, extra={"ansible_become_user": "nobody", "ansible_become_method": "su",
+    run = playbook(PLAYBOOK, extra={**prep_vars(), "ansible_become_user": "nobody", "ansible_become_method": "su",
                                     "ansible_become_flags": "-s /bin/sh"})
     assert run.rc != 0
     assert "needs root" in run.messages() and "uid 65534" in run.messages()
 
 
 def test_refuses_unknown_install_mode() -> None:
-    run = playbook(PLAYBOOK, extra={"node_prep_criu_install": "magic"})
+    run = playbook(PLAYBOOK, extra={**prep_vars(), "node_prep_criu_install": "magic"})
     assert run.rc != 0
     assert "node_prep_criu_install" in run.messages() + run.stdout
 
@@ -116,6 +116,7 @@ def test_refuses_unknown_install_mode() -> None:
 def _isolated(tmp_path: Path, **extra: object) -> dict:
     """Vars that send the build and the install to tmp_path only."""
     return {
+        **prep_vars(),
         "node_prep_criu_install": "bundle",
         "node_prep_criu_build_cache": str(tmp_path / "cache"),
         "node_prep_criu_bundle_root": str(tmp_path / "opt"),
@@ -158,7 +159,7 @@ def test_unwritable_snapshot_root(tmp_path: Path) -> None:
     ro.mkdir()
     subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=1m", "tmpfs", str(ro)], check=True)
     try:
-        run = playbook(PLAYBOOK, extra={"node_prep_snapshot_root": str(ro / "snapshots"),
+        run = playbook(PLAYBOOK, extra={**prep_vars(), "node_prep_snapshot_root": str(ro / "snapshots"),
                                         "node_prep_verify": False})
     finally:
         subprocess.run(["umount", str(ro)], check=True)
@@ -223,3 +224,47 @@ def test_keys_refuses_a_malformed_kek_without_showing_it(tmp_path: Path) -> None
     assert "every value must be the base64 text of 32 random bytes" in run.messages()
     assert "c2hvcnQ=" not in run.stdout + run.stderr
     assert not (tmp_path / "keys").exists()
+
+
+def test_signed_by_default_makes_the_fleet_key_once_and_hands_it_out(tmp_path: Path) -> None:
+    """No key given: the fleet key is made on the controller (0600, like an SSH key), installed on a node that
+    takes snapshots, and its public half is the trust set; a second run changes nothing; a restore-only node
+    keeps the trust set and loses the private key; check mode makes nothing; opting out installs nothing."""
+    controller = tmp_path / "controller" / "fleet-signing.key"
+    fresh = tmp_path / "fresh"
+    fresh.mkdir()
+    check = _keys_play(fresh, "check", check=True, node_prep_fleet_key_path=str(fresh / "ctl" / "k"))
+    assert check.rc == 0, check.messages()
+    assert not (fresh / "ctl").exists() and not (fresh / "keys").exists(), "check mode made a key"
+    first = _keys_play(tmp_path, "first", node_prep_fleet_key_path=str(controller))
+    assert first.rc == 0, first.messages()
+    key = sg.load_signing_key(str(controller))
+    assert stat.S_IMODE(controller.stat().st_mode) == 0o600 and stat.S_IMODE(controller.parent.stat().st_mode) == 0o700
+    top = tmp_path / "keys"
+    assert _modes(top) == {".": 0o755, "signing.key": 0o600, "trusted": 0o755, f"trusted/fleet-{key.key_id}.pub": 0o644}
+    assert (top / "signing.key").read_bytes() == controller.read_bytes()
+    assert sg.load_trust_set(str(top / "trusted")).ids == [key.key_id]
+    assert controller.read_text().splitlines()[1] not in first.stdout + first.stderr, "the private key was logged"
+    again = _keys_play(tmp_path, "again", node_prep_fleet_key_path=str(controller))
+    assert again.rc == 0 and again.stats()["changed"] == 0, again.messages()
+    assert sg.load_signing_key(str(controller)).key_id == key.key_id, "the fleet key was replaced"
+    restore_only = _keys_play(tmp_path, "restore-only", node_prep_fleet_key_path=str(controller),
+                              node_prep_takes_snapshots=False)
+    assert restore_only.rc == 0, restore_only.messages()
+    assert _modes(top) == {".": 0o755, "trusted": 0o755, f"trusted/fleet-{key.key_id}.pub": 0o644}
+    opted_out = tmp_path / "out"
+    opted_out.mkdir()
+    off = _keys_play(opted_out, "off", node_prep_sign_snapshots=False, node_prep_fleet_key_path=str(opted_out / "k"))
+    assert off.rc == 0, off.messages()
+    assert not (opted_out / "keys").exists() and not (opted_out / "k").exists()
+
+
+def test_a_fleet_key_others_can_read_is_refused_not_used(tmp_path: Path) -> None:
+    controller = tmp_path / "fleet-signing.key"
+    private, _pub, _kid = new_key()
+    controller.write_bytes(private)
+    controller.chmod(0o644)
+    run = _keys_play(tmp_path, "loose", node_prep_fleet_key_path=str(controller))
+    assert run.rc != 0
+    assert f"signing key {controller} is accessible by group or others (mode 0644)" in run.messages()
+    assert not (tmp_path / "keys" / "signing.key").exists()
