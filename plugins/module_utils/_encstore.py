@@ -36,6 +36,7 @@ from ansible_collections.warmstart.snapshot.plugins.module_utils import _safefs 
 from ansible_collections.warmstart.snapshot.plugins.module_utils import _crypt as cr
 from ansible_collections.warmstart.snapshot.plugins.module_utils import _manifest as mf
 from ansible_collections.warmstart.snapshot.plugins.module_utils import _progress as prog
+from ansible_collections.warmstart.snapshot.plugins.module_utils import _storecopy as sc
 from ansible_collections.warmstart.snapshot.plugins.module_utils._errors import WarmstartError
 from ansible_collections.warmstart.snapshot.plugins.module_utils._store import (
     StoreError, local_staging, lock_down, real_dirs, tree_size, unaccounted)
@@ -165,7 +166,8 @@ class Encryption:
         try:
             prog.phase("decrypt", sum(int(e["size"]) for e in doc["files"]))
             problems = build_copy(self.plain_dir(sid), doc,
-                                  lambda entry, path: self.decrypt_file(doc, entry, path, stored))
+                                  lambda entry, path: self.decrypt_file(doc, entry, path, stored),
+                                  need=sum(int(e["size"]) for e in doc["files"]))  # plaintext <= stored
         finally:
             if stored is not None:  # the stored bytes were only the way to the plaintext copy
                 shutil.rmtree(stored, ignore_errors=True)
@@ -365,11 +367,18 @@ def private_dirs(path: str) -> None:
         pass
 
 
-def build_copy(dest: str, doc: Dict[str, Any], one: Callable[[Dict[str, Any], str], None]) -> List[str]:
+def build_copy(dest: str, doc: Dict[str, Any], one: Callable[[Dict[str, Any], str], None],
+               need: Optional[int] = None) -> List[str]:
     """Make ``dest`` (0700, replaced) a complete copy of ``doc``: ``one(entry, path)`` writes each listed file
-    (checked); problems as sentences naming the file, and then no copy is left; else ``finish_copy``."""
+    (checked); problems as sentences naming the file, and then no copy is left; else ``finish_copy``. With
+    ``need`` (the plaintext's bytes), a node without that much free space is refused before anything is written."""
     shutil.rmtree(dest, ignore_errors=True)
     private_dirs(os.path.dirname(dest))
+    if need is not None:
+        short = sc.space_problem(dest, need, f"the plaintext copy of snapshot {doc.get('id')}",
+                                 "point store_options.cache_dir elsewhere")
+        if short:
+            return [short]
     os.mkdir(dest, 0o700)
     problems = []
     for entry in doc["files"]:

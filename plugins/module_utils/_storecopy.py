@@ -37,8 +37,10 @@ Items = List[Tuple[str, Dict[str, Any]]]
 MARGIN = 64 << 20   # bytes a copy leaves free on the node, beyond its own size
 
 
-def space_problem(where: str, need: int) -> Optional[str]:
-    """Why ``need`` bytes cannot be written under ``where`` (None when they fit, with ``MARGIN`` to spare)."""
+def space_problem(where: str, need: int, what: str = "the verified copy of the snapshot's files",
+                  remedy: str = "restore with another restore_root") -> Optional[str]:
+    """Why ``need`` bytes (``what``) cannot be written under ``where`` (None when they fit, with ``MARGIN`` to
+    spare); the sentence ends with ``remedy``."""
     probe = where
     while not os.path.isdir(probe) and probe not in ("", "/"):
         probe = os.path.dirname(probe)
@@ -48,8 +50,8 @@ def space_problem(where: str, need: int) -> Optional[str]:
         return f"{where}: cannot tell its free space ({exc.strerror})"
     free = info.f_bavail * info.f_frsize
     if free < need + MARGIN:
-        return (f"{where}: {free >> 20} MiB free, the verified copy of the snapshot's files needs {need >> 20} MiB "
-                f"(+{MARGIN >> 20} MiB to spare): free space there, or restore with another restore_root")
+        return (f"{where}: {free >> 20} MiB free, {what} needs {need >> 20} MiB "
+                f"(+{MARGIN >> 20} MiB to spare): free space there, or {remedy}")
     return None
 
 

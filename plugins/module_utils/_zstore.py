@@ -215,9 +215,10 @@ class CompressedStore:
         except StoreError as exc:
             return [str(exc)]
         block = self._block(doc) or {"files": {}}
-        prog.phase("decompress", sum(self._plain_size(doc, e) for e in doc["files"]))
+        need = sum(self._plain_size(doc, e) for e in doc["files"])
+        prog.phase("decompress", need)
         problems = es.build_copy(self.plain_dir(sid), doc,
-                                 lambda entry, path: self._unpack_file(doc, block, src, entry, path))
+                                 lambda entry, path: self._unpack_file(doc, block, src, entry, path), need=need)
         if not problems:
             self.ready.add(sid)
         return problems

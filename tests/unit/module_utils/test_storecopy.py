@@ -59,3 +59,20 @@ def test_changed_short_and_planted_sources_are_problems(tmp_path: Path, kernel: 
     assert problems == ["b.img: size 1000 bytes, manifest says 70000 (truncated or replaced)",
                         "c.img: cannot be opened (Too many levels of symbolic links; a symlink?)",
                         "d.img: missing", "a.img: SHA256 mismatch (corrupted)"], kernel
+
+
+def test_a_plaintext_copy_that_would_not_fit_is_refused_before_writing(tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """The encrypted and the compressed stores' plaintext copies check the node's free space first."""
+    from ansible_collections.warmstart.snapshot.plugins.module_utils import _encstore as es
+    written: list = []
+    doc = {"id": "s1", "files": [{"path": "a.img", "size": 10}]}
+    free = 100 << 20
+
+    class Vfs:  # pylint: disable=too-few-public-methods
+        f_bavail, f_frsize = free // 4096, 4096
+    monkeypatch.setattr(os, "statvfs", lambda _path: Vfs())
+    problems = es.build_copy(str(tmp_path / "cache" / "s1"), doc, lambda e, p: written.append(p), need=1 << 30)
+    assert problems == [f"{tmp_path / 'cache' / 's1'}: 100 MiB free, the plaintext copy of snapshot s1 needs "
+                        "1024 MiB (+64 MiB to spare): free space there, or point store_options.cache_dir elsewhere"]
+    assert written == [] and not (tmp_path / "cache" / "s1").exists()
