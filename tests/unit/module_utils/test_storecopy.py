@@ -61,8 +61,7 @@ def test_changed_short_and_planted_sources_are_problems(tmp_path: Path, kernel: 
                         "d.img: missing", "a.img: SHA256 mismatch (corrupted)"], kernel
 
 
-def test_a_plaintext_copy_that_would_not_fit_is_refused_before_writing(tmp_path: Path,
-                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_plaintext_copy_that_would_not_fit_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The encrypted and the compressed stores' plaintext copies check the node's free space first."""
     from ansible_collections.warmstart.snapshot.plugins.module_utils import _encstore as es
     written: list = []
