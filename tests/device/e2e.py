@@ -122,6 +122,10 @@ class Modules:
         self.collections = str(top)
         self.env = dict(os.environ, PYTHONPATH=os.pathsep.join([self.collections, *pythonpath]))
         self.env.pop("ANSIBLE_MODULE_ARGS", None)
+        if "WARMSTART_KEYS_DIR" not in self.env:  # measure the restore, not the node's keys: unsigned snapshots
+            keys = work / "keys"                  # (a prepared node signs by default, and the carried Python
+            keys.mkdir(mode=0o700, exist_ok=True)  # may lack cryptography)
+            self.env["WARMSTART_KEYS_DIR"] = str(keys)
 
     def run(self, name: str, params: Dict[str, Any], timeout: float = 400) -> Dict[str, Any]:
         self.n += 1
