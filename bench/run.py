@@ -163,6 +163,7 @@ def load_engine() -> SimpleNamespace:
         raise BenchError(f"the collection is not linked under {COLLECTIONS}: run `make link` in {REPO} first")
     # pylint: disable=import-outside-toplevel
     from ansible_collections.warmstart.snapshot.plugins.module_utils import _control as ctl
+    from ansible_collections.warmstart.snapshot.plugins.module_utils import _mountns as mns
     from ansible_collections.warmstart.snapshot.plugins.module_utils import _proc as proc
     from ansible_collections.warmstart.snapshot.plugins.module_utils import _snapshot as snap
     from ansible_collections.warmstart.snapshot.plugins.module_utils import _store as st
@@ -170,7 +171,7 @@ def load_engine() -> SimpleNamespace:
     from ansible_collections.warmstart.snapshot.plugins.module_utils._criu import criu_version, find_criu
     from ansible_collections.warmstart.snapshot.plugins.module_utils._criu_rpc import CriuOptions, load_pycriu, read_stats
     load_pycriu()
-    return SimpleNamespace(ctl=ctl, proc=proc, snap=snap, st=st, wl=wl, CriuOptions=CriuOptions,
+    return SimpleNamespace(ctl=ctl, mns=mns, proc=proc, snap=snap, st=st, wl=wl, CriuOptions=CriuOptions,
                            read_stats=read_stats, find_criu=find_criu, criu_version=criu_version)
 
 
@@ -188,6 +189,14 @@ def cli_options(o: Any) -> List[str]:
     if o.link_remap:
         out.append("--link-remap")
     out += ["--ghost-limit", str(o.ghost_limit)]
+    if o.root is not None:
+        out += ["--root", o.root]
+    for point in o.skip_mnt:
+        out += ["--skip-mnt", point]
+    if o.auto_ext_mnt:
+        out += ["--ext-mount-map", "auto"]
+    if o.ext_masters:
+        out.append("--enable-external-masters")
     if o.shell_job:
         out.append("--shell-job")
     if o.timeout:
@@ -345,9 +354,14 @@ def raw_cycle(E: SimpleNamespace, args: argparse.Namespace, mib: int, rep: int) 
     shutil.rmtree(base, ignore_errors=True)
     imgs = os.path.join(base, "images")
     os.makedirs(imgs, mode=0o700)
-    opts = cli_options(E.CriuOptions())
+    # The workload runs in a mount namespace of its own (_workload): raw CRIU gets the mount options the
+    # engine would give it (_mountns), so both dump and restore the same namespace the same way.
+    plan = E.mns.plan(src["pid"], E.proc.descendants(src["pid"]))
+    plain = E.CriuOptions()
+    dump_opts = cli_options(plan.criu_options(plain) if plan else plain)
+    opts = cli_options(E.mns.restore_options(plan.record() if plan else None, plain))
     settle(args)
-    dump_wall = run_criu_cli([args.criu, "dump", "-t", str(src["pid"]), "-D", imgs, "-o", "dump.log", *opts],
+    dump_wall = run_criu_cli([args.criu, "dump", "-t", str(src["pid"]), "-D", imgs, "-o", "dump.log", *dump_opts],
                              "criu dump", os.path.join(imgs, "dump.log"))
     try:
         os.waitpid(src["pid"], 0)  # criu dump killed it; it was our child (subreaper)
