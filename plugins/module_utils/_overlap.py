@@ -18,8 +18,9 @@ Invariants:
 - nothing but the target's ``pages-*.img`` is deferred: every file the restore writes onto the node or
   CRIU parses (images, the workload's files) is verified before anything is touched, as without overlap;
 - what is hashed is what CRIU reads: the node's own private copy (``_storecopy`` copies the deferred page
-  images out of a store read in place without hashing them; nobody but root can change the copy), or an
-  object store's download, verified as it is fetched;
+  images out of a store read in place without hashing them; nobody but root can change the copy), the
+  store's own file pinned under a read lease (``_storecopy.pin``: a write open since breaks the lease, and
+  ``finish`` then refuses), or an object store's download, verified as it is fetched;
 - it is used only where nothing else must run first: a snapshot
   without compression (a compressed one is checked as it is decompressed into the node's copy), an eager
   restore (no lazy-pages daemon serving pages to a running tree), no GPU state, ``verify`` on.
@@ -65,9 +66,10 @@ def usable(doc: Dict[str, Any], verify: bool, reads_in_place: bool, lazy: bool) 
 class Overlap:
     """The deferred page images hashed on a thread of their own; ``finish`` waits and says what did not match."""
 
-    def __init__(self, items: Items, cache: Optional[st.VerifiedFiles] = None) -> None:
+    def __init__(self, items: Items, cache: Optional[st.VerifiedFiles] = None, pins: Optional[Any] = None) -> None:
         self.items = items
         self.cache = cache
+        self.pins = pins  # _storecopy.Pins of the items read in place, or None
         self._problems: List[str] = []
         self._error: Optional[BaseException] = None
         self._thread = threading.Thread(target=self._run, name="warmstart-verify", daemon=True)
@@ -95,4 +97,14 @@ class Overlap:
         self.waited = time.monotonic() - t0
         if self._error is not None:
             return [f"verify of the page images failed: {self._error}"]
-        return [f"checksum: {p}" for p in self._problems]
+        return [f"checksum: {p}" for p in self._problems + self.broken()]
+
+    def broken(self) -> List[str]:
+        """The pinned page images someone opened for writing since they were pinned (checked after CRIU and the
+        hashing are done: what both read is then what the lease kept)."""
+        return self.pins.broken() if self.pins is not None else []
+
+    def release(self) -> None:
+        """Let go of the pinned files (after the verdict, or when the restore stops before it)."""
+        if self.pins is not None:
+            self.pins.release()

@@ -1027,6 +1027,7 @@ def _orphaned_verdict(overlap: ov.Overlap, pidfile: Optional[str], control: Opti
     thread: this runs in the forked restorer child), then the tree resumed, or killed and forgotten."""
     def orphaned(pid: int) -> None:  # pragma: no cover - runs in the forked restorer child
         bad = [entry["path"] for path, entry in overlap.items if not dg.file_matches(path, entry)]
+        bad += overlap.broken()
         if bad:
             _kill_copy(pid, pidfile, control, f"restore of snapshot {doc['id']} refused: its page images do not "
                                               f"match the manifest ({', '.join(bad)})")
@@ -1203,41 +1204,44 @@ def _prepare(store: Store, doc: Dict[str, Any], node: Dict[str, Any], a: _Restor
     if problems:
         raise _refusal(doc, problems)
     deferred: ov.Items = []
+    pins: Optional[sc.Pins] = None
     if not remote:
         snap_dir = store.local_dir(doc["id"])
         os.makedirs(a.restore_root, mode=0o700, exist_ok=True)
         os.makedirs(work, mode=0o700)
         if copying:
             t0 = time.monotonic()
-            snap_dir, deferred = _copy_verified(store, doc, target, work, ov.deferrable(doc) if use else set())
+            snap_dir, deferred, pins = _copy_verified(store, doc, target, work, ov.deferrable(doc) if use else set())
             timings["verified_copy"] = time.monotonic() - t0
         else:
             stage_images(os.path.join(snap_dir, target["path"], "criu"), os.path.join(work, "images"))
-    return work, snap_dir, remote, (ov.Overlap(deferred) if deferred else None)
+    return work, snap_dir, remote, (ov.Overlap(deferred, pins=pins) if deferred else None)
 
 
 def _copy_verified(store: Store, doc: Dict[str, Any], target: Dict[str, Any], work: str,
-                   defer: Any) -> Tuple[str, ov.Items]:
+                   defer: Any) -> Tuple[str, ov.Items, sc.Pins]:
     """A store read in place: the target's images copied into ``work/images`` and its workload files into
-    ``work/snapshot``, hashed as they pass (``_storecopy``); CRIU and the put-back read only these copies.
-    Returns (the snapshot dir to read the workload files from, the page images left to the overlapped verify).
-    A mismatch or a shortage of space refuses the restore, the work dir removed."""
+    ``work/snapshot``, hashed as they pass (``_storecopy``); CRIU and the put-back read only these copies, or
+    page images pinned in the store under a read lease where the kernel allows (``_storecopy.pin``).
+    Returns (the snapshot dir to read the workload files from, the page images left to the overlapped verify,
+    the pinned ones among them). A mismatch or a shortage of space refuses the restore, the work dir removed."""
     images, files = f"{target['path']}/criu/", f"{target['path']}/files/"
     items = [(e, os.path.join(work, "images", e["path"][len(images):])) for e in doc.get("files", [])
              if e["path"].startswith(images) and e["path"][len(images):] != "dump.log" and "/" not in e["path"][len(images):]]
     items += [(e, os.path.join(work, "snapshot", e["path"])) for e in doc.get("files", [])
               if e["path"].startswith(files)]
-    need = sum(int(e["size"]) for e, _dest in items)
-    problems = [p for p in [sc.space_problem(work, need)] if p]
+    prog.phase("verified copy", sum(int(e["size"]) for e, _dest in items))
+    pins, items = sc.pin(store.local_dir(doc["id"]), items, set(defer))
+    problems = [p for p in [sc.space_problem(work, sum(int(e["size"]) for e, _dest in items))] if p]
     deferred: ov.Items = []
     if not problems:
-        prog.phase("verified copy", need)
         problems, deferred = sc.copy_verified(store.local_dir(doc["id"]), items, set(defer))
     if problems:
+        pins.release()
         shutil.rmtree(work, ignore_errors=True)
         raise _refusal(doc, [f"checksum: {p}" for p in problems])
     os.makedirs(os.path.join(work, "images"), mode=0o700, exist_ok=True)
-    return os.path.join(work, "snapshot"), deferred
+    return os.path.join(work, "snapshot"), pins.items + deferred, pins
 
 
 def _restore_locked(store: Store, doc: Dict[str, Any], node: Dict[str, Any], criu: str,
@@ -1247,45 +1251,49 @@ def _restore_locked(store: Store, doc: Dict[str, Any], node: Dict[str, Any], cri
     target = doc["targets"][0] if doc.get("targets") else {}
     lazy_plan = _lazy_plan(criu, doc, a.lazy or bool(a.remote))
     work, snap_dir, remote, overlap = _prepare(store, doc, node, a, lazy_plan, timings)
-    control, control_note = _control_dir(target, a.workloads_root, a.control_roots)
-    pidfile = wl.paths(a.workloads_root, target["workload"])["pidfile"] if target.get("workload") else None
-    if target.get("workload"):
-        within = [store.snapshot_dir(doc["id"])] if remote and store.reads_in_place else []
-        _put_back_files(target, snap_dir, a.workloads_root, within)
-    if os.path.dirname(snap_dir) == work:  # our copy of the workload's files (verified): put back, not needed now
-        shutil.rmtree(snap_dir, ignore_errors=True)
-    if control and os.path.isdir(control):  # the source's checkpoint sentinels are not the copy's
-        ctl.clear(control, ctl.RESTORE_COMPLETE, ctl.RESTORE_FAILED, *ctl.CHECKPOINT_SENTINELS)
-    tcp = _tcp_plan(doc, node, a)[0]
-    opts = dataclasses.replace(a.options or CriuOptions.from_manifest(target["criu"]["options"]), tcp=tcp.criu_tcp,
-                               leave_stopped=overlap is not None)
-    opts = mns.restore_options(target.get("mount_namespace"), opts)
-    t0 = time.monotonic()
-    pid, session = _criu_phase(criu, work, opts, lazy_plan, a, control, doc, pidfile, remote, overlap)
-    timings["restore"] = time.monotonic() - t0
-    if overlap is not None:
-        _settle(overlap, pid, pidfile, control, doc, timings)
-    cuda_result = _after_criu(pid, doc.get("gpu"), a.gpu_node, timings, control, doc, pidfile)
-    ns_pid = proc.ns_pids(pid)[-1] if proc.alive(pid) else None
-    if control and os.path.isdir(control):
-        ctl.write(control, ctl.RESTORE_COMPLETE, f"pid={ns_pid}\nhost_pid={pid}\nsnapshot={doc['id']}\n")
-    stats = read_stats(os.path.join(work, "stats-restore"))
-    warnings = [w for w in (control_note, _log_warning(work)) if w]
-    if session is None:
-        shutil.rmtree(os.path.join(work, "images"), ignore_errors=True)  # symlinks only; keep restore.log
-    elif a.lazy_wait:
-        _wait_lazy(work, doc, a, lazy_plan)
-    timings["total"] = time.monotonic() - a.t_start
-    return {
-        "id": doc["id"], "name": doc["name"], "outcome": "succeeded", "pid": pid, "pids": proc.descendants(pid),
-        "ns_pid": ns_pid, "workload": target.get("workload"), "work_dir": work, "started_at": round(a.t_wall, 3),
-        "timings": {k: round(v, 3) for k, v in timings.items()}, "criu_stats": stats,
-        "transfer": dict(store.transfer), "cuda": cuda_result, "lazy": lazy_plan, "warnings": warnings,
-        "tcp": tcp.result(), "passed_over": a.passed_over,
-        "verify": {"overlapped": a.overlap_note == "used",
-                   "reason": "page images hashed while CRIU restored the tree stopped" if a.overlap_note == "used"
-                   else f"verified before CRIU started: {a.overlap_note}"},
-    }
+    try:
+        control, control_note = _control_dir(target, a.workloads_root, a.control_roots)
+        pidfile = wl.paths(a.workloads_root, target["workload"])["pidfile"] if target.get("workload") else None
+        if target.get("workload"):
+            within = [store.snapshot_dir(doc["id"])] if remote and store.reads_in_place else []
+            _put_back_files(target, snap_dir, a.workloads_root, within)
+        if os.path.dirname(snap_dir) == work:  # our copy of the workload's files (verified): put back, not needed now
+            shutil.rmtree(snap_dir, ignore_errors=True)
+        if control and os.path.isdir(control):  # the source's checkpoint sentinels are not the copy's
+            ctl.clear(control, ctl.RESTORE_COMPLETE, ctl.RESTORE_FAILED, *ctl.CHECKPOINT_SENTINELS)
+        tcp = _tcp_plan(doc, node, a)[0]
+        opts = dataclasses.replace(a.options or CriuOptions.from_manifest(target["criu"]["options"]), tcp=tcp.criu_tcp,
+                                   leave_stopped=overlap is not None)
+        opts = mns.restore_options(target.get("mount_namespace"), opts)
+        t0 = time.monotonic()
+        pid, session = _criu_phase(criu, work, opts, lazy_plan, a, control, doc, pidfile, remote, overlap)
+        timings["restore"] = time.monotonic() - t0
+        if overlap is not None:
+            _settle(overlap, pid, pidfile, control, doc, timings)
+        cuda_result = _after_criu(pid, doc.get("gpu"), a.gpu_node, timings, control, doc, pidfile)
+        ns_pid = proc.ns_pids(pid)[-1] if proc.alive(pid) else None
+        if control and os.path.isdir(control):
+            ctl.write(control, ctl.RESTORE_COMPLETE, f"pid={ns_pid}\nhost_pid={pid}\nsnapshot={doc['id']}\n")
+        stats = read_stats(os.path.join(work, "stats-restore"))
+        warnings = [w for w in (control_note, _log_warning(work)) if w]
+        if session is None:
+            shutil.rmtree(os.path.join(work, "images"), ignore_errors=True)  # symlinks only; keep restore.log
+        elif a.lazy_wait:
+            _wait_lazy(work, doc, a, lazy_plan)
+        timings["total"] = time.monotonic() - a.t_start
+        return {
+            "id": doc["id"], "name": doc["name"], "outcome": "succeeded", "pid": pid, "pids": proc.descendants(pid),
+            "ns_pid": ns_pid, "workload": target.get("workload"), "work_dir": work, "started_at": round(a.t_wall, 3),
+            "timings": {k: round(v, 3) for k, v in timings.items()}, "criu_stats": stats,
+            "transfer": dict(store.transfer), "cuda": cuda_result, "lazy": lazy_plan, "warnings": warnings,
+            "tcp": tcp.result(), "passed_over": a.passed_over,
+            "verify": {"overlapped": a.overlap_note == "used",
+                       "reason": "page images hashed while CRIU restored the tree stopped" if a.overlap_note == "used"
+                       else f"verified before CRIU started: {a.overlap_note}"},
+        }
+    finally:
+        if overlap is not None:
+            overlap.release()  # the pinned page images: the verdict is given, or never will be
 
 
 def _criu_phase(criu: str, work: str, opts: CriuOptions, lazy_plan: Dict[str, Any], a: _RestoreArgs,

@@ -19,14 +19,23 @@ Invariants:
   the whole file's); a file with a mismatch is named, and its copy removed by the caller with the work dir;
 - entries in ``defer`` are copied without hashing and handed back: the caller hashes our copy while CRIU
   restores the tree stopped (``_overlap``) - still the bytes CRIU reads;
-- ``space_problem`` refuses a copy that would not fit on the node before anything is written.
+- ``space_problem`` refuses a copy that would not fit on the node before anything is written;
+- ``pin`` spares the copy of a deferred file where the kernel can promise its bytes do not change: the store's
+  own file, on a local file system (ext2/3/4, XFS, Btrfs, tmpfs: no FUSE daemon or NFS server answering
+  reads) that the work dir shares, under a read lease (``F_SETLEASE``) taken while nobody had it open for
+  writing, hard-linked into the work dir from the open file (no path). Any later open for writing or
+  truncate breaks the lease, and ``Pins.broken`` names the file: the caller refuses the restore. Where any
+  of this is refused, the file is copied as above.
 """
 from __future__ import annotations
 
 import concurrent.futures
+import ctypes
+import fcntl
 import hashlib
 import os
 import stat
+import struct
 from typing import AbstractSet, Any, Dict, Iterable, List, Optional, Set, Tuple
 
 from ansible_collections.warmstart.snapshot.plugins.module_utils import _digest as dg
@@ -66,6 +75,110 @@ def _open_source(path: str, size: int) -> Tuple[Optional[int], Optional[str]]:
         return None, ("not a regular file" if not stat.S_ISREG(info.st_mode)
                       else f"size {info.st_size} bytes, manifest says {size} (truncated or replaced)")
     return fd, None
+
+
+# statfs f_type of the file systems whose page cache is the only source of a file's bytes
+KERNEL_FS = {0xEF53: "ext2/3/4", 0x58465342: "xfs", 0x9123683E: "btrfs", 0x01021994: "tmpfs"}
+AT_EMPTY_PATH = 0x1000
+_LIBC: Any = None
+
+
+def _libc() -> Any:
+    global _LIBC  # pylint: disable=global-statement
+    if _LIBC is None:
+        _LIBC = ctypes.CDLL(None, use_errno=True)
+    return _LIBC
+
+
+def _fs_type(fd: int) -> int:
+    """The statfs magic of the file system ``fd`` is on (0 when unknown)."""
+    buf = ctypes.create_string_buffer(256)  # struct statfs, f_type first
+    if _libc().fstatfs(fd, buf) != 0:
+        return 0
+    return int(struct.unpack_from("l", buf.raw)[0]) & 0xFFFFFFFF
+
+
+def _link_open_file(fd: int, dest: str) -> None:
+    """Hard-link the open file ``fd`` as ``dest`` (linkat AT_EMPTY_PATH: the inode we hold, whatever its path is
+    now); OSError where the kernel refuses (another file system: EXDEV; no CAP_DAC_READ_SEARCH: ENOENT)."""
+    parent = safefs.open_dir(os.path.dirname(dest))
+    try:
+        if _libc().linkat(fd, b"", parent, os.fsencode(os.path.basename(dest)), AT_EMPTY_PATH) != 0:
+            err = ctypes.get_errno()
+            raise OSError(err, os.strerror(err), dest)
+    finally:
+        os.close(parent)
+
+
+class Pins:
+    """Store files CRIU reads in place, each through a hard link in the work dir and under a read lease held by
+    an open file of ours (forked children share it: the restorer child's verdict can still ask)."""
+
+    def __init__(self) -> None:
+        self.items: Items = []                    # (link in the work dir, manifest entry): hashed by _overlap
+        self._held: List[Tuple[str, int]] = []    # (manifest path, leased fd)
+
+    def __len__(self) -> int:
+        return len(self._held)
+
+    def hold(self, rel: str, fd: int, dest: str, entry: Dict[str, Any]) -> None:
+        self._held.append((rel, fd))
+        self.items.append((dest, entry))
+
+    def broken(self) -> List[str]:
+        """A sentence per pinned file that someone opened for writing (or truncated) since it was pinned."""
+        out = []
+        for rel, fd in self._held:
+            try:
+                kind = fcntl.fcntl(fd, fcntl.F_GETLEASE)
+            except OSError:
+                kind = fcntl.F_UNLCK
+            if kind != fcntl.F_RDLCK:
+                out.append(f"{rel}: opened for writing in the store while the restore read it in place")
+        return out
+
+    def release(self) -> None:
+        """Close the leased files (the lease goes with the last holder; a waiting writer goes on)."""
+        held, self._held = self._held, []
+        for _rel, fd in held:
+            os.close(fd)
+
+
+def _pin_one(pins: Pins, src_top: str, entry: Dict[str, Any], dest: str) -> bool:
+    rel, size = str(entry["path"]), int(entry["size"])
+    fd, _why = _open_source(os.path.join(src_top, rel), size)
+    if fd is None:
+        return False  # the copy names the problem
+    try:
+        if _fs_type(fd) not in KERNEL_FS:
+            raise OSError("not a local file system")
+        fcntl.fcntl(fd, fcntl.F_SETLEASE, fcntl.F_RDLCK)  # EAGAIN: open for writing somewhere
+        fcntl.fcntl(fd, fcntl.F_SETOWN, 0)  # a lease break sends no SIGIO (it would kill us): broken() tells
+        if os.fstat(fd).st_size != size:
+            raise OSError("changed size")
+        os.makedirs(os.path.dirname(dest), mode=0o700, exist_ok=True)
+        _link_open_file(fd, dest)
+    except OSError:
+        os.close(fd)
+        return False
+    pins.hold(rel, fd, dest, entry)
+    prog.add(size)
+    return True
+
+
+def pin(src_top: str, items: Iterable[Tuple[Dict[str, Any], str]],
+        defer: AbstractSet[str]) -> Tuple[Pins, List[Tuple[Dict[str, Any], str]]]:
+    """Pin each (manifest entry, destination) in ``defer`` that can be (module docstring); (the pins, the items
+    left to ``copy_verified``)."""
+    pins, rest = Pins(), []
+    try:
+        for entry, dest in items:
+            if str(entry["path"]) not in defer or not _pin_one(pins, src_top, entry, dest):
+                rest.append((entry, dest))
+    except BaseException:
+        pins.release()
+        raise
+    return pins, rest
 
 
 def _in_kernel(src: int, dst: int, offset: int, length: int) -> int:

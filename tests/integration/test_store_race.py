@@ -8,6 +8,9 @@ snapshot ("evil", its own token and port) plays the writer's images:
 - at the moment CRIU starts (a CRIU wrapper holds the window open), the writer swaps the victim's whole
   image dir and workload files for evil's: the restore must still bring back the victim, from the bytes it
   verified (old behaviour: CRIU read evil's images, or the tree was killed);
+- a writer who outwaits the read lease that pins the page images in place (lease-break-time 1 s, a CRIU
+  wrapper that waits 3 s) rewrites them after they were hashed and before CRIU reads them: the restore is
+  refused, naming the write (old behaviour of an unchecked pin: the hash matched and CRIU ran their bytes);
 - while restores run, a writer flips the victim's files between theirs and evil's without pause, by rename
   over, rewrite in place, truncation and a symlink swap: every restore either comes back as the victim or
   is refused naming the mismatch; evil never answers, and no stray copy is left.
@@ -84,31 +87,17 @@ def settle(world: Dict[str, Any], res: Dict[str, Any]) -> str:
 
 def swap_at_criu_start(world: Dict[str, Any], wrapper: Path, stop: threading.Event) -> None:
     """Once CRIU's worker starts, every file the victim's restore could still read becomes evil's."""
-    while not stop.is_set():
-        for entry in os.listdir("/proc"):
-            if not entry.isdigit():
-                continue
-            try:
-                cmd = Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0")
-            except OSError:
-                continue
-            if str(wrapper).encode() in cmd and b"swrk" in cmd:
-                where = victim_dir(world)
-                aside = where.with_name(where.name + ".aside")
-                shutil.copytree(world["keep"] / "bad", aside)
-                shutil.rmtree(where)
-                os.rename(aside, where)
-                return
-        time.sleep(0.005)
+    if swrk_started(wrapper, stop):
+        where = victim_dir(world)
+        aside = where.with_name(where.name + ".aside")
+        shutil.copytree(world["keep"] / "bad", aside)
+        shutil.rmtree(where)
+        os.rename(aside, where)
 
 
 def test_images_swapped_when_criu_starts_are_not_what_criu_reads(world: Dict[str, Any], tmp_path: Path) -> None:
     lab: Lab = world["lab"]
-    real = subprocess.run(["/bin/sh", "-c", "command -v criu"], capture_output=True, text=True, check=True).stdout.strip()
-    wrapper = tmp_path / "criu-slow"
-    wrapper.write_text(f"#!/bin/sh\nif [ \"$1\" = swrk ]; then sleep 1; fi\nexec {os.path.realpath(real)} \"$@\"\n")
-    wrapper.chmod(0o755)
-    stop = threading.Event()
+    wrapper, stop = slow_criu(tmp_path, 1), threading.Event()
     writer = threading.Thread(target=swap_at_criu_start, args=(world, wrapper, stop), daemon=True)
     writer.start()
     try:
@@ -122,6 +111,75 @@ def test_images_swapped_when_criu_starts_are_not_what_criu_reads(world: Dict[str
     assert swapped, "the writer never swapped the images: the race did not happen"
     assert not res.get("failed"), res.get("msg")
     assert settle(world, res) == "victim"
+
+
+def swrk_started(wrapper: Path, stop: threading.Event) -> bool:
+    """Wait until the CRIU wrapper's ``swrk`` runs (True), or ``stop`` (False)."""
+    while not stop.is_set():
+        for entry in [e for e in os.listdir("/proc") if e.isdigit()]:
+            try:
+                cmd = Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if str(wrapper).encode() in cmd and b"swrk" in cmd:
+                return True
+        time.sleep(0.005)
+    return False
+
+
+def slow_criu(tmp_path: Path, seconds: int) -> Path:
+    """A CRIU wrapper whose worker starts ``seconds`` late: the window between verify and CRIU's reads."""
+    real = subprocess.run(["/bin/sh", "-c", "command -v criu"], capture_output=True, text=True, check=True).stdout.strip()
+    wrapper = tmp_path / "criu-slow"
+    wrapper.write_text(f"#!/bin/sh\nif [ \"$1\" = swrk ]; then sleep {seconds}; fi\nexec {os.path.realpath(real)} \"$@\"\n")
+    wrapper.chmod(0o755)
+    return wrapper
+
+
+def pinned_here(lab: Lab) -> bool:
+    """Whether this lab's restores read page images pinned in the store (same local file system as restore_root)."""
+    from ansible_collections.warmstart.snapshot.plugins.module_utils import _storecopy as sc  # pylint: disable=import-outside-toplevel
+    lab.restore_root.mkdir(parents=True, exist_ok=True)
+    fd = os.open(lab.store, os.O_RDONLY)
+    try:
+        local = sc._fs_type(fd) in sc.KERNEL_FS  # pylint: disable=protected-access
+    finally:
+        os.close(fd)
+    return local and os.stat(lab.store).st_dev == os.stat(lab.restore_root).st_dev and os.geteuid() == 0
+
+
+def test_a_writer_who_outwaits_the_lease_after_the_hash_is_refused(world: Dict[str, Any], tmp_path: Path) -> None:
+    lab: Lab = world["lab"]
+    if not pinned_here(lab):
+        pytest.skip("the store is not on the restore root's local file system here: page images are copied")
+    wrapper, stop, got_in = slow_criu(tmp_path, 3), threading.Event(), []
+    pages = victim_dir(world) / "criu" / "pages-1.img"
+    size = pages.stat().st_size
+    evil = (world["keep"] / "bad" / "criu" / "pages-1.img").read_bytes()[:size].ljust(size, b"\0")
+
+    def rewrite() -> None:
+        if swrk_started(wrapper, stop):
+            with open(pages, "r+b") as handle:  # blocks until the kernel breaks the restore's lease (1 s)
+                handle.write(evil)
+            got_in.append(time.monotonic())
+
+    breaks = Path("/proc/sys/fs/lease-break-time")
+    before = breaks.read_text().strip()
+    breaks.write_text("1")
+    writer = threading.Thread(target=rewrite, daemon=True)
+    writer.start()
+    try:
+        res = lab.play([lab.restore("restore", snapshot=world["victim"]["id"], criu_path=str(wrapper),
+                                    expect_fail=True)])["restore"]
+    finally:
+        stop.set()
+        writer.join(30)
+        breaks.write_text(before)
+    assert got_in, "the writer never got past the lease: the race did not happen"
+    assert res.get("failed"), "a restore whose page images were rewritten after their hash went on"
+    assert "opened for writing in the store while the restore read it in place" in res.get("msg", "") + \
+        json.dumps(res.get("reasons", [])), res
+    assert settle(world, res) == "refused"
 
 
 def flip(world: Dict[str, Any], how: str, stop: threading.Event, rounds: List[int]) -> None:

@@ -1,15 +1,19 @@
-"""The verified private copy (_storecopy): what is hashed is what lands in our copy; deferred files are copied whole."""
+"""The verified private copy (_storecopy): what is hashed is what lands in our copy; deferred files are copied whole,
+or pinned in place under a read lease that a writer breaks."""
 from __future__ import annotations
 
 import errno
 import hashlib
 import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any, Dict
 
 import pytest
 
 from ansible_collections.warmstart.snapshot.plugins.module_utils import _digest as dg
+from ansible_collections.warmstart.snapshot.plugins.module_utils import _overlap as ov
 from ansible_collections.warmstart.snapshot.plugins.module_utils import _storecopy as sc
 
 
@@ -75,3 +79,80 @@ def test_a_plaintext_copy_that_would_not_fit_is_refused(tmp_path: Path, monkeypa
     assert problems == [f"{tmp_path / 'cache' / 's1'}: 100 MiB free, the plaintext copy of snapshot s1 needs "
                         "1024 MiB (+64 MiB to spare): free space there, or point store_options.cache_dir elsewhere"]
     assert written == [] and not (tmp_path / "cache" / "s1").exists()
+
+
+# --- pinned in place: the store's own file under a read lease, hard-linked into the work dir ------------------
+
+def _store(tmp_path: Path) -> tuple:
+    src, dst = tmp_path / "store", tmp_path / "work"
+    (src / "criu").mkdir(parents=True)
+    pages = os.urandom(2 << 20)
+    (src / "criu" / "pages-1.img").write_bytes(pages)
+    return src, dst, [(entry("criu/pages-1.img", pages, 1 << 20), str(dst / "images" / "pages-1.img"))]
+
+
+def _open_for_writing(path: Path) -> str:
+    """Another process opens ``path`` for writing without waiting: what a store writer's open does to a lease."""
+    got = subprocess.run([sys.executable, "-c", "import os, sys\ntry:\n    os.open(sys.argv[1], os.O_WRONLY | "
+                          "os.O_NONBLOCK)\n    print('opened')\nexcept OSError as exc:\n    print(exc.errno)",
+                          str(path)], capture_output=True, text=True, check=True)
+    return got.stdout.strip()
+
+
+needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="linking an open file needs CAP_DAC_READ_SEARCH (root)")
+
+
+@needs_root
+def test_a_deferred_page_image_on_a_local_fs_is_pinned_and_a_writer_breaks_the_pin(tmp_path: Path) -> None:
+    src, dst, items = _store(tmp_path)
+    probe = os.open(str(src), os.O_RDONLY)
+    local = sc._fs_type(probe) in sc.KERNEL_FS  # pylint: disable=protected-access
+    os.close(probe)
+    if not local:
+        pytest.skip(f"{src} is not on a local file system the pin trusts")
+    pins, rest = sc.pin(str(src), items, {"criu/pages-1.img"})
+    try:
+        assert rest == [] and len(pins) == 1
+        assert (dst / "images" / "pages-1.img").stat().st_ino == (src / "criu" / "pages-1.img").stat().st_ino
+        assert pins.items == [(items[0][1], items[0][0])] and pins.broken() == []
+        assert _open_for_writing(src / "criu" / "pages-1.img") == str(errno.EAGAIN)  # held off, lease broken
+        assert pins.broken() == ["criu/pages-1.img: opened for writing in the store while the restore read it "
+                                 "in place"]
+        overlap = ov.Overlap(pins.items, pins=pins).start()
+        assert overlap.finish() == ["checksum: criu/pages-1.img: opened for writing in the store while the "
+                                    "restore read it in place"]
+    finally:
+        pins.release()
+    assert _open_for_writing(src / "criu" / "pages-1.img") == "opened"
+
+
+@needs_root
+def test_an_unbroken_pin_passes_the_overlapped_verify(tmp_path: Path) -> None:
+    src, _dst, items = _store(tmp_path)
+    pins, rest = sc.pin(str(src), items, {"criu/pages-1.img"})
+    try:
+        if rest:
+            pytest.skip(f"{src}: not pinned here (file system or work dir elsewhere)")
+        assert ov.Overlap(pins.items, pins=pins).start().finish() == []
+    finally:
+        pins.release()
+
+
+def test_a_page_image_open_for_writing_or_elsewhere_is_copied_not_pinned(tmp_path: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    src, _dst, items = _store(tmp_path)
+    writer = os.open(str(src / "criu" / "pages-1.img"), os.O_WRONLY)  # open for writing: no lease is granted
+    try:
+        pins, rest = sc.pin(str(src), items, {"criu/pages-1.img"})
+        assert len(pins) == 0 and rest == items
+    finally:
+        os.close(writer)
+    monkeypatch.setattr(sc, "_fs_type", lambda _fd: 0x6969)  # NFS: a server answers reads; never pinned
+    pins, rest = sc.pin(str(src), items, {"criu/pages-1.img"})
+    assert len(pins) == 0 and rest == items
+    monkeypatch.undo()
+    pins, rest = sc.pin(str(src), items, set())  # not deferred: copied and hashed as it passes
+    assert len(pins) == 0 and rest == items
+    problems, deferred = sc.copy_verified(str(src), rest, {"criu/pages-1.img"})
+    assert problems == [] and dg.file_matches(deferred[0][0], items[0][0])
+    assert os.stat(deferred[0][0]).st_ino != (src / "criu" / "pages-1.img").stat().st_ino
