@@ -31,6 +31,7 @@ import threading
 import time
 from typing import Any, Dict, List, Optional, Set, Tuple
 
+from ansible_collections.warmstart.snapshot.plugins.module_utils import _digest as dg
 from ansible_collections.warmstart.snapshot.plugins.module_utils import _progress as prog
 from ansible_collections.warmstart.snapshot.plugins.module_utils import _store as st
 
@@ -79,7 +80,8 @@ class Overlap:
 
     def _run(self) -> None:
         try:
-            self._problems = st.hash_problems(self.items, self.cache)
+            # one core left to CRIU, which restores the tree meanwhile
+            self._problems = st.hash_problems(self.items, self.cache, threads=max(1, dg.workers() - 1))
         except BaseException as exc:  # reported by finish(): the tree is then killed, never resumed
             self._error = exc
 

@@ -636,10 +636,11 @@ def _entry_problem(top: str, entry: Dict[str, Any], full: str, whole: bool) -> T
 
 
 def hash_problems(items: List[Tuple[str, Dict[str, Any]]], cache: Optional[VerifiedFiles] = None,
-                  cancel: Optional[threading.Event] = None) -> List[str]:
-    """"SHA256 mismatch" for each (path, entry) whose bytes do not match (chunks hashed on every core); the
-    intact ones recorded in ``cache`` (saved). ``cancel`` set: stop early (the result is then meaningless)."""
-    ok = dg.check_files(items, prog.add, cancel=cancel) if items else {}
+                  cancel: Optional[threading.Event] = None, threads: Optional[int] = None) -> List[str]:
+    """"SHA256 mismatch" for each (path, entry) whose bytes do not match (chunks hashed on ``threads`` cores,
+    default every one); the intact ones recorded in ``cache`` (saved). ``cancel`` set: stop early (the result is
+    then meaningless)."""
+    ok = dg.check_files(items, prog.add, threads=threads, cancel=cancel) if items else {}
     problems = [f"{entry['path']}: SHA256 mismatch (corrupted)" for path, entry in items if not ok.get(path)]
     if cache is not None:
         for path, entry in items:
