@@ -481,13 +481,15 @@ def run_demo(E: SimpleNamespace, args: argparse.Namespace) -> Dict[str, Any]:
             work = None
             t0 = time.time()
             if variant == "raw":
-                imgs = os.path.join(store.local_dir(ck["id"]), "containers", name, "criu")
+                tgt = store.load(ck["id"])["targets"][0]
+                imgs = os.path.join(store.local_dir(ck["id"]), tgt["path"], "criu")
+                raw_opts = cli_options(E.mns.restore_options(tgt.get("mount_namespace"), E.CriuOptions()))
                 work = os.path.join(args.dir, "raw", f"demo-{rep}")
                 shutil.rmtree(work, ignore_errors=True)
                 os.makedirs(work, mode=0o700)
                 pidfile = os.path.join(work, "restored.pid")
                 wall = run_criu_cli([args.criu, "restore", "-D", imgs, "-W", work, "-o", "restore.log", "-d",
-                                     "--pidfile", pidfile, *cli_options(E.CriuOptions())],
+                                     "--pidfile", pidfile, *raw_opts],
                                     "criu restore (demo)", os.path.join(work, "restore.log"))
                 with open(pidfile, "r", encoding="ascii") as handle:
                     pid = int(handle.read().strip())
