@@ -9,9 +9,9 @@ from typing import Any, Dict
 
 import pytest
 
-from ansible_collections.warmstart.snapshot.plugins.module_utils import _manifest as mf
-from ansible_collections.warmstart.snapshot.plugins.module_utils import _store as st
-from ansible_collections.warmstart.snapshot.plugins.module_utils import _stores as stores
+from ansible_collections.warmstart.snapshot.plugins.module_utils.store import _manifest as mf
+from ansible_collections.warmstart.snapshot.plugins.module_utils.store import _store as st
+from ansible_collections.warmstart.snapshot.plugins.module_utils.store import _stores as stores
 from tests.support.store_fixtures import make_snapshot
 
 
@@ -157,7 +157,7 @@ def test_publish_records_its_digests_and_a_cached_verify_uses_them(store: st.FsS
     assert not cache.known(_pages(store, doc), "0" * 64)  # the record is of this digest only
     hashed = []
     monkeypatch.setattr(st.dg, "check_files",
-                        lambda items, progress=None, cancel=None: {p: hashed.append(p) or False for p, _e in items})
+                        lambda items, progress=None, threads=None, cancel=None: {p: hashed.append(p) or False for p, _e in items})
     assert st.verify_local(store, doc, cached=True) == [] and hashed == []
     assert st.verify_local(store, doc) == [f"{f['path']}: SHA256 mismatch (corrupted)" for f in doc["files"]]
 
@@ -331,7 +331,7 @@ def test_streaming_hasher_follows_growing_page_files(tmp_path: Path) -> None:
     import threading
     import time as _time
 
-    from ansible_collections.warmstart.snapshot.plugins.module_utils._store import StreamingHasher, record_files
+    from ansible_collections.warmstart.snapshot.plugins.module_utils.store._store import StreamingHasher, record_files
 
     images = tmp_path / "containers" / "t" / "criu"
     images.mkdir(parents=True)
