@@ -115,8 +115,8 @@ class Bench:
         self.live: List[tuple] = []
         self.E = base.load_engine()
         # pylint: disable=import-outside-toplevel
-        from ansible_collections.warmstart.snapshot.plugins.module_utils import _container as ctr
-        from ansible_collections.warmstart.snapshot.plugins.module_utils._runtime import get_runtime
+        from ansible_collections.warmstart.snapshot.plugins.module_utils.snapshot import _container as ctr
+        from ansible_collections.warmstart.snapshot.plugins.module_utils.runtime._runtime import get_runtime
         self.ctr, self.get_runtime = ctr, get_runtime
         self.containerd = Containerd(os.path.join(self.dir, "containerd"))
         init = [p for p in INITS if os.path.isfile(p)]

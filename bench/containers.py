@@ -86,7 +86,7 @@ class Bench:
         self.names: List[str] = []
         self.E = base.load_engine()
         # pylint: disable=import-outside-toplevel
-        from ansible_collections.warmstart.snapshot.plugins.module_utils import _container as ctr
+        from ansible_collections.warmstart.snapshot.plugins.module_utils.snapshot import _container as ctr
         self.ctr = ctr
 
     def control(self, name: str) -> str:

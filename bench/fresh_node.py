@@ -47,7 +47,7 @@ BEGIN, END = "<!-- fresh-node:begin -->", "<!-- fresh-node:end -->"
 
 def ours_cycle(E: SimpleNamespace, args: argparse.Namespace, mib: int, rep: int) -> Dict[str, Any]:
     """Checkpoint once; restore as a fresh node verified (pinned), verified (copied) and unverified (order rotates)."""
-    from ansible_collections.warmstart.snapshot.plugins.module_utils import _digest as dg  # pylint: disable=import-outside-toplevel
+    from ansible_collections.warmstart.snapshot.plugins.module_utils.store import _digest as dg  # pylint: disable=import-outside-toplevel
     name = f"bench-fresh-{mib}"
     wroot = os.path.join(args.dir, "workloads")
     src = br.start_mem_workload(E, args, name, mib)
@@ -72,8 +72,7 @@ def ours_cycle(E: SimpleNamespace, args: argparse.Namespace, mib: int, rep: int)
         check = br.memcheck(E, src["control"], rs["pid"], src["crc"], mib)
         br.kill_tree(E, rs["pid"])
         shutil.rmtree(rs["work_dir"], ignore_errors=True)
-        out[variant] = {"wall": wall, "timings": rs["timings"],
-                                                       "verify": rs.get("verify"), "check": check}
+        out[variant] = {"wall": wall, "timings": rs["timings"], "verify": rs.get("verify"), "check": check}
     doc = store.load(ck["id"])
     top = store.snapshot_dir(ck["id"])
     pages = [(os.path.join(top, e["path"]), e) for e in doc["files"] if "/criu/pages-" in e["path"]]
@@ -93,7 +92,7 @@ def ours_cycle(E: SimpleNamespace, args: argparse.Namespace, mib: int, rep: int)
 def copied_not_pinned(on: bool) -> Iterator[None]:
     """Within (``on``): the page images are copied into the work dir, as from a store on another file system
     (NFS, a FUSE mount), instead of pinned in place under a read lease (``_storecopy.pin``)."""
-    from ansible_collections.warmstart.snapshot.plugins.module_utils import _storecopy as sc  # pylint: disable=import-outside-toplevel
+    from ansible_collections.warmstart.snapshot.plugins.module_utils.store import _storecopy as sc  # pylint: disable=import-outside-toplevel
     if not on:
         yield
         return
@@ -168,7 +167,7 @@ def markdown(results: Dict[str, Any]) -> str:
         "only bytes that were checked: a store writer can rename or rewrite files during the restore. The",
         "small images and the workload's files are copied into the restore's own work dir and hashed as they",
         "pass, before anything is touched. The page images are hashed while CRIU restores the tree stopped",
-        "(`_overlap`, a SHA256 per 64 MiB chunk on every core, `_digest`); the tree runs only once every digest",
+        "(`_overlap`, a SHA256 per 64 MiB chunk on every core but CRIU's, `_digest`); the tree runs only once every digest",
         "matched, and is killed otherwise. Where the store is on the restore root's local file system (ext4,",
         "XFS, Btrfs, tmpfs) the page images are not copied: each is pinned under a read lease and hard-linked",
         "into the work dir (`_storecopy.pin`), and a writer's open breaks the lease and refuses the restore",

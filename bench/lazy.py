@@ -71,9 +71,9 @@ def load_engine() -> SimpleNamespace:
     E.lazy = None
     E.lazy_problem = None
     try:
-        E.lazy = importlib.import_module("ansible_collections.warmstart.snapshot.plugins.module_utils._lazy")
+        E.lazy = importlib.import_module("ansible_collections.warmstart.snapshot.plugins.module_utils.criu._lazy")
     except ImportError as exc:
-        E.lazy_problem = f"module_utils/_lazy.py not importable: {exc}"
+        E.lazy_problem = f"module_utils/criu/_lazy.py not importable: {exc}"
     params = inspect.signature(E.snap.restore).parameters
     if "lazy" not in params or "lazy_wait" not in params:
         E.lazy_problem = (E.lazy_problem + "; " if E.lazy_problem else "") + \

@@ -162,14 +162,14 @@ def load_engine() -> SimpleNamespace:
     if not os.path.isdir(os.path.join(COLLECTIONS, "ansible_collections", "warmstart", "snapshot", "plugins")):
         raise BenchError(f"the collection is not linked under {COLLECTIONS}: run `make link` in {REPO} first")
     # pylint: disable=import-outside-toplevel
-    from ansible_collections.warmstart.snapshot.plugins.module_utils import _control as ctl
-    from ansible_collections.warmstart.snapshot.plugins.module_utils import _mountns as mns
-    from ansible_collections.warmstart.snapshot.plugins.module_utils import _proc as proc
-    from ansible_collections.warmstart.snapshot.plugins.module_utils import _snapshot as snap
-    from ansible_collections.warmstart.snapshot.plugins.module_utils import _store as st
-    from ansible_collections.warmstart.snapshot.plugins.module_utils import _workload as wl
-    from ansible_collections.warmstart.snapshot.plugins.module_utils._criu import criu_version, find_criu
-    from ansible_collections.warmstart.snapshot.plugins.module_utils._criu_rpc import CriuOptions, load_pycriu, read_stats
+    from ansible_collections.warmstart.snapshot.plugins.module_utils.core import _control as ctl
+    from ansible_collections.warmstart.snapshot.plugins.module_utils.criu import _mountns as mns
+    from ansible_collections.warmstart.snapshot.plugins.module_utils.core import _proc as proc
+    from ansible_collections.warmstart.snapshot.plugins.module_utils.snapshot import _snapshot as snap
+    from ansible_collections.warmstart.snapshot.plugins.module_utils.store import _store as st
+    from ansible_collections.warmstart.snapshot.plugins.module_utils.node import _workload as wl
+    from ansible_collections.warmstart.snapshot.plugins.module_utils.criu._criu import criu_version, find_criu
+    from ansible_collections.warmstart.snapshot.plugins.module_utils.criu._criu_rpc import CriuOptions, load_pycriu, read_stats
     load_pycriu()
     return SimpleNamespace(ctl=ctl, mns=mns, proc=proc, snap=snap, st=st, wl=wl, CriuOptions=CriuOptions,
                            read_stats=read_stats, find_criu=find_criu, criu_version=criu_version)

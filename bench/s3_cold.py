@@ -61,7 +61,7 @@ def moto(args: argparse.Namespace) -> subprocess.Popen:
 
 
 def s3_store(args: argparse.Namespace, cache: str) -> Any:
-    from ansible_collections.warmstart.snapshot.plugins.module_utils import _stores  # pylint: disable=import-outside-toplevel
+    from ansible_collections.warmstart.snapshot.plugins.module_utils.store import _stores  # pylint: disable=import-outside-toplevel
     options = {"endpoint_url": args.endpoint, "cache_dir": cache, "concurrency": 8}
     return _stores.open_store(f"s3://{BUCKET}/cold", options)
 

@@ -52,7 +52,7 @@ MODULE_UTILS = "ansible_collections.warmstart.snapshot.plugins.module_utils"
 
 
 def has_signing() -> bool:
-    return importlib.util.find_spec(f"{MODULE_UTILS}._signing") is not None
+    return importlib.util.find_spec(f"{MODULE_UTILS}.store.security._signing") is not None
 
 
 def make_keys(top: str) -> Dict[str, str]:
@@ -84,7 +84,7 @@ def make_keys(top: str) -> Dict[str, str]:
 
 def open_store(args: argparse.Namespace, variant: str) -> Any:
     """The store as the modules open it, with this variant's keys dir."""
-    from ansible_collections.warmstart.snapshot.plugins.module_utils._stores import \
+    from ansible_collections.warmstart.snapshot.plugins.module_utils.store._stores import \
         open_store as _open  # pylint: disable=import-outside-toplevel
     os.environ["WARMSTART_KEYS_DIR"] = args.keys[variant]
     options = {"cache_dir": os.path.join(args.dir, "cache"), "encryption": variant == "encrypted"}

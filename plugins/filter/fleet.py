@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from ansible_collections.warmstart.snapshot.plugins.module_utils import _podcontract as pc
+from ansible_collections.warmstart.snapshot.plugins.module_utils.k8s import _podcontract as pc
 
 
 def fleet_rows(hosts: Sequence[str], hostvars: Any) -> List[Dict[str, Any]]:

@@ -15,7 +15,7 @@ import copy
 from typing import Any, Dict, List, Optional, Tuple
 
 from ansible.errors import AnsibleFilterError
-from ansible_collections.warmstart.snapshot.plugins.module_utils import _podcontract as pc
+from ansible_collections.warmstart.snapshot.plugins.module_utils.k8s import _podcontract as pc
 
 # kind -> paths of its pod templates (each a list of keys from the manifest's top)
 TEMPLATE_PATHS: Dict[str, List[Tuple[str, ...]]] = {

@@ -140,10 +140,10 @@ trigger_phase:
 """
 
 from ansible.module_utils.basic import AnsibleModule, env_fallback
-from ansible_collections.warmstart.snapshot.plugins.module_utils._adapter import run_module
-from ansible_collections.warmstart.snapshot.plugins.module_utils._agent_node import run_agent_capture
-from ansible_collections.warmstart.snapshot.plugins.module_utils._k8s_client import auth_argument_spec
-from ansible_collections.warmstart.snapshot.plugins.module_utils._module import store_argument_spec
+from ansible_collections.warmstart.snapshot.plugins.module_utils.runners._adapter import run_module
+from ansible_collections.warmstart.snapshot.plugins.module_utils.agent._agent_node import run_agent_capture
+from ansible_collections.warmstart.snapshot.plugins.module_utils.k8s._k8s_client import auth_argument_spec
+from ansible_collections.warmstart.snapshot.plugins.module_utils.runners._module import store_argument_spec
 
 
 def main() -> None:

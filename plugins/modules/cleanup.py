@@ -218,9 +218,9 @@ errors:
 """
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.warmstart.snapshot.plugins.module_utils import _module
-from ansible_collections.warmstart.snapshot.plugins.module_utils._adapter import run_module
-from ansible_collections.warmstart.snapshot.plugins.module_utils._module import store_argument_spec
+from ansible_collections.warmstart.snapshot.plugins.module_utils.runners import _module
+from ansible_collections.warmstart.snapshot.plugins.module_utils.runners._adapter import run_module
+from ansible_collections.warmstart.snapshot.plugins.module_utils.runners._module import store_argument_spec
 
 
 def main() -> None:

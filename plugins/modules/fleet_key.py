@@ -73,8 +73,8 @@ public_key:
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.warmstart.snapshot.plugins.module_utils import _module
-from ansible_collections.warmstart.snapshot.plugins.module_utils._adapter import run_module
+from ansible_collections.warmstart.snapshot.plugins.module_utils.runners import _module
+from ansible_collections.warmstart.snapshot.plugins.module_utils.runners._adapter import run_module
 
 ARGUMENT_SPEC = dict(
     path=dict(type="path", default="~/.config/warmstart/fleet-signing.key", no_log=False),

@@ -128,10 +128,10 @@ reasons:
 """
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.warmstart.snapshot.plugins.module_utils import _k8s_runners
-from ansible_collections.warmstart.snapshot.plugins.module_utils._adapter import run_module
-from ansible_collections.warmstart.snapshot.plugins.module_utils._k8s_client import auth_argument_spec
-from ansible_collections.warmstart.snapshot.plugins.module_utils._k8s_records import WAIT_FOR
+from ansible_collections.warmstart.snapshot.plugins.module_utils.runners import _k8s_runners
+from ansible_collections.warmstart.snapshot.plugins.module_utils.runners._adapter import run_module
+from ansible_collections.warmstart.snapshot.plugins.module_utils.k8s._k8s_client import auth_argument_spec
+from ansible_collections.warmstart.snapshot.plugins.module_utils.k8s._k8s_records import WAIT_FOR
 
 
 def main() -> None:

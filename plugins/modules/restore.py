@@ -500,9 +500,9 @@ criu_log_tail:
 """
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.warmstart.snapshot.plugins.module_utils import _module
-from ansible_collections.warmstart.snapshot.plugins.module_utils._adapter import run_module
-from ansible_collections.warmstart.snapshot.plugins.module_utils._module import (
+from ansible_collections.warmstart.snapshot.plugins.module_utils.runners import _module
+from ansible_collections.warmstart.snapshot.plugins.module_utils.runners._adapter import run_module
+from ansible_collections.warmstart.snapshot.plugins.module_utils.runners._module import (
     metrics_argument_spec, pod_argument_spec, progress_argument_spec, store_argument_spec, tls_argument_spec)
 
 

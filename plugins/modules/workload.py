@@ -161,8 +161,8 @@ workload:
 """
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.warmstart.snapshot.plugins.module_utils import _module
-from ansible_collections.warmstart.snapshot.plugins.module_utils._adapter import run_module
+from ansible_collections.warmstart.snapshot.plugins.module_utils.runners import _module
+from ansible_collections.warmstart.snapshot.plugins.module_utils.runners._adapter import run_module
 
 
 def main() -> None:

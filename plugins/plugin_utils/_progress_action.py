@@ -29,7 +29,7 @@ from ansible.plugins.action import ActionBase
 from ansible.utils.display import Display
 from ansible.utils.vars import merge_hash
 
-from ansible_collections.warmstart.snapshot.plugins.module_utils._progress import human
+from ansible_collections.warmstart.snapshot.plugins.module_utils.core._progress import human
 
 display = Display()
 

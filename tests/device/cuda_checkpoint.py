@@ -3,7 +3,7 @@
 # Copyright (c) warmstart developers
 # GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
-"""Device check for the CUDA checkpoint binding (plugins/module_utils/_cuda.py) on a real NVIDIA GPU.
+"""Device check for the CUDA checkpoint binding (plugins/module_utils/accel/_cuda.py) on a real NVIDIA GPU.
 
 Run it with ``bash tests/device/run.sh`` (one command, under 5 minutes) on a
 machine with an NVIDIA driver >= 570 and PyTorch with CUDA. It:
@@ -82,13 +82,13 @@ for line in sys.stdin:
 
 
 def load_cuda_binding() -> Any:
-    """plugins/module_utils/_cuda.py, imported by its collection name from this checkout (standard library only,
+    """plugins/module_utils/accel/_cuda.py, imported by its collection name from this checkout (standard library only,
     no Ansible needed): a temporary ``ansible_collections/warmstart/snapshot`` link to the checkout goes on
     sys.path."""
     top = str(collection_path(Path(tempfile.mkdtemp(prefix="warmstart-device-binding-"))))
     if top not in sys.path:
         sys.path.insert(0, top)
-    return importlib.import_module("ansible_collections.warmstart.snapshot.plugins.module_utils._cuda")
+    return importlib.import_module("ansible_collections.warmstart.snapshot.plugins.module_utils.accel._cuda")
 
 
 class Report:
@@ -324,7 +324,8 @@ def run_module(name: str, params: Dict[str, Any], work: Path) -> Dict[str, Any]:
             if line.startswith("{"):
                 return json.loads(line)
         return {"failed": True, "msg": f"module {name} printed no result: {done.stdout[-800:]} {done.stderr[-800:]}"}
-    from ansible_collections.warmstart.snapshot.plugins.module_utils import _adapter, _module  # pylint: disable=import-outside-toplevel
+    from ansible_collections.warmstart.snapshot.plugins.module_utils.runners import _adapter  # pylint: disable=import-outside-toplevel
+    from ansible_collections.warmstart.snapshot.plugins.module_utils.runners import _module  # pylint: disable=import-outside-toplevel
     defaults = {
         "checkpoint": dict(pid=None, pidfile=None, workload=None, container=None, pod=None, runtime="podman",
                            workloads_root="/var/lib/warmstart/workloads", name=None, labels={}, leave_running=True,
@@ -399,7 +400,7 @@ def criu_step(report: Report, python: str, mib: int) -> None:
         return
     work = Path(tempfile.mkdtemp(prefix="warmstart-device-"))
     sys.path.insert(0, str(collection_path(work)))
-    from ansible_collections.warmstart.snapshot.plugins.module_utils import _workload  # pylint: disable=import-outside-toplevel
+    from ansible_collections.warmstart.snapshot.plugins.module_utils.node import _workload  # pylint: disable=import-outside-toplevel
     roots = {"workloads_root": str(work / "workloads"), "store": str(work / "store")}
     script = work / "worker.py"
     script.write_text(WORKER, encoding="utf-8")

@@ -38,7 +38,7 @@ def main(argv: list) -> int:
     parser.add_argument("--timeout", type=int, default=0)
     args = parser.parse_args(argv)
     sys.path.insert(0, os.environ["WARMSTART_COLLECTIONS"])
-    from ansible_collections.warmstart.snapshot.plugins.module_utils import _cuda  # pylint: disable=import-outside-toplevel
+    from ansible_collections.warmstart.snapshot.plugins.module_utils.accel import _cuda  # pylint: disable=import-outside-toplevel
     backend = _cuda.DriverBackend()
     try:
         if args.get_state:

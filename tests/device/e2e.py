@@ -305,8 +305,8 @@ class Run:
             env["WARMSTART_COLLECTIONS"] = self.mods.collections
             shim = " (cuda-checkpoint: warmstart's shim over the driver API; NVIDIA's utility is not installed)"
         sys.path.insert(0, self.mods.collections)
-        from ansible_collections.warmstart.snapshot.plugins.module_utils import _mountns as mns  # pylint: disable=import-outside-toplevel
-        from ansible_collections.warmstart.snapshot.plugins.module_utils import _proc as proc  # pylint: disable=import-outside-toplevel
+        from ansible_collections.warmstart.snapshot.plugins.module_utils.criu import _mountns as mns  # pylint: disable=import-outside-toplevel
+        from ansible_collections.warmstart.snapshot.plugins.module_utils.core import _proc as proc  # pylint: disable=import-outside-toplevel
         plan = mns.plan(pid, proc.descendants(pid))
         common = ["--tcp-established", "--ext-unix-sk", "--file-locks", "--link-remap", "--network-lock", "nftables",
                   "-L", str(plugins), "-v4"]

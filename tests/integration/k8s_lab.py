@@ -9,7 +9,7 @@ import threading
 import time
 from typing import Any, Dict, List, Union
 
-from ansible_collections.warmstart.snapshot.plugins.module_utils import _podcontract as pc
+from ansible_collections.warmstart.snapshot.plugins.module_utils.k8s import _podcontract as pc
 
 from tests.support.fake_apiserver import FakeApiServer
 

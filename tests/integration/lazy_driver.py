@@ -16,8 +16,8 @@ import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", ".collections"))
 
-from ansible_collections.warmstart.snapshot.plugins.module_utils import _snapshot as snap  # noqa: E402
-from ansible_collections.warmstart.snapshot.plugins.module_utils import _store as st  # noqa: E402
+from ansible_collections.warmstart.snapshot.plugins.module_utils.snapshot import _snapshot as snap  # noqa: E402
+from ansible_collections.warmstart.snapshot.plugins.module_utils.store import _store as st  # noqa: E402
 
 
 def main() -> None:

@@ -20,9 +20,9 @@ from typing import Any, Callable, Dict, Iterator, List, Optional
 import pytest
 import yaml
 
-from ansible_collections.warmstart.snapshot.plugins.module_utils import _agent as agent
-from ansible_collections.warmstart.snapshot.plugins.module_utils import _k8s_client as k8s
-from ansible_collections.warmstart.snapshot.plugins.module_utils import _podcontract as pc
+from ansible_collections.warmstart.snapshot.plugins.module_utils.agent import _agent as agent
+from ansible_collections.warmstart.snapshot.plugins.module_utils.k8s import _k8s_client as k8s
+from ansible_collections.warmstart.snapshot.plugins.module_utils.k8s import _podcontract as pc
 
 from tests.support.fake_apiserver import FakeApiServer
 

@@ -21,10 +21,10 @@ from typing import Callable, Dict, Iterator, List
 
 import pytest
 
-from ansible_collections.warmstart.snapshot.plugins.module_utils import _snapshot as snap
-from ansible_collections.warmstart.snapshot.plugins.module_utils import _store as st
-from ansible_collections.warmstart.snapshot.plugins.module_utils._accel import AscendAccelerator, ascend_gpu_node
-from ansible_collections.warmstart.snapshot.plugins.module_utils._criu_rpc import CriuOptions
+from ansible_collections.warmstart.snapshot.plugins.module_utils.snapshot import _snapshot as snap
+from ansible_collections.warmstart.snapshot.plugins.module_utils.store import _store as st
+from ansible_collections.warmstart.snapshot.plugins.module_utils.accel._accel import AscendAccelerator, ascend_gpu_node
+from ansible_collections.warmstart.snapshot.plugins.module_utils.criu._criu_rpc import CriuOptions
 
 from .process_lab import needs_root_and_criu
 
@@ -36,7 +36,7 @@ BUNDLE_PYTHON = "/opt/warmstart/criu/current/python"
 
 WORKLOAD = textwrap.dedent("""
     import ctypes, os, sys, time
-    from ansible_collections.warmstart.snapshot.plugins.module_utils import _ascend
+    from ansible_collections.warmstart.snapshot.plugins.module_utils.accel import _ascend
     lib_path, agents, out, token = sys.argv[1:5]
     lib = ctypes.CDLL(lib_path)
     dev = ctypes.c_void_p()
@@ -96,7 +96,7 @@ def fixture_criu_rpc(monkeypatch: pytest.MonkeyPatch) -> Iterator[object]:
     if os.path.isdir(BUNDLE_PYTHON):
         monkeypatch.syspath_prepend(BUNDLE_PYTHON)
     before = set(sys.modules)
-    from ansible_collections.warmstart.snapshot.plugins.module_utils import _criu_rpc  # pylint: disable=import-outside-toplevel
+    from ansible_collections.warmstart.snapshot.plugins.module_utils.criu import _criu_rpc  # pylint: disable=import-outside-toplevel
     try:
         _criu_rpc.load_pycriu()
     except Exception as exc:  # pylint: disable=broad-except

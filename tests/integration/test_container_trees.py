@@ -21,7 +21,7 @@ from typing import Any, Dict, List
 
 import pytest
 
-from ansible_collections.warmstart.snapshot.plugins.module_utils import _manifest as mf
+from ansible_collections.warmstart.snapshot.plugins.module_utils.store import _manifest as mf
 
 from .container_lab import Pod, wait_file
 

@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 
-from ansible_collections.warmstart.snapshot.plugins.module_utils._criu import (
+from ansible_collections.warmstart.snapshot.plugins.module_utils.criu._criu import (
     FEATURES, criu_check, criu_version, find_criu, probe_features)
-from ansible_collections.warmstart.snapshot.plugins.module_utils._criu_rpc import to_rpc
+from ansible_collections.warmstart.snapshot.plugins.module_utils.criu._criu_rpc import to_rpc
 from tests.support.criu_options import FULL
 
 BUNDLE_PYTHON = "/opt/warmstart/criu/current/python"

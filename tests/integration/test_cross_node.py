@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from ansible_collections.warmstart.snapshot.plugins.module_utils import _signing as sg
+from ansible_collections.warmstart.snapshot.plugins.module_utils.store.security import _signing as sg
 
 from .ansible_run import REPO
 from .podman_lab import node_image, play as _play, podman_env

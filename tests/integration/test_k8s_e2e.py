@@ -18,7 +18,7 @@ from typing import Any, Dict, Iterator, List
 
 import pytest
 
-from ansible_collections.warmstart.snapshot.plugins.module_utils import _podcontract as pc
+from ansible_collections.warmstart.snapshot.plugins.module_utils.k8s import _podcontract as pc
 
 from tests.support.fake_apiserver import FakeApiServer
 

@@ -19,7 +19,7 @@ from typing import Any, Dict
 
 import pytest
 
-from ansible_collections.warmstart.snapshot.plugins.module_utils import _store as st
+from ansible_collections.warmstart.snapshot.plugins.module_utils.store import _store as st
 
 from .ansible_run import REPO
 from .process_lab import Lab, checkpointed, free_port, gone, proc_state, query

@@ -13,7 +13,7 @@ from typing import Dict
 
 import pytest
 
-from ansible_collections.warmstart.snapshot.plugins.module_utils import _metrics as mt
+from ansible_collections.warmstart.snapshot.plugins.module_utils.node import _metrics as mt
 
 from .process_lab import Lab, free_port, query
 

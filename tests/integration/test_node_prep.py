@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from ansible_collections.warmstart.snapshot.plugins.module_utils import _signing as sg
+from ansible_collections.warmstart.snapshot.plugins.module_utils.store.security import _signing as sg
 from tests.support.signing_keys import new_key
 
 from .ansible_run import Run, playbook, prep_vars

@@ -14,11 +14,11 @@ from typing import Any, Dict, List
 
 import pytest
 
-from ansible_collections.warmstart.snapshot.plugins.module_utils import _digest as dg
-from ansible_collections.warmstart.snapshot.plugins.module_utils import _manifest as mf
-from ansible_collections.warmstart.snapshot.plugins.module_utils import _peers as pr
-from ansible_collections.warmstart.snapshot.plugins.module_utils import _s3store as s3s
-from ansible_collections.warmstart.snapshot.plugins.module_utils import _stores as stores
+from ansible_collections.warmstart.snapshot.plugins.module_utils.store import _digest as dg
+from ansible_collections.warmstart.snapshot.plugins.module_utils.store import _manifest as mf
+from ansible_collections.warmstart.snapshot.plugins.module_utils.store import _peers as pr
+from ansible_collections.warmstart.snapshot.plugins.module_utils.store import _s3store as s3s
+from ansible_collections.warmstart.snapshot.plugins.module_utils.store import _stores as stores
 from tests.support.store_fixtures import publish_images
 
 from .process_lab import Lab, free_port

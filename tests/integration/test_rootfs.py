@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from ansible_collections.warmstart.snapshot.plugins.module_utils import _rootfs as rootfs
+from ansible_collections.warmstart.snapshot.plugins.module_utils.runtime import _rootfs as rootfs
 
 pytestmark = pytest.mark.integration
 

@@ -11,11 +11,11 @@ from typing import Iterator
 import pytest
 import yaml
 
-from ansible_collections.warmstart.snapshot.plugins.module_utils import _k8s_client as _k8s
-from ansible_collections.warmstart.snapshot.plugins.module_utils import _k8s_storage as storage
-from ansible_collections.warmstart.snapshot.plugins.module_utils import _podcontract as pc
-from ansible_collections.warmstart.snapshot.plugins.module_utils._store import StoreError
-from ansible_collections.warmstart.snapshot.plugins.module_utils._stores import open_store
+from ansible_collections.warmstart.snapshot.plugins.module_utils.k8s import _k8s_client as _k8s
+from ansible_collections.warmstart.snapshot.plugins.module_utils.k8s import _k8s_storage as storage
+from ansible_collections.warmstart.snapshot.plugins.module_utils.k8s import _podcontract as pc
+from ansible_collections.warmstart.snapshot.plugins.module_utils.store._store import StoreError
+from ansible_collections.warmstart.snapshot.plugins.module_utils.store._stores import open_store
 from tests.support.fake_apiserver import FakeApiServer
 
 from .ansible_run import REPO

@@ -16,10 +16,10 @@ from typing import Any, Dict, List
 
 import pytest
 
-from ansible_collections.warmstart.snapshot.plugins.module_utils import _digest as dg
-from ansible_collections.warmstart.snapshot.plugins.module_utils import _manifest as mf
-from ansible_collections.warmstart.snapshot.plugins.module_utils import _s3store as s3s
-from ansible_collections.warmstart.snapshot.plugins.module_utils import _store as st
+from ansible_collections.warmstart.snapshot.plugins.module_utils.store import _digest as dg
+from ansible_collections.warmstart.snapshot.plugins.module_utils.store import _manifest as mf
+from ansible_collections.warmstart.snapshot.plugins.module_utils.store import _s3store as s3s
+from ansible_collections.warmstart.snapshot.plugins.module_utils.store import _store as st
 
 from .process_lab import Lab, free_port, needs_root_and_criu, query
 from .s3_lab import SECRET, keys, serve

@@ -18,8 +18,8 @@ from typing import Any, Callable, Dict, Iterator, Optional
 
 import pytest
 
-from ansible_collections.warmstart.snapshot.plugins.module_utils import _manifest as mf
-from ansible_collections.warmstart.snapshot.plugins.module_utils import _signing as sg
+from ansible_collections.warmstart.snapshot.plugins.module_utils.store import _manifest as mf
+from ansible_collections.warmstart.snapshot.plugins.module_utils.store.security import _signing as sg
 from tests.support.signing_keys import new_key, trust, write_signing_key
 from tests.support.store_fixtures import tree
 

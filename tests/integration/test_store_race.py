@@ -138,7 +138,7 @@ def slow_criu(tmp_path: Path, seconds: int) -> Path:
 
 def pinned_here(lab: Lab) -> bool:
     """Whether this lab's restores read page images pinned in the store (same local file system as restore_root)."""
-    from ansible_collections.warmstart.snapshot.plugins.module_utils import _storecopy as sc  # pylint: disable=import-outside-toplevel
+    from ansible_collections.warmstart.snapshot.plugins.module_utils.store import _storecopy as sc  # pylint: disable=import-outside-toplevel
     lab.restore_root.mkdir(parents=True, exist_ok=True)
     fd = os.open(lab.store, os.O_RDONLY)
     try:

@@ -19,7 +19,7 @@ from typing import Any, Callable, Dict, List
 
 import pytest
 
-from ansible_collections.warmstart.snapshot.plugins.module_utils import _manifest as mf
+from ansible_collections.warmstart.snapshot.plugins.module_utils.store import _manifest as mf
 
 from .ansible_run import REPO
 from .process_lab import Lab, free_port, query

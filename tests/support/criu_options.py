@@ -1,7 +1,7 @@
 """A CriuOptions with every field set, for the tests of how options become CRIU's RPC options."""
 from __future__ import annotations
 
-from ansible_collections.warmstart.snapshot.plugins.module_utils._criu_rpc import CriuOptions, ExtMount, InheritFd, JoinNs
+from ansible_collections.warmstart.snapshot.plugins.module_utils.criu._criu_rpc import CriuOptions, ExtMount, InheritFd, JoinNs
 
 FULL = CriuOptions(
     tcp="close", ext_unix_sk=False, file_locks=False, link_remap=False, ghost_limit=1 << 20, timeout=30,

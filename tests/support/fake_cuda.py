@@ -13,7 +13,7 @@ from typing import Dict, List, Optional
 
 import pytest
 
-from ansible_collections.warmstart.snapshot.plugins.module_utils import _cuda
+from ansible_collections.warmstart.snapshot.plugins.module_utils.accel import _cuda
 
 FAKE_SOURCE = Path(__file__).resolve().parent / "fake_libcuda.c"
 

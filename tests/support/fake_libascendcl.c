@@ -3,7 +3,7 @@
  * GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
  * SPDX-License-Identifier: GPL-3.0-or-later
  *
- * A fake libascendcl.so for the tests of plugins/module_utils/_ascend.py.
+ * A fake libascendcl.so for the tests of plugins/module_utils/accel/_ascend.py.
  *
  * It exports the four CANN snapshot entry points with the in-process ABI of
  * the runtime's master branch (aclError f(int pid, void *reserve_or_args);

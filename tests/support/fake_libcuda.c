@@ -3,7 +3,7 @@
  * GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
  * SPDX-License-Identifier: GPL-3.0-or-later
  *
- * A fake libcuda.so.1 for the unit tests of plugins/module_utils/_cuda.py.
+ * A fake libcuda.so.1 for the unit tests of plugins/module_utils/accel/_cuda.py.
  *
  * It exports the six CUDA checkpoint entry points with the driver's ABI (the
  * 64-byte argument structs of CUDA 13.0, checked below), plus cuInit,

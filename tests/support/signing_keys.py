@@ -8,7 +8,7 @@ from typing import Tuple
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ed25519
 
-from ansible_collections.warmstart.snapshot.plugins.module_utils import _signing as sg
+from ansible_collections.warmstart.snapshot.plugins.module_utils.store.security import _signing as sg
 
 
 def new_key() -> Tuple[bytes, bytes, str]:

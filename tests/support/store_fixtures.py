@@ -7,8 +7,8 @@ from typing import Any, Dict, Iterator, List, Tuple
 
 import pytest
 
-from ansible_collections.warmstart.snapshot.plugins.module_utils import _manifest as mf
-from ansible_collections.warmstart.snapshot.plugins.module_utils import _store as st
+from ansible_collections.warmstart.snapshot.plugins.module_utils.store import _manifest as mf
+from ansible_collections.warmstart.snapshot.plugins.module_utils.store import _store as st
 
 
 def make_snapshot(store: st.FsStore, name: str = "embed", labels: Dict[str, str] | None = None,

@@ -29,10 +29,10 @@ import os
 import time
 from typing import Dict, List, Optional, Protocol, Sequence, Tuple
 
-from ansible_collections.warmstart.snapshot.plugins.module_utils import _ascend as asc
-from ansible_collections.warmstart.snapshot.plugins.module_utils import _cuda as cu
-from ansible_collections.warmstart.snapshot.plugins.module_utils._compat import GpuNode
-from ansible_collections.warmstart.snapshot.plugins.module_utils._errors import WarmstartError
+from ansible_collections.warmstart.snapshot.plugins.module_utils.accel import _ascend as asc
+from ansible_collections.warmstart.snapshot.plugins.module_utils.accel import _cuda as cu
+from ansible_collections.warmstart.snapshot.plugins.module_utils.accel._gpunode import GpuNode
+from ansible_collections.warmstart.snapshot.plugins.module_utils.core._errors import WarmstartError
 
 ACCELERATORS = ("auto", "cuda", "ascend", "off")
 CUDA_ALIAS = {"auto": "auto", "required": "cuda", "off": "off"}

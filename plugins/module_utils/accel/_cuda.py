@@ -37,7 +37,7 @@ import subprocess
 import time
 from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Set, Tuple, Union
 
-from ansible_collections.warmstart.snapshot.plugins.module_utils._errors import WarmstartError
+from ansible_collections.warmstart.snapshot.plugins.module_utils.core._errors import WarmstartError
 
 LIBCUDA = "libcuda.so.1"
 LIBCUDA_ENV = "WARMSTART_LIBCUDA"

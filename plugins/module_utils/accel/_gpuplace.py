@@ -27,9 +27,9 @@ import re
 import time
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from ansible_collections.warmstart.snapshot.plugins.module_utils import _cuda as cu
-from ansible_collections.warmstart.snapshot.plugins.module_utils import _proc as proc
-from ansible_collections.warmstart.snapshot.plugins.module_utils._errors import WarmstartError
+from ansible_collections.warmstart.snapshot.plugins.module_utils.accel import _cuda as cu
+from ansible_collections.warmstart.snapshot.plugins.module_utils.core import _proc as proc
+from ansible_collections.warmstart.snapshot.plugins.module_utils.core._errors import WarmstartError
 
 VISIBLE_ENV = ("NVIDIA_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES")
 NO_GPU = ("none", "void", "")

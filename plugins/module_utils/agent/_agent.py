@@ -37,9 +37,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Mapping, Optional, Protocol, Tuple
 
-from ansible_collections.warmstart.snapshot.plugins.module_utils import _podcontract as pc
-from ansible_collections.warmstart.snapshot.plugins.module_utils._k8s_client import Cluster, K8sError, now
-from ansible_collections.warmstart.snapshot.plugins.module_utils import _k8s_records as rec
+from ansible_collections.warmstart.snapshot.plugins.module_utils.k8s import _podcontract as pc
+from ansible_collections.warmstart.snapshot.plugins.module_utils.k8s._k8s_client import Cluster, K8sError, now
+from ansible_collections.warmstart.snapshot.plugins.module_utils.k8s import _k8s_records as rec
 
 JSON = Dict[str, Any]
 

@@ -27,12 +27,12 @@ import hashlib
 from dataclasses import dataclass
 from typing import Any, Dict, List, Mapping, Optional, Protocol, Tuple
 
-from ansible_collections.warmstart.snapshot.plugins.module_utils import _k8s_records as rec
-from ansible_collections.warmstart.snapshot.plugins.module_utils import _k8s_requests as req
-from ansible_collections.warmstart.snapshot.plugins.module_utils import _podcontract as pc
-from ansible_collections.warmstart.snapshot.plugins.module_utils._errors import WarmstartError
-from ansible_collections.warmstart.snapshot.plugins.module_utils import _k8s_storage as stg
-from ansible_collections.warmstart.snapshot.plugins.module_utils._k8s_client import Cluster, K8sError
+from ansible_collections.warmstart.snapshot.plugins.module_utils.k8s import _k8s_records as rec
+from ansible_collections.warmstart.snapshot.plugins.module_utils.k8s import _k8s_requests as req
+from ansible_collections.warmstart.snapshot.plugins.module_utils.k8s import _podcontract as pc
+from ansible_collections.warmstart.snapshot.plugins.module_utils.core._errors import WarmstartError
+from ansible_collections.warmstart.snapshot.plugins.module_utils.k8s import _k8s_storage as stg
+from ansible_collections.warmstart.snapshot.plugins.module_utils.k8s._k8s_client import Cluster, K8sError
 
 JSON = Dict[str, Any]
 

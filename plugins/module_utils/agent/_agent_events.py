@@ -47,8 +47,8 @@ import copy
 import threading
 from typing import Any, Callable, Dict, Iterable, List, Optional, Set, Tuple
 
-from ansible_collections.warmstart.snapshot.plugins.module_utils import _podcontract as pc
-from ansible_collections.warmstart.snapshot.plugins.module_utils._errors import WarmstartError
+from ansible_collections.warmstart.snapshot.plugins.module_utils.k8s import _podcontract as pc
+from ansible_collections.warmstart.snapshot.plugins.module_utils.core._errors import WarmstartError
 
 JSON = Dict[str, Any]
 Key = Tuple[str, str]

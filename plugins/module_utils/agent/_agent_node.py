@@ -20,22 +20,22 @@ import os
 import signal
 from typing import Any, Dict, List, Optional, Tuple
 
-from ansible_collections.warmstart.snapshot.plugins.module_utils import _agent as agent
-from ansible_collections.warmstart.snapshot.plugins.module_utils import _agent_capture as capture
-from ansible_collections.warmstart.snapshot.plugins.module_utils import _container as ctr
-from ansible_collections.warmstart.snapshot.plugins.module_utils import _control as ctl
-from ansible_collections.warmstart.snapshot.plugins.module_utils import _proc as proc
-from ansible_collections.warmstart.snapshot.plugins.module_utils import _k8s_requests as requests
-from ansible_collections.warmstart.snapshot.plugins.module_utils import _metrics as metrics
-from ansible_collections.warmstart.snapshot.plugins.module_utils import _podcontract as pc
-from ansible_collections.warmstart.snapshot.plugins.module_utils import _restorer as rst
-from ansible_collections.warmstart.snapshot.plugins.module_utils import _snapshot as snap
-from ansible_collections.warmstart.snapshot.plugins.module_utils._criu_rpc import CriuOptions
-from ansible_collections.warmstart.snapshot.plugins.module_utils._containerinfo import ContainerInfo
-from ansible_collections.warmstart.snapshot.plugins.module_utils._errors import WarmstartError
-from ansible_collections.warmstart.snapshot.plugins.module_utils._k8s_client import cluster_from
-from ansible_collections.warmstart.snapshot.plugins.module_utils._runtime import Runtime, get_runtime, pod_container
-from ansible_collections.warmstart.snapshot.plugins.module_utils._stores import open_store
+from ansible_collections.warmstart.snapshot.plugins.module_utils.agent import _agent as agent
+from ansible_collections.warmstart.snapshot.plugins.module_utils.agent import _agent_capture as capture
+from ansible_collections.warmstart.snapshot.plugins.module_utils.snapshot import _container as ctr
+from ansible_collections.warmstart.snapshot.plugins.module_utils.core import _control as ctl
+from ansible_collections.warmstart.snapshot.plugins.module_utils.core import _proc as proc
+from ansible_collections.warmstart.snapshot.plugins.module_utils.k8s import _k8s_requests as requests
+from ansible_collections.warmstart.snapshot.plugins.module_utils.node import _metrics as metrics
+from ansible_collections.warmstart.snapshot.plugins.module_utils.k8s import _podcontract as pc
+from ansible_collections.warmstart.snapshot.plugins.module_utils.core import _restorer as rst
+from ansible_collections.warmstart.snapshot.plugins.module_utils.snapshot import _snapshot as snap
+from ansible_collections.warmstart.snapshot.plugins.module_utils.criu._criu_rpc import CriuOptions
+from ansible_collections.warmstart.snapshot.plugins.module_utils.runtime._containerinfo import ContainerInfo
+from ansible_collections.warmstart.snapshot.plugins.module_utils.core._errors import WarmstartError
+from ansible_collections.warmstart.snapshot.plugins.module_utils.k8s._k8s_client import cluster_from
+from ansible_collections.warmstart.snapshot.plugins.module_utils.runtime._runtime import Runtime, get_runtime, pod_container
+from ansible_collections.warmstart.snapshot.plugins.module_utils.store._stores import open_store
 
 COLD_START = "cold-start"
 

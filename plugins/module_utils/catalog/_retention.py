@@ -32,8 +32,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
-from ansible_collections.warmstart.snapshot.plugins.module_utils import _manifest as mf
-from ansible_collections.warmstart.snapshot.plugins.module_utils._errors import WarmstartError
+from ansible_collections.warmstart.snapshot.plugins.module_utils.store import _manifest as mf
+from ansible_collections.warmstart.snapshot.plugins.module_utils.core._errors import WarmstartError
 
 DEFAULT_INCOMPLETE_OLDER_THAN = 3600.0
 DELETING_PREFIX = "deleting-"

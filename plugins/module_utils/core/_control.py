@@ -38,9 +38,9 @@ import time
 import uuid
 from typing import Dict, List, Optional
 
-from ansible_collections.warmstart.snapshot.plugins.module_utils import _safefs as safefs
-from ansible_collections.warmstart.snapshot.plugins.module_utils import _proc as proc
-from ansible_collections.warmstart.snapshot.plugins.module_utils._errors import WarmstartError
+from ansible_collections.warmstart.snapshot.plugins.module_utils.core import _safefs as safefs
+from ansible_collections.warmstart.snapshot.plugins.module_utils.core import _proc as proc
+from ansible_collections.warmstart.snapshot.plugins.module_utils.core._errors import WarmstartError
 
 READY = "ready-for-snapshot"
 RESTORE_COMPLETE = "restore-complete"

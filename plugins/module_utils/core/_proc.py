@@ -12,8 +12,8 @@ import stat
 import time
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
-from ansible_collections.warmstart.snapshot.plugins.module_utils import _safefs as safefs
-from ansible_collections.warmstart.snapshot.plugins.module_utils._errors import WarmstartError
+from ansible_collections.warmstart.snapshot.plugins.module_utils.core import _safefs as safefs
+from ansible_collections.warmstart.snapshot.plugins.module_utils.core._errors import WarmstartError
 
 PF_KTHREAD = 0x00200000
 

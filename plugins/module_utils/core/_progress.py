@@ -24,7 +24,7 @@ import threading
 import time
 from typing import Any, Dict, Optional
 
-from ansible_collections.warmstart.snapshot.plugins.module_utils import _safefs as safefs
+from ansible_collections.warmstart.snapshot.plugins.module_utils.core import _safefs as safefs
 
 MIN_INTERVAL = 0.5
 UNITS = ("B", "KiB", "MiB", "GiB", "TiB")

@@ -30,8 +30,8 @@ import os
 import signal
 from typing import Any, Callable, Dict, Optional, Tuple
 
-from ansible_collections.warmstart.snapshot.plugins.module_utils import _safefs as safefs
-from ansible_collections.warmstart.snapshot.plugins.module_utils._errors import WarmstartError
+from ansible_collections.warmstart.snapshot.plugins.module_utils.core import _safefs as safefs
+from ansible_collections.warmstart.snapshot.plugins.module_utils.core._errors import WarmstartError
 
 LOCK_DIR = "/run/warmstart/locks"
 

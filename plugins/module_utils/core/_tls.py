@@ -29,8 +29,8 @@ import stat
 from dataclasses import dataclass
 from typing import Dict, List, Optional
 
-from ansible_collections.warmstart.snapshot.plugins.module_utils._errors import WarmstartError
-from ansible_collections.warmstart.snapshot.plugins.module_utils._securestore import keys_dir
+from ansible_collections.warmstart.snapshot.plugins.module_utils.core._errors import WarmstartError
+from ansible_collections.warmstart.snapshot.plugins.module_utils.core._paths import keys_dir
 
 TLS_DIR = "tls"
 FILES = {"ca": "ca.pem", "cert": "cert.pem", "key": "key.pem"}

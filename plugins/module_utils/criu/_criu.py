@@ -16,7 +16,7 @@ import subprocess
 from dataclasses import dataclass
 from typing import Any, Dict, Iterable, List, Optional, Sequence
 
-from ansible_collections.warmstart.snapshot.plugins.module_utils._errors import WarmstartError
+from ansible_collections.warmstart.snapshot.plugins.module_utils.core._errors import WarmstartError
 
 # Where node_prep installs the bundled CRIU, then the usual manual install.
 DEFAULT_CANDIDATES = (

@@ -16,8 +16,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Dict, Iterator, List, Optional
 
-from ansible_collections.warmstart.snapshot.plugins.module_utils import _namespaces as nsu
-from ansible_collections.warmstart.snapshot.plugins.module_utils._criu import CriuError
+from ansible_collections.warmstart.snapshot.plugins.module_utils.core import _namespaces as nsu
+from ansible_collections.warmstart.snapshot.plugins.module_utils.criu._criu import CriuError
 
 LOG_TAIL_LINES = 25
 # criu_network_lock_method in rpc.proto

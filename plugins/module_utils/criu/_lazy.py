@@ -37,12 +37,12 @@ import time
 from dataclasses import dataclass
 from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
-from ansible_collections.warmstart.snapshot.plugins.module_utils import _safefs as safefs
-from ansible_collections.warmstart.snapshot.plugins.module_utils import _control as ctl
-from ansible_collections.warmstart.snapshot.plugins.module_utils import _proc as proc
-from ansible_collections.warmstart.snapshot.plugins.module_utils._criu import probe_feature
-from ansible_collections.warmstart.snapshot.plugins.module_utils._criu_rpc import _error_lines, log_tail
-from ansible_collections.warmstart.snapshot.plugins.module_utils._errors import WarmstartError
+from ansible_collections.warmstart.snapshot.plugins.module_utils.core import _safefs as safefs
+from ansible_collections.warmstart.snapshot.plugins.module_utils.core import _control as ctl
+from ansible_collections.warmstart.snapshot.plugins.module_utils.core import _proc as proc
+from ansible_collections.warmstart.snapshot.plugins.module_utils.criu._criu import probe_feature
+from ansible_collections.warmstart.snapshot.plugins.module_utils.criu._criu_rpc import _error_lines, log_tail
+from ansible_collections.warmstart.snapshot.plugins.module_utils.core._errors import WarmstartError
 
 STATE = "lazy-state.json"
 SOCKET = "lazy-pages.socket"

@@ -30,9 +30,9 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Sequence, Set, Tuple
 
-from ansible_collections.warmstart.snapshot.plugins.module_utils import _namespaces as nsu
-from ansible_collections.warmstart.snapshot.plugins.module_utils._criu_rpc import CriuOptions
-from ansible_collections.warmstart.snapshot.plugins.module_utils._errors import WarmstartError
+from ansible_collections.warmstart.snapshot.plugins.module_utils.core import _namespaces as nsu
+from ansible_collections.warmstart.snapshot.plugins.module_utils.criu._criu_rpc import CriuOptions
+from ansible_collections.warmstart.snapshot.plugins.module_utils.core._errors import WarmstartError
 
 # Mounts under these directories belong to container runtimes, the kubelet, login sessions and network
 # namespaces: node-local, and coming and going with the things they belong to.

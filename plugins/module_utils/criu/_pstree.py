@@ -25,7 +25,7 @@ import os
 import struct
 from typing import Any, Dict, List, Tuple
 
-from ansible_collections.warmstart.snapshot.plugins.module_utils._errors import WarmstartError
+from ansible_collections.warmstart.snapshot.plugins.module_utils.core._errors import WarmstartError
 
 HEADER = 8  # u32 IMG_COMMON magic, u32 PSTREE magic
 

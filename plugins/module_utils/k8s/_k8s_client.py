@@ -33,8 +33,8 @@ import time
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 from urllib.parse import quote
 
-from ansible_collections.warmstart.snapshot.plugins.module_utils import _podcontract as pc
-from ansible_collections.warmstart.snapshot.plugins.module_utils._errors import WarmstartError
+from ansible_collections.warmstart.snapshot.plugins.module_utils.k8s import _podcontract as pc
+from ansible_collections.warmstart.snapshot.plugins.module_utils.core._errors import WarmstartError
 
 JSON = Dict[str, Any]
 Params = Mapping[str, Any]

@@ -23,8 +23,8 @@ import copy
 import json
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from ansible_collections.warmstart.snapshot.plugins.module_utils import _podcontract as pc
-from ansible_collections.warmstart.snapshot.plugins.module_utils._k8s_client import (
+from ansible_collections.warmstart.snapshot.plugins.module_utils.k8s import _podcontract as pc
+from ansible_collections.warmstart.snapshot.plugins.module_utils.k8s._k8s_client import (
     JSON, LABEL_SNAPSHOT_NAME, LABEL_SNAPSHOT_NAMESPACE, Cluster, K8sError, Params, now, ref, subset)
 
 

@@ -30,8 +30,8 @@ from __future__ import annotations
 import datetime
 from typing import List, Optional, Tuple
 
-from ansible_collections.warmstart.snapshot.plugins.module_utils import _podcontract as pc
-from ansible_collections.warmstart.snapshot.plugins.module_utils._k8s_client import (
+from ansible_collections.warmstart.snapshot.plugins.module_utils.k8s import _podcontract as pc
+from ansible_collections.warmstart.snapshot.plugins.module_utils.k8s._k8s_client import (
     JSON, Cluster, K8sError, now, ref)
 
 REASON_CAPTURING = "SnapshotInProgress"

@@ -27,8 +27,8 @@ import base64
 import binascii
 from typing import Dict, List, Optional, Tuple
 
-from ansible_collections.warmstart.snapshot.plugins.module_utils import _podcontract as pc
-from ansible_collections.warmstart.snapshot.plugins.module_utils._k8s_client import JSON, Cluster, K8sError, ref
+from ansible_collections.warmstart.snapshot.plugins.module_utils.k8s import _podcontract as pc
+from ansible_collections.warmstart.snapshot.plugins.module_utils.k8s._k8s_client import JSON, Cluster, K8sError, ref
 
 # storage config spec.options (camelCase) -> store_options (the modules' names)
 OPTION_NAMES = {"endpointUrl": "endpoint_url", "region": "region", "profile": "profile", "cacheDir": "cache_dir",

@@ -95,7 +95,7 @@ import posixpath
 import re
 from typing import Any, Dict, Iterable, List, Optional, Sequence, Set, Tuple
 
-from ansible_collections.warmstart.snapshot.plugins.module_utils._errors import WarmstartError
+from ansible_collections.warmstart.snapshot.plugins.module_utils.core._errors import WarmstartError
 
 GROUP = "snapshot.warmstart.io"
 VERSION = "v1alpha1"

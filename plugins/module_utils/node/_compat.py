@@ -7,13 +7,14 @@ from __future__ import annotations
 
 import os
 import socket
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional
 
-from ansible_collections.warmstart.snapshot.plugins.module_utils import _cuda as cu
-from ansible_collections.warmstart.snapshot.plugins.module_utils import _gpu
-from ansible_collections.warmstart.snapshot.plugins.module_utils._criu import criu_version, find_criu
-from ansible_collections.warmstart.snapshot.plugins.module_utils._node import read_cpuinfo, read_os_release
-from ansible_collections.warmstart.snapshot.plugins.module_utils._version import compare_versions
+from ansible_collections.warmstart.snapshot.plugins.module_utils.accel import _cuda as cu
+from ansible_collections.warmstart.snapshot.plugins.module_utils.accel import _gpu
+from ansible_collections.warmstart.snapshot.plugins.module_utils.accel._gpunode import GpuNode
+from ansible_collections.warmstart.snapshot.plugins.module_utils.criu._criu import criu_version, find_criu
+from ansible_collections.warmstart.snapshot.plugins.module_utils.node._node import read_cpuinfo, read_os_release
+from ansible_collections.warmstart.snapshot.plugins.module_utils.core._version import compare_versions
 
 
 def describe_node(criu_path: Optional[str] = None) -> Dict[str, Any]:
@@ -69,47 +70,6 @@ CUDA_MODES = ("auto", "required", "off")
 
 
 # accelerator -> (what its processes are called, what its device is called)
-ACCELERATOR_WORDS = {"cuda": ("CUDA", "GPU"), "ascend": ("Ascend NPU", "NPU")}
-
-
-class GpuNode:
-    """This node's accelerator checkpoint backend and devices, probed once and only when asked (CPU-only restores
-    never ask). ``accelerator`` names the kind (cuda, ascend) in every refusal; ``absent`` says why this node may
-    have no such device at all (None when it has one or cannot tell)."""
-
-    def __init__(self, availability: Optional[Callable[[], Tuple[Optional[cu.Backend], str]]] = None,
-                 inventory: Optional[Callable[[], Tuple[List[Dict[str, Any]], Optional[str]]]] = None,
-                 accelerator: str = "cuda", absent: Optional[Callable[[], Optional[str]]] = None) -> None:
-        self._availability = availability or cu.availability
-        self._inventory = inventory or _gpu.node_gpus
-        self._backend: Optional[Tuple[Optional[cu.Backend], str]] = None
-        self._gpus: Optional[Tuple[List[Dict[str, Any]], Optional[str]]] = None
-        self.accelerator = accelerator
-        self.absent = absent or (lambda: None)
-
-    def asked(self, mode: str) -> str:
-        """The option as the user set it, for refusals: ``cuda: required`` or ``accelerator: ascend``."""
-        return f"cuda: {mode}" if self.accelerator == "cuda" else f"accelerator: {self.accelerator}"
-
-    @property
-    def process_word(self) -> str:
-        return ACCELERATOR_WORDS.get(self.accelerator, (self.accelerator, ""))[0]
-
-    @property
-    def device_word(self) -> str:
-        return ACCELERATOR_WORDS.get(self.accelerator, ("", self.accelerator))[1]
-
-    def backend(self) -> Tuple[Optional[cu.Backend], str]:
-        if self._backend is None:
-            self._backend = self._availability()
-        return self._backend
-
-    def gpus(self) -> Tuple[List[Dict[str, Any]], Optional[str]]:
-        if self._gpus is None:
-            self._gpus = self._inventory()
-        return self._gpus
-
-
 def _gpu_text(gpus: List[Dict[str, Any]]) -> str:
     return "[" + ", ".join(f"{g.get('uuid')} {g.get('name')}" for g in gpus) + "]"
 

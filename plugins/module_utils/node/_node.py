@@ -22,10 +22,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Dict, Iterable, List, Optional, Sequence, Union
 
-from ansible_collections.warmstart.snapshot.plugins.module_utils._ascend import npu_inventory
-from ansible_collections.warmstart.snapshot.plugins.module_utils._criu import criu_info, criu_version, find_criu
-from ansible_collections.warmstart.snapshot.plugins.module_utils._gpu import gpu_inventory
-from ansible_collections.warmstart.snapshot.plugins.module_utils._version import parse_version, version_at_least
+from ansible_collections.warmstart.snapshot.plugins.module_utils.accel._ascend import npu_inventory
+from ansible_collections.warmstart.snapshot.plugins.module_utils.criu._criu import criu_info, criu_version, find_criu
+from ansible_collections.warmstart.snapshot.plugins.module_utils.accel._gpu import gpu_inventory
+from ansible_collections.warmstart.snapshot.plugins.module_utils.core._version import parse_version, version_at_least
 
 DEFAULT_KERNEL_MIN = "5.12"
 DEFAULT_SNAPSHOT_ROOT = "/var/lib/warmstart"

@@ -26,8 +26,8 @@ from __future__ import annotations
 import traceback
 from typing import Any, Callable, Dict, List, Mapping, NoReturn, Protocol
 
-from ansible_collections.warmstart.snapshot.plugins.module_utils import _progress as prog
-from ansible_collections.warmstart.snapshot.plugins.module_utils._errors import WarmstartError
+from ansible_collections.warmstart.snapshot.plugins.module_utils.core import _progress as prog
+from ansible_collections.warmstart.snapshot.plugins.module_utils.core._errors import WarmstartError
 
 Params = Mapping[str, Any]
 Result = Dict[str, Any]

@@ -18,13 +18,13 @@ from __future__ import annotations
 import time
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
-from ansible_collections.warmstart.snapshot.plugins.module_utils import _k8s_records as rec
-from ansible_collections.warmstart.snapshot.plugins.module_utils import _k8s_requests as req
-from ansible_collections.warmstart.snapshot.plugins.module_utils import _k8s_storage as storage
-from ansible_collections.warmstart.snapshot.plugins.module_utils import _podcontract as pc
-from ansible_collections.warmstart.snapshot.plugins.module_utils import _retention as ret
-from ansible_collections.warmstart.snapshot.plugins.module_utils._errors import WarmstartError
-from ansible_collections.warmstart.snapshot.plugins.module_utils._k8s_client import (
+from ansible_collections.warmstart.snapshot.plugins.module_utils.k8s import _k8s_records as rec
+from ansible_collections.warmstart.snapshot.plugins.module_utils.k8s import _k8s_requests as req
+from ansible_collections.warmstart.snapshot.plugins.module_utils.k8s import _k8s_storage as storage
+from ansible_collections.warmstart.snapshot.plugins.module_utils.k8s import _podcontract as pc
+from ansible_collections.warmstart.snapshot.plugins.module_utils.catalog import _retention as ret
+from ansible_collections.warmstart.snapshot.plugins.module_utils.core._errors import WarmstartError
+from ansible_collections.warmstart.snapshot.plugins.module_utils.k8s._k8s_client import (
     JSON, Cluster, K8sError, Params, cluster_from, ref)
 
 

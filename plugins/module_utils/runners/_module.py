@@ -25,28 +25,28 @@ import shlex
 import time
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
-from ansible_collections.warmstart.snapshot.plugins.module_utils import _accel as acc
-from ansible_collections.warmstart.snapshot.plugins.module_utils import _cleanup as cln
-from ansible_collections.warmstart.snapshot.plugins.module_utils import _container as ctr
-from ansible_collections.warmstart.snapshot.plugins.module_utils import _cuda as cu
-from ansible_collections.warmstart.snapshot.plugins.module_utils import _fleetkey as fk
-from ansible_collections.warmstart.snapshot.plugins.module_utils import _info as inf
-from ansible_collections.warmstart.snapshot.plugins.module_utils import _lazy as lz
-from ansible_collections.warmstart.snapshot.plugins.module_utils import _metrics as mt
-from ansible_collections.warmstart.snapshot.plugins.module_utils import _node as nd
-from ansible_collections.warmstart.snapshot.plugins.module_utils import _pageserver as ps
-from ansible_collections.warmstart.snapshot.plugins.module_utils import _retention as ret
-from ansible_collections.warmstart.snapshot.plugins.module_utils import _snapshot as snap
-from ansible_collections.warmstart.snapshot.plugins.module_utils import _tls
-from ansible_collections.warmstart.snapshot.plugins.module_utils import _workload as wl
-from ansible_collections.warmstart.snapshot.plugins.module_utils._adapter import with_context
-from ansible_collections.warmstart.snapshot.plugins.module_utils._compat import GpuNode
-from ansible_collections.warmstart.snapshot.plugins.module_utils._criu_rpc import CriuOptions
-from ansible_collections.warmstart.snapshot.plugins.module_utils._errors import WarmstartError
-from ansible_collections.warmstart.snapshot.plugins.module_utils._manifest import ManifestError
-from ansible_collections.warmstart.snapshot.plugins.module_utils._runtime import get_runtime, pod_container
-from ansible_collections.warmstart.snapshot.plugins.module_utils._storeapi import Store
-from ansible_collections.warmstart.snapshot.plugins.module_utils._stores import open_store
+from ansible_collections.warmstart.snapshot.plugins.module_utils.accel import _accel as acc
+from ansible_collections.warmstart.snapshot.plugins.module_utils.catalog import _cleanup as cln
+from ansible_collections.warmstart.snapshot.plugins.module_utils.snapshot import _container as ctr
+from ansible_collections.warmstart.snapshot.plugins.module_utils.accel import _cuda as cu
+from ansible_collections.warmstart.snapshot.plugins.module_utils.store.security import _fleetkey as fk
+from ansible_collections.warmstart.snapshot.plugins.module_utils.catalog import _info as inf
+from ansible_collections.warmstart.snapshot.plugins.module_utils.criu import _lazy as lz
+from ansible_collections.warmstart.snapshot.plugins.module_utils.node import _metrics as mt
+from ansible_collections.warmstart.snapshot.plugins.module_utils.node import _node as nd
+from ansible_collections.warmstart.snapshot.plugins.module_utils.snapshot import _pageserver as ps
+from ansible_collections.warmstart.snapshot.plugins.module_utils.catalog import _retention as ret
+from ansible_collections.warmstart.snapshot.plugins.module_utils.snapshot import _snapshot as snap
+from ansible_collections.warmstart.snapshot.plugins.module_utils.core import _tls
+from ansible_collections.warmstart.snapshot.plugins.module_utils.node import _workload as wl
+from ansible_collections.warmstart.snapshot.plugins.module_utils.runners._adapter import with_context
+from ansible_collections.warmstart.snapshot.plugins.module_utils.accel._gpunode import GpuNode
+from ansible_collections.warmstart.snapshot.plugins.module_utils.criu._criu_rpc import CriuOptions
+from ansible_collections.warmstart.snapshot.plugins.module_utils.core._errors import WarmstartError
+from ansible_collections.warmstart.snapshot.plugins.module_utils.store._manifest import ManifestError
+from ansible_collections.warmstart.snapshot.plugins.module_utils.runtime._runtime import get_runtime, pod_container
+from ansible_collections.warmstart.snapshot.plugins.module_utils.store._storeapi import Store
+from ansible_collections.warmstart.snapshot.plugins.module_utils.store._stores import open_store
 
 Params = Mapping[str, Any]
 Result = Dict[str, Any]

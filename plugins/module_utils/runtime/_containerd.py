@@ -33,9 +33,9 @@ import socket
 import subprocess
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
-from ansible_collections.warmstart.snapshot.plugins.module_utils._containerinfo import (
+from ansible_collections.warmstart.snapshot.plugins.module_utils.runtime._containerinfo import (
     POD_CONTAINER, POD_NAME, POD_NAMESPACE, ContainerInfo)
-from ansible_collections.warmstart.snapshot.plugins.module_utils._proc import TargetError, alive
+from ansible_collections.warmstart.snapshot.plugins.module_utils.core._proc import TargetError, alive
 
 TIMEOUT = 120
 DEFAULT_ADDRESS = "/run/containerd/containerd.sock"

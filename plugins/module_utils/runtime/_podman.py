@@ -14,9 +14,9 @@ import shutil
 import subprocess
 from typing import Any, Dict, List, Optional
 
-from ansible_collections.warmstart.snapshot.plugins.module_utils._containerinfo import (
+from ansible_collections.warmstart.snapshot.plugins.module_utils.runtime._containerinfo import (
     POD_CONTAINER, POD_NAME, POD_NAMESPACE, ContainerInfo)
-from ansible_collections.warmstart.snapshot.plugins.module_utils._proc import TargetError
+from ansible_collections.warmstart.snapshot.plugins.module_utils.core._proc import TargetError
 
 TIMEOUT = 120
 

@@ -19,8 +19,8 @@ import stat
 import tarfile
 from typing import Any, Dict, FrozenSet, Iterable, List
 
-from ansible_collections.warmstart.snapshot.plugins.module_utils._errors import WarmstartError
-from ansible_collections.warmstart.snapshot.plugins.module_utils._namespaces import fork_call
+from ansible_collections.warmstart.snapshot.plugins.module_utils.core._errors import WarmstartError
+from ansible_collections.warmstart.snapshot.plugins.module_utils.core._namespaces import fork_call
 
 DIFF_TAR = "rootfs-diff.tar"
 DELETED = "deleted-files.json"

@@ -26,11 +26,11 @@ from __future__ import annotations
 
 from typing import Any, Callable, Dict, List, Protocol, Tuple
 
-from ansible_collections.warmstart.snapshot.plugins.module_utils._containerinfo import (
+from ansible_collections.warmstart.snapshot.plugins.module_utils.runtime._containerinfo import (
     POD_CONTAINER, POD_NAME, POD_NAMESPACE, ContainerInfo)
-from ansible_collections.warmstart.snapshot.plugins.module_utils._containerd import Containerd
-from ansible_collections.warmstart.snapshot.plugins.module_utils._podman import Podman
-from ansible_collections.warmstart.snapshot.plugins.module_utils._proc import TargetError
+from ansible_collections.warmstart.snapshot.plugins.module_utils.runtime._containerd import Containerd
+from ansible_collections.warmstart.snapshot.plugins.module_utils.runtime._podman import Podman
+from ansible_collections.warmstart.snapshot.plugins.module_utils.core._proc import TargetError
 
 __all__ = ["AUTO", "POD_CONTAINER", "POD_NAME", "POD_NAMESPACE", "RUNTIMES", "Auto", "ContainerInfo", "Runtime",
            "get_runtime", "pod_container", "running"]

@@ -30,30 +30,31 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Tuple
 
-from ansible_collections.warmstart.snapshot.plugins.module_utils import _control as ctl
-from ansible_collections.warmstart.snapshot.plugins.module_utils import _cuda as cu
-from ansible_collections.warmstart.snapshot.plugins.module_utils import _gpuplace as gpl
-from ansible_collections.warmstart.snapshot.plugins.module_utils import _namespaces as nsu
-from ansible_collections.warmstart.snapshot.plugins.module_utils import _proc as proc
-from ansible_collections.warmstart.snapshot.plugins.module_utils import _progress as prog
-from ansible_collections.warmstart.snapshot.plugins.module_utils import _pstree as pstree
-from ansible_collections.warmstart.snapshot.plugins.module_utils import _restorer as rst
-from ansible_collections.warmstart.snapshot.plugins.module_utils import _rootfs as rootfs
-from ansible_collections.warmstart.snapshot.plugins.module_utils import _safefs as safefs
-from ansible_collections.warmstart.snapshot.plugins.module_utils import _snapshot as snap
-from ansible_collections.warmstart.snapshot.plugins.module_utils import _store as st
-from ansible_collections.warmstart.snapshot.plugins.module_utils import _storecopy as sc
-from ansible_collections.warmstart.snapshot.plugins.module_utils import _tcp as tcpm
-from ansible_collections.warmstart.snapshot.plugins.module_utils._compat import (
-    GpuNode, describe_node, gpu_incompatibilities, incompatibilities)
-from ansible_collections.warmstart.snapshot.plugins.module_utils._containerinfo import ContainerInfo
-from ansible_collections.warmstart.snapshot.plugins.module_utils._criu import CriuError, find_criu
-from ansible_collections.warmstart.snapshot.plugins.module_utils._criu_rpc import (
+from ansible_collections.warmstart.snapshot.plugins.module_utils.core import _control as ctl
+from ansible_collections.warmstart.snapshot.plugins.module_utils.accel import _cuda as cu
+from ansible_collections.warmstart.snapshot.plugins.module_utils.accel import _gpuplace as gpl
+from ansible_collections.warmstart.snapshot.plugins.module_utils.core import _namespaces as nsu
+from ansible_collections.warmstart.snapshot.plugins.module_utils.core import _proc as proc
+from ansible_collections.warmstart.snapshot.plugins.module_utils.core import _progress as prog
+from ansible_collections.warmstart.snapshot.plugins.module_utils.criu import _pstree as pstree
+from ansible_collections.warmstart.snapshot.plugins.module_utils.core import _restorer as rst
+from ansible_collections.warmstart.snapshot.plugins.module_utils.runtime import _rootfs as rootfs
+from ansible_collections.warmstart.snapshot.plugins.module_utils.core import _safefs as safefs
+from ansible_collections.warmstart.snapshot.plugins.module_utils.snapshot import _snapshot as snap
+from ansible_collections.warmstart.snapshot.plugins.module_utils.store import _store as st
+from ansible_collections.warmstart.snapshot.plugins.module_utils.store import _storecopy as sc
+from ansible_collections.warmstart.snapshot.plugins.module_utils.criu import _tcp as tcpm
+from ansible_collections.warmstart.snapshot.plugins.module_utils.accel._gpunode import GpuNode
+from ansible_collections.warmstart.snapshot.plugins.module_utils.node._compat import (
+    describe_node, gpu_incompatibilities, incompatibilities)
+from ansible_collections.warmstart.snapshot.plugins.module_utils.runtime._containerinfo import ContainerInfo
+from ansible_collections.warmstart.snapshot.plugins.module_utils.criu._criu import CriuError, find_criu
+from ansible_collections.warmstart.snapshot.plugins.module_utils.criu._criu_rpc import (
     CriuOptions, ExtMount, InheritFd, JoinNs, read_stats)
-from ansible_collections.warmstart.snapshot.plugins.module_utils._criu_rpc import restore as criu_restore
-from ansible_collections.warmstart.snapshot.plugins.module_utils._errors import WarmstartError
-from ansible_collections.warmstart.snapshot.plugins.module_utils._runtime import Runtime, get_runtime, running
-from ansible_collections.warmstart.snapshot.plugins.module_utils._storeapi import Store
+from ansible_collections.warmstart.snapshot.plugins.module_utils.criu._criu_rpc import restore as criu_restore
+from ansible_collections.warmstart.snapshot.plugins.module_utils.core._errors import WarmstartError
+from ansible_collections.warmstart.snapshot.plugins.module_utils.runtime._runtime import Runtime, get_runtime, running
+from ansible_collections.warmstart.snapshot.plugins.module_utils.store._storeapi import Store
 
 EXT_NET = "warmstart-net"
 EXT_PID = "warmstart-pid"

@@ -19,12 +19,12 @@ from __future__ import annotations
 import os
 from typing import Any, Dict, Optional
 
-from ansible_collections.warmstart.snapshot.plugins.module_utils import _lazy as lz
-from ansible_collections.warmstart.snapshot.plugins.module_utils import _manifest as mf
-from ansible_collections.warmstart.snapshot.plugins.module_utils import _snapshot as snap
-from ansible_collections.warmstart.snapshot.plugins.module_utils import _tls
-from ansible_collections.warmstart.snapshot.plugins.module_utils._criu import CriuError, find_criu
-from ansible_collections.warmstart.snapshot.plugins.module_utils._storeapi import Store
+from ansible_collections.warmstart.snapshot.plugins.module_utils.criu import _lazy as lz
+from ansible_collections.warmstart.snapshot.plugins.module_utils.store import _manifest as mf
+from ansible_collections.warmstart.snapshot.plugins.module_utils.snapshot import _snapshot as snap
+from ansible_collections.warmstart.snapshot.plugins.module_utils.core import _tls
+from ansible_collections.warmstart.snapshot.plugins.module_utils.criu._criu import CriuError, find_criu
+from ansible_collections.warmstart.snapshot.plugins.module_utils.store._storeapi import Store
 
 
 def _servable(store: Store, snapshot_id: str) -> Dict[str, Any]:

@@ -32,38 +32,38 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, Iterator, List, Optional, Protocol, Tuple
 
-from ansible_collections.warmstart.snapshot.plugins.module_utils import _control as ctl
-from ansible_collections.warmstart.snapshot.plugins.module_utils import _cuda as cu
-from ansible_collections.warmstart.snapshot.plugins.module_utils import _digest as dg
-from ansible_collections.warmstart.snapshot.plugins.module_utils import _gpuplace as gpl
-from ansible_collections.warmstart.snapshot.plugins.module_utils import _lazy as lz
-from ansible_collections.warmstart.snapshot.plugins.module_utils import _manifest as mf
-from ansible_collections.warmstart.snapshot.plugins.module_utils import _mountns as mns
-from ansible_collections.warmstart.snapshot.plugins.module_utils import _overlap as ov
-from ansible_collections.warmstart.snapshot.plugins.module_utils import _pageranges as pr
-from ansible_collections.warmstart.snapshot.plugins.module_utils import _progress as prog
-from ansible_collections.warmstart.snapshot.plugins.module_utils import _proc as proc
-from ansible_collections.warmstart.snapshot.plugins.module_utils import _restorer as rst
-from ansible_collections.warmstart.snapshot.plugins.module_utils import _safefs as safefs
-from ansible_collections.warmstart.snapshot.plugins.module_utils import _store as st
-from ansible_collections.warmstart.snapshot.plugins.module_utils import _storecopy as sc
-from ansible_collections.warmstart.snapshot.plugins.module_utils import _tcp as tcpm
-from ansible_collections.warmstart.snapshot.plugins.module_utils import _workload as wl
-from ansible_collections.warmstart.snapshot.plugins.module_utils import _zstd as zs
-from ansible_collections.warmstart.snapshot.plugins.module_utils._compat import (
+from ansible_collections.warmstart.snapshot.plugins.module_utils.core import _control as ctl
+from ansible_collections.warmstart.snapshot.plugins.module_utils.accel import _cuda as cu
+from ansible_collections.warmstart.snapshot.plugins.module_utils.store import _digest as dg
+from ansible_collections.warmstart.snapshot.plugins.module_utils.accel import _gpuplace as gpl
+from ansible_collections.warmstart.snapshot.plugins.module_utils.criu import _lazy as lz
+from ansible_collections.warmstart.snapshot.plugins.module_utils.store import _manifest as mf
+from ansible_collections.warmstart.snapshot.plugins.module_utils.criu import _mountns as mns
+from ansible_collections.warmstart.snapshot.plugins.module_utils.snapshot import _overlap as ov
+from ansible_collections.warmstart.snapshot.plugins.module_utils.store import _pageranges as pr
+from ansible_collections.warmstart.snapshot.plugins.module_utils.core import _progress as prog
+from ansible_collections.warmstart.snapshot.plugins.module_utils.core import _proc as proc
+from ansible_collections.warmstart.snapshot.plugins.module_utils.core import _restorer as rst
+from ansible_collections.warmstart.snapshot.plugins.module_utils.core import _safefs as safefs
+from ansible_collections.warmstart.snapshot.plugins.module_utils.store import _store as st
+from ansible_collections.warmstart.snapshot.plugins.module_utils.store import _storecopy as sc
+from ansible_collections.warmstart.snapshot.plugins.module_utils.criu import _tcp as tcpm
+from ansible_collections.warmstart.snapshot.plugins.module_utils.node import _workload as wl
+from ansible_collections.warmstart.snapshot.plugins.module_utils.store.compression import _zstd as zs
+from ansible_collections.warmstart.snapshot.plugins.module_utils.accel._gpunode import GpuNode
+from ansible_collections.warmstart.snapshot.plugins.module_utils.node._compat import (
     CUDA_MODES,
-    GpuNode,
     describe_node,
     gpu_incompatibilities,
     incompatibilities,
 )
-from ansible_collections.warmstart.snapshot.plugins.module_utils._criu import CriuError, find_criu
-from ansible_collections.warmstart.snapshot.plugins.module_utils._errors import WarmstartError
-from ansible_collections.warmstart.snapshot.plugins.module_utils._gpu import cuda_version_string
-from ansible_collections.warmstart.snapshot.plugins.module_utils._storeapi import Staging, Store
-from ansible_collections.warmstart.snapshot.plugins.module_utils._tls import loopback
-from ansible_collections.warmstart.snapshot.plugins.module_utils._criu_rpc import CriuOptions, dump, log_tail, read_stats
-from ansible_collections.warmstart.snapshot.plugins.module_utils._criu_rpc import restore as criu_restore
+from ansible_collections.warmstart.snapshot.plugins.module_utils.criu._criu import CriuError, find_criu
+from ansible_collections.warmstart.snapshot.plugins.module_utils.core._errors import WarmstartError
+from ansible_collections.warmstart.snapshot.plugins.module_utils.accel._gpu import cuda_version_string
+from ansible_collections.warmstart.snapshot.plugins.module_utils.store._storeapi import Staging, Store
+from ansible_collections.warmstart.snapshot.plugins.module_utils.core._tls import loopback
+from ansible_collections.warmstart.snapshot.plugins.module_utils.criu._criu_rpc import CriuOptions, dump, log_tail, read_stats
+from ansible_collections.warmstart.snapshot.plugins.module_utils.criu._criu_rpc import restore as criu_restore
 
 DEFAULT_RESTORE_ROOT = "/var/lib/warmstart/restore"
 

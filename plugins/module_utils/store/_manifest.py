@@ -16,9 +16,9 @@ import os
 import secrets
 from typing import Any, Dict, Optional, cast
 
-from ansible_collections.warmstart.snapshot.plugins.module_utils import _safefs as safefs
-from ansible_collections.warmstart.snapshot.plugins.module_utils import _schema as schema
-from ansible_collections.warmstart.snapshot.plugins.module_utils._errors import WarmstartError
+from ansible_collections.warmstart.snapshot.plugins.module_utils.core import _safefs as safefs
+from ansible_collections.warmstart.snapshot.plugins.module_utils.store import _schema as schema
+from ansible_collections.warmstart.snapshot.plugins.module_utils.core._errors import WarmstartError
 
 SCHEMA_VERSION = 1
 MANIFEST = "manifest.json"

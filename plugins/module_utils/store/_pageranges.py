@@ -26,9 +26,9 @@ import os
 import shutil
 from typing import Any, Dict, List, Optional, Tuple
 
-from ansible_collections.warmstart.snapshot.plugins.module_utils import _digest as dg
-from ansible_collections.warmstart.snapshot.plugins.module_utils._store import StoreError
-from ansible_collections.warmstart.snapshot.plugins.module_utils._storeapi import Store
+from ansible_collections.warmstart.snapshot.plugins.module_utils.store import _digest as dg
+from ansible_collections.warmstart.snapshot.plugins.module_utils.store._store import StoreError
+from ansible_collections.warmstart.snapshot.plugins.module_utils.store._storeapi import Store
 
 
 class PageRanges:

@@ -41,8 +41,8 @@ import zlib
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Set, Tuple
 
-from ansible_collections.warmstart.snapshot.plugins.module_utils import _tls
-from ansible_collections.warmstart.snapshot.plugins.module_utils._errors import WarmstartError
+from ansible_collections.warmstart.snapshot.plugins.module_utils.core import _tls
+from ansible_collections.warmstart.snapshot.plugins.module_utils.core._errors import WarmstartError
 
 WAIT = 60.0      # seconds a node waits for a peer's chunk before it reads that chunk from the store
 LINGER = 10.0    # seconds a node that has everything keeps serving after the last request, at most

@@ -38,12 +38,12 @@ import time
 import uuid
 from typing import Any, Callable, Dict, List, Optional, Set, Tuple
 
-from ansible_collections.warmstart.snapshot.plugins.module_utils import _safefs as safefs
-from ansible_collections.warmstart.snapshot.plugins.module_utils import _digest as dg
-from ansible_collections.warmstart.snapshot.plugins.module_utils import _manifest as mf
-from ansible_collections.warmstart.snapshot.plugins.module_utils import _peers as peers_
-from ansible_collections.warmstart.snapshot.plugins.module_utils import _progress as prog
-from ansible_collections.warmstart.snapshot.plugins.module_utils._store import (
+from ansible_collections.warmstart.snapshot.plugins.module_utils.core import _safefs as safefs
+from ansible_collections.warmstart.snapshot.plugins.module_utils.store import _digest as dg
+from ansible_collections.warmstart.snapshot.plugins.module_utils.store import _manifest as mf
+from ansible_collections.warmstart.snapshot.plugins.module_utils.store import _peers as peers_
+from ansible_collections.warmstart.snapshot.plugins.module_utils.core import _progress as prog
+from ansible_collections.warmstart.snapshot.plugins.module_utils.store._store import (
     StoreError, local_staging, lock_down, refuse_encrypted, tree_size, walk_files)
 
 DEFAULT_CACHE = "/var/lib/warmstart/cache"

@@ -38,9 +38,9 @@ import stat
 import struct
 from typing import AbstractSet, Any, Dict, Iterable, List, Optional, Set, Tuple
 
-from ansible_collections.warmstart.snapshot.plugins.module_utils import _digest as dg
-from ansible_collections.warmstart.snapshot.plugins.module_utils import _progress as prog
-from ansible_collections.warmstart.snapshot.plugins.module_utils import _safefs as safefs
+from ansible_collections.warmstart.snapshot.plugins.module_utils.store import _digest as dg
+from ansible_collections.warmstart.snapshot.plugins.module_utils.core import _progress as prog
+from ansible_collections.warmstart.snapshot.plugins.module_utils.core import _safefs as safefs
 
 Items = List[Tuple[str, Dict[str, Any]]]
 MARGIN = 64 << 20   # bytes a copy leaves free on the node, beyond its own size

@@ -11,13 +11,13 @@ from __future__ import annotations
 
 from typing import Any, Dict, Optional
 
-from ansible_collections.warmstart.snapshot.plugins.module_utils._peers import PeerConfig
-from ansible_collections.warmstart.snapshot.plugins.module_utils._s3store import (
+from ansible_collections.warmstart.snapshot.plugins.module_utils.store._peers import PeerConfig
+from ansible_collections.warmstart.snapshot.plugins.module_utils.store._s3store import (
     CREDENTIAL_OPTIONS, DEFAULT_CACHE, S3Store, sse_settings)
-from ansible_collections.warmstart.snapshot.plugins.module_utils._securestore import SecureStore, SecurityConfig
-from ansible_collections.warmstart.snapshot.plugins.module_utils._store import FsStore, StoreError
-from ansible_collections.warmstart.snapshot.plugins.module_utils._storeapi import Store
-from ansible_collections.warmstart.snapshot.plugins.module_utils._zstore import CompressedStore, CompressionConfig
+from ansible_collections.warmstart.snapshot.plugins.module_utils.store.security._securestore import SecureStore, SecurityConfig
+from ansible_collections.warmstart.snapshot.plugins.module_utils.store._store import FsStore, StoreError
+from ansible_collections.warmstart.snapshot.plugins.module_utils.store._storeapi import Store
+from ansible_collections.warmstart.snapshot.plugins.module_utils.store.compression._zstore import CompressedStore, CompressionConfig
 
 
 def open_store(spec: Any, options: Optional[Dict[str, Any]] = None) -> Store:

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from ansible_collections.warmstart.snapshot.plugins.module_utils import _store as st
+from ansible_collections.warmstart.snapshot.plugins.module_utils.store import _store as st
 
 
 @pytest.fixture(name="store")

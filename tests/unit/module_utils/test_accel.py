@@ -14,8 +14,10 @@ from typing import Iterator, List, Tuple
 
 import pytest
 
-from ansible_collections.warmstart.snapshot.plugins.module_utils import _accel, _cuda
-from ansible_collections.warmstart.snapshot.plugins.module_utils._accel import (
+from ansible_collections.warmstart.snapshot.plugins.module_utils.accel import _accel
+
+from ansible_collections.warmstart.snapshot.plugins.module_utils.accel import _cuda
+from ansible_collections.warmstart.snapshot.plugins.module_utils.accel._accel import (
     AcceleratorError,
     AscendAccelerator,
     CudaAccelerator,
@@ -94,7 +96,7 @@ def test_cuda_adapter_delegates_to_the_cuda_functions() -> None:
 
 NPU_PROCESS = textwrap.dedent("""
     import ctypes, sys, time
-    from ansible_collections.warmstart.snapshot.plugins.module_utils import _ascend
+    from ansible_collections.warmstart.snapshot.plugins.module_utils.accel import _ascend
     lib = ctypes.CDLL(sys.argv[1])
     acl = _ascend.AclSnapshot(sys.argv[1])
     if sys.argv[3] == "agent":

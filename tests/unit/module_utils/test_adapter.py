@@ -8,8 +8,8 @@ from typing import Any, Dict, List, Optional
 
 import pytest
 
-from ansible_collections.warmstart.snapshot.plugins.module_utils import _adapter
-from ansible_collections.warmstart.snapshot.plugins.module_utils._errors import WarmstartError
+from ansible_collections.warmstart.snapshot.plugins.module_utils.runners import _adapter
+from ansible_collections.warmstart.snapshot.plugins.module_utils.core._errors import WarmstartError
 
 
 class Double:
@@ -128,7 +128,7 @@ def test_progress_started_and_finished_on_success(tmp_path: Path) -> None:
     during: List[bool] = []
 
     def call(params: Any, check_mode: bool) -> Dict[str, Any]:
-        from ansible_collections.warmstart.snapshot.plugins.module_utils import _progress as prog  # pylint: disable=import-outside-toplevel
+        from ansible_collections.warmstart.snapshot.plugins.module_utils.core import _progress as prog  # pylint: disable=import-outside-toplevel
         prog.phase("dump", 10)
         during.append(_progress_seen(path)["phase"] == "dump")
         return {"changed": True}

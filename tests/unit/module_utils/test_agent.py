@@ -1,4 +1,4 @@
-"""The node agent's restore of one pod (plugins/module_utils/_agent.py) against the fake API server.
+"""The node agent's restore of one pod (plugins/module_utils/agent/_agent.py) against the fake API server.
 
 The node side is a recording double (``FakeNode``): these tests are about what the agent decides and writes to the
 cluster - one attempt per pod, waiting, refusals, recovery, the cold-start fallback. The real node side runs in
@@ -14,10 +14,10 @@ from typing import Any, Dict, List, Optional
 import pytest
 import yaml
 
-from ansible_collections.warmstart.snapshot.plugins.module_utils import _agent as agent
-from ansible_collections.warmstart.snapshot.plugins.module_utils import _k8s_client as k8s
-from ansible_collections.warmstart.snapshot.plugins.module_utils import _k8s_records as rec
-from ansible_collections.warmstart.snapshot.plugins.module_utils import _podcontract as pc
+from ansible_collections.warmstart.snapshot.plugins.module_utils.agent import _agent as agent
+from ansible_collections.warmstart.snapshot.plugins.module_utils.k8s import _k8s_client as k8s
+from ansible_collections.warmstart.snapshot.plugins.module_utils.k8s import _k8s_records as rec
+from ansible_collections.warmstart.snapshot.plugins.module_utils.k8s import _podcontract as pc
 from tests.support import fake_apiserver as fake_server_module
 from tests.support.fake_apiserver import FakeApiServer
 

@@ -1,4 +1,4 @@
-"""The node agent's capture of one PodSnapshot request (plugins/module_utils/_agent_capture.py), fake API server.
+"""The node agent's capture of one PodSnapshot request (plugins/module_utils/agent/_agent_capture.py), fake API server.
 
 The node's checkpoint is a double (``FakeCapturer``); the real one runs in tests/integration/test_agent_e2e.py.
 """
@@ -9,10 +9,10 @@ from typing import Any, Dict, List
 
 import yaml
 
-from ansible_collections.warmstart.snapshot.plugins.module_utils import _agent_capture as cap
-from ansible_collections.warmstart.snapshot.plugins.module_utils import _k8s_client as k8s
-from ansible_collections.warmstart.snapshot.plugins.module_utils import _podcontract as pc
-from ansible_collections.warmstart.snapshot.plugins.module_utils._errors import WarmstartError
+from ansible_collections.warmstart.snapshot.plugins.module_utils.agent import _agent_capture as cap
+from ansible_collections.warmstart.snapshot.plugins.module_utils.k8s import _k8s_client as k8s
+from ansible_collections.warmstart.snapshot.plugins.module_utils.k8s import _podcontract as pc
+from ansible_collections.warmstart.snapshot.plugins.module_utils.core._errors import WarmstartError
 from tests.support import fake_apiserver as fake_server_module
 from tests.support.fake_apiserver import FakeApiServer
 

@@ -7,9 +7,9 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import pytest
 
-from ansible_collections.warmstart.snapshot.plugins.module_utils import _agent_events as ae
-from ansible_collections.warmstart.snapshot.plugins.module_utils import _podcontract as pc
-from ansible_collections.warmstart.snapshot.plugins.module_utils._errors import WarmstartError
+from ansible_collections.warmstart.snapshot.plugins.module_utils.agent import _agent_events as ae
+from ansible_collections.warmstart.snapshot.plugins.module_utils.k8s import _podcontract as pc
+from ansible_collections.warmstart.snapshot.plugins.module_utils.core._errors import WarmstartError
 
 JSON = Dict[str, Any]
 NODE = "node-1"

@@ -1,4 +1,4 @@
-"""The node side of the agent (plugins/module_utils/_agent_node.py): what a restore adds to the node's metrics.
+"""The node side of the agent (plugins/module_utils/agent/_agent_node.py): what a restore adds to the node's metrics.
 
 The runtime-facing parts (placeholders, sentinels, cold start) run against real containers in
 tests/integration/test_agent_e2e.py.
@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ansible_collections.warmstart.snapshot.plugins.module_utils import _agent_node as node
+from ansible_collections.warmstart.snapshot.plugins.module_utils.agent import _agent_node as node
 
 
 def test_a_restore_is_counted_with_its_phases_bytes_age_and_ready_latency(tmp_path: Path) -> None:

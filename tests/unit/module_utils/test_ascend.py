@@ -17,8 +17,8 @@ from typing import List
 
 import pytest
 
-from ansible_collections.warmstart.snapshot.plugins.module_utils import _ascend
-from ansible_collections.warmstart.snapshot.plugins.module_utils._ascend import (
+from ansible_collections.warmstart.snapshot.plugins.module_utils.accel import _ascend
+from ansible_collections.warmstart.snapshot.plugins.module_utils.accel._ascend import (
     BACKED_UP,
     LOCKED,
     RUNNING,
@@ -182,7 +182,7 @@ def test_library_refuses_other_pids_and_binding_refuses_after_fork(lib: Path, mo
 
 WORKLOAD = textwrap.dedent("""
     import ctypes, sys
-    from ansible_collections.warmstart.snapshot.plugins.module_utils import _ascend
+    from ansible_collections.warmstart.snapshot.plugins.module_utils.accel import _ascend
     lib = ctypes.CDLL(sys.argv[1])
     dev = ctypes.c_void_p()
     assert lib.aclrtMalloc(ctypes.byref(dev), 64, 0) == 0

@@ -8,12 +8,12 @@ from typing import Any, Dict
 
 import pytest
 
-from ansible_collections.warmstart.snapshot.plugins.module_utils import _cleanup as cln
-from ansible_collections.warmstart.snapshot.plugins.module_utils import _module
-from ansible_collections.warmstart.snapshot.plugins.module_utils import _progress as prog
-from ansible_collections.warmstart.snapshot.plugins.module_utils import _retention as ret
-from ansible_collections.warmstart.snapshot.plugins.module_utils import _store as st
-from ansible_collections.warmstart.snapshot.plugins.module_utils._adapter import failure
+from ansible_collections.warmstart.snapshot.plugins.module_utils.catalog import _cleanup as cln
+from ansible_collections.warmstart.snapshot.plugins.module_utils.runners import _module
+from ansible_collections.warmstart.snapshot.plugins.module_utils.core import _progress as prog
+from ansible_collections.warmstart.snapshot.plugins.module_utils.catalog import _retention as ret
+from ansible_collections.warmstart.snapshot.plugins.module_utils.store import _store as st
+from ansible_collections.warmstart.snapshot.plugins.module_utils.runners._adapter import failure
 from tests.support.store_fixtures import make_snapshot, tree
 
 DAY = 86400

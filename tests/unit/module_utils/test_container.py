@@ -5,9 +5,9 @@ from typing import Any, Dict, List
 
 import pytest
 
-from ansible_collections.warmstart.snapshot.plugins.module_utils import _container as ctr
-from ansible_collections.warmstart.snapshot.plugins.module_utils._errors import WarmstartError
-from ansible_collections.warmstart.snapshot.plugins.module_utils._runtime import ContainerInfo
+from ansible_collections.warmstart.snapshot.plugins.module_utils.snapshot import _container as ctr
+from ansible_collections.warmstart.snapshot.plugins.module_utils.core._errors import WarmstartError
+from ansible_collections.warmstart.snapshot.plugins.module_utils.runtime._runtime import ContainerInfo
 
 DOC = {"id": "20261203T000000Z-abcdef01", "name": "embed", "source": {},
        "targets": [{"name": "app", "kind": "container", "path": "app", "criu": {"options": {}}}]}

@@ -17,8 +17,8 @@ from typing import Any, Dict, Iterator, List
 
 import pytest
 
-from ansible_collections.warmstart.snapshot.plugins.module_utils import _containerd as cd
-from ansible_collections.warmstart.snapshot.plugins.module_utils._proc import TargetError
+from ansible_collections.warmstart.snapshot.plugins.module_utils.runtime import _containerd as cd
+from ansible_collections.warmstart.snapshot.plugins.module_utils.core._proc import TargetError
 
 CID = "embed-main"
 PARENT = "sha256:6a46ff5c995d6cfd6c512a5ca0b1ce454c9310f371cb42cb53c996f4169d3116"

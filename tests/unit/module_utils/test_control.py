@@ -12,7 +12,7 @@ from typing import Iterator, List
 
 import pytest
 
-from ansible_collections.warmstart.snapshot.plugins.module_utils import _control as ctl
+from ansible_collections.warmstart.snapshot.plugins.module_utils.core import _control as ctl
 
 HELPER = Path(__file__).resolve().parents[3] / "workload" / "warmstart_workload.py"
 spec = importlib.util.spec_from_file_location("warmstart_workload_for_control", HELPER)

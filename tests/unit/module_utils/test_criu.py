@@ -6,7 +6,7 @@ from typing import Iterable, Optional
 
 import pytest
 
-from ansible_collections.warmstart.snapshot.plugins.module_utils._criu import (
+from ansible_collections.warmstart.snapshot.plugins.module_utils.criu._criu import (
     FEATURES,
     CriuError,
     criu_check,

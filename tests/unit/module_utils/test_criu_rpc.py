@@ -8,7 +8,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 from typing import Any, List
 
-from ansible_collections.warmstart.snapshot.plugins.module_utils._criu_rpc import CGROUPS_MODE, NETWORK_LOCK, CriuOptions, to_rpc
+from ansible_collections.warmstart.snapshot.plugins.module_utils.criu._criu_rpc import CGROUPS_MODE, NETWORK_LOCK, CriuOptions, to_rpc
 from tests.support.criu_options import FULL
 
 

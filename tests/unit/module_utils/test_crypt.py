@@ -10,7 +10,7 @@ from typing import List, Tuple
 
 import pytest
 
-from ansible_collections.warmstart.snapshot.plugins.module_utils import _crypt as cr
+from ansible_collections.warmstart.snapshot.plugins.module_utils.store.security import _crypt as cr
 
 SID, OTHER = "20261204T120000Z-0a1b2c3d", "20261204T120001Z-0a1b2c3e"
 C = 4096  # a small chunk: files of a few chunks

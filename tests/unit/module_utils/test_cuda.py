@@ -16,8 +16,8 @@ from typing import Dict, Iterator, List, Optional
 
 import pytest
 
-from ansible_collections.warmstart.snapshot.plugins.module_utils import _cuda
-from ansible_collections.warmstart.snapshot.plugins.module_utils._cuda import (
+from ansible_collections.warmstart.snapshot.plugins.module_utils.accel import _cuda
+from ansible_collections.warmstart.snapshot.plugins.module_utils.accel._cuda import (
     CHECKPOINTED,
     LOCKED,
     RUNNING,

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from ansible_collections.warmstart.snapshot.plugins.module_utils import _digest as dg
-from ansible_collections.warmstart.snapshot.plugins.module_utils import _schema as schema
-from ansible_collections.warmstart.snapshot.plugins.module_utils import _store as st
+from ansible_collections.warmstart.snapshot.plugins.module_utils.store import _digest as dg
+from ansible_collections.warmstart.snapshot.plugins.module_utils.store import _schema as schema
+from ansible_collections.warmstart.snapshot.plugins.module_utils.store import _store as st
 
 MIB = 1 << 20
 

@@ -16,13 +16,13 @@ from typing import Any, Dict, Iterator, Optional
 
 import pytest
 
-from ansible_collections.warmstart.snapshot.plugins.module_utils import _crypt as cr
-from ansible_collections.warmstart.snapshot.plugins.module_utils import _manifest as mf
-from ansible_collections.warmstart.snapshot.plugins.module_utils import _s3store as s3s
-from ansible_collections.warmstart.snapshot.plugins.module_utils import _store as st
-from ansible_collections.warmstart.snapshot.plugins.module_utils import _stores as stores
-from ansible_collections.warmstart.snapshot.plugins.module_utils._errors import WarmstartError
-from ansible_collections.warmstart.snapshot.plugins.module_utils._securestore import SecureStore, SecurityConfig
+from ansible_collections.warmstart.snapshot.plugins.module_utils.store.security import _crypt as cr
+from ansible_collections.warmstart.snapshot.plugins.module_utils.store import _manifest as mf
+from ansible_collections.warmstart.snapshot.plugins.module_utils.store import _s3store as s3s
+from ansible_collections.warmstart.snapshot.plugins.module_utils.store import _store as st
+from ansible_collections.warmstart.snapshot.plugins.module_utils.store import _stores as stores
+from ansible_collections.warmstart.snapshot.plugins.module_utils.core._errors import WarmstartError
+from ansible_collections.warmstart.snapshot.plugins.module_utils.store.security._securestore import SecureStore, SecurityConfig
 from tests.support.store_fixtures import moto_bucket, publish_images
 
 C = 4096

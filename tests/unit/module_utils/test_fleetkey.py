@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from ansible_collections.warmstart.snapshot.plugins.module_utils import _fleetkey as fk
-from ansible_collections.warmstart.snapshot.plugins.module_utils import _signing as sg
+from ansible_collections.warmstart.snapshot.plugins.module_utils.store.security import _fleetkey as fk
+from ansible_collections.warmstart.snapshot.plugins.module_utils.store.security import _signing as sg
 
 
 def test_made_once_0600_in_a_0700_dir_and_then_reused(tmp_path: Path) -> None:

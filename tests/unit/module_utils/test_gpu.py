@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from ansible_collections.warmstart.snapshot.plugins.module_utils import _gpu
-from ansible_collections.warmstart.snapshot.plugins.module_utils._gpu import (
+from ansible_collections.warmstart.snapshot.plugins.module_utils.accel import _gpu
+from ansible_collections.warmstart.snapshot.plugins.module_utils.accel._gpu import (
     cuda_checkpoint_api,
     cuda_version_string,
     gpu_inventory,

@@ -13,11 +13,11 @@ from typing import Any, Dict, Iterator, List, Tuple
 
 import pytest
 
-from ansible_collections.warmstart.snapshot.plugins.module_utils import _container as ctr
-from ansible_collections.warmstart.snapshot.plugins.module_utils import _cuda as cu
-from ansible_collections.warmstart.snapshot.plugins.module_utils import _gpuplace as gpl
-from ansible_collections.warmstart.snapshot.plugins.module_utils._compat import GpuNode
-from ansible_collections.warmstart.snapshot.plugins.module_utils._containerinfo import ContainerInfo
+from ansible_collections.warmstart.snapshot.plugins.module_utils.snapshot import _container as ctr
+from ansible_collections.warmstart.snapshot.plugins.module_utils.accel import _cuda as cu
+from ansible_collections.warmstart.snapshot.plugins.module_utils.accel import _gpuplace as gpl
+from ansible_collections.warmstart.snapshot.plugins.module_utils.accel._gpunode import GpuNode
+from ansible_collections.warmstart.snapshot.plugins.module_utils.runtime._containerinfo import ContainerInfo
 
 UUID_A = "GPU-aaaaaaaa-1111-2222-3333-444444444444"
 UUID_B = "GPU-bbbbbbbb-1111-2222-3333-444444444444"

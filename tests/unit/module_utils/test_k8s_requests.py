@@ -1,4 +1,4 @@
-"""PodSnapshot requests (capture attempts, bounded retry) and PodSnapshotManualTriggers (plugins/module_utils/_k8s_requests.py),
+"""PodSnapshot requests (capture attempts, bounded retry) and PodSnapshotManualTriggers (plugins/module_utils/k8s/_k8s_requests.py),
 against the fake API server with the real kubernetes client."""
 from __future__ import annotations
 
@@ -8,10 +8,10 @@ from typing import Any, Dict, Optional
 import pytest
 import yaml
 
-from ansible_collections.warmstart.snapshot.plugins.module_utils import _k8s_client as _k8s
-from ansible_collections.warmstart.snapshot.plugins.module_utils import _k8s_records as kp
-from ansible_collections.warmstart.snapshot.plugins.module_utils import _k8s_requests as req
-from ansible_collections.warmstart.snapshot.plugins.module_utils import _podcontract as pc
+from ansible_collections.warmstart.snapshot.plugins.module_utils.k8s import _k8s_client as _k8s
+from ansible_collections.warmstart.snapshot.plugins.module_utils.k8s import _k8s_records as kp
+from ansible_collections.warmstart.snapshot.plugins.module_utils.k8s import _k8s_requests as req
+from ansible_collections.warmstart.snapshot.plugins.module_utils.k8s import _podcontract as pc
 from tests.support import fake_apiserver as fake_server_module
 from tests.support.fake_apiserver import FakeApiServer
 

@@ -1,4 +1,4 @@
-"""The Kubernetes runners' own refusals (plugins/module_utils/_k8s_runners.py), without an API server.
+"""The Kubernetes runners' own refusals (plugins/module_utils/runners/_k8s_runners.py), without an API server.
 
 Each refusal is raised before a connection is made, and the module adapter reports it in its one shape.
 """
@@ -8,11 +8,11 @@ from typing import Any, Dict
 
 import pytest
 
-from ansible_collections.warmstart.snapshot.plugins.module_utils import _k8s_runners as runners
-from ansible_collections.warmstart.snapshot.plugins.module_utils import _podcontract as pc
-from ansible_collections.warmstart.snapshot.plugins.module_utils._adapter import failure
-from ansible_collections.warmstart.snapshot.plugins.module_utils._errors import WarmstartError
-from ansible_collections.warmstart.snapshot.plugins.module_utils._k8s_client import K8sError
+from ansible_collections.warmstart.snapshot.plugins.module_utils.runners import _k8s_runners as runners
+from ansible_collections.warmstart.snapshot.plugins.module_utils.k8s import _podcontract as pc
+from ansible_collections.warmstart.snapshot.plugins.module_utils.runners._adapter import failure
+from ansible_collections.warmstart.snapshot.plugins.module_utils.core._errors import WarmstartError
+from ansible_collections.warmstart.snapshot.plugins.module_utils.k8s._k8s_client import K8sError
 
 TEMPLATE = {"metadata": {"labels": {"app": "embed"}},
             "spec": {"containers": [{"name": "main", "image": "registry.local/embed:1.0"}]}}

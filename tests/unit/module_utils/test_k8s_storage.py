@@ -1,5 +1,5 @@
 """Where snapshots go: PodSnapshotPolicy / PodSnapshotStorageConfig + Secret -> store and store_options
-(plugins/module_utils/_k8s_storage.py), against the fake API server with the real kubernetes client."""
+(plugins/module_utils/k8s/_k8s_storage.py), against the fake API server with the real kubernetes client."""
 from __future__ import annotations
 
 import base64
@@ -9,10 +9,10 @@ from typing import Any, Dict, Optional
 import pytest
 import yaml
 
-from ansible_collections.warmstart.snapshot.plugins.module_utils import _k8s_client as _k8s
-from ansible_collections.warmstart.snapshot.plugins.module_utils import _k8s_storage as storage
-from ansible_collections.warmstart.snapshot.plugins.module_utils import _podcontract as pc
-from ansible_collections.warmstart.snapshot.plugins.module_utils._stores import open_store
+from ansible_collections.warmstart.snapshot.plugins.module_utils.k8s import _k8s_client as _k8s
+from ansible_collections.warmstart.snapshot.plugins.module_utils.k8s import _k8s_storage as storage
+from ansible_collections.warmstart.snapshot.plugins.module_utils.k8s import _podcontract as pc
+from ansible_collections.warmstart.snapshot.plugins.module_utils.store._stores import open_store
 from tests.support import fake_apiserver as fake_server_module
 from tests.support.fake_apiserver import FakeApiServer
 

@@ -10,8 +10,8 @@ from typing import Any, Dict, Iterator, List, Optional, Tuple, Union
 
 import pytest
 
-from ansible_collections.warmstart.snapshot.plugins.module_utils import _k8s_watch as kw
-from ansible_collections.warmstart.snapshot.plugins.module_utils._k8s_client import connect
+from ansible_collections.warmstart.snapshot.plugins.module_utils.k8s import _k8s_watch as kw
+from ansible_collections.warmstart.snapshot.plugins.module_utils.k8s._k8s_client import connect
 
 from tests.support import fake_apiserver as fake_server_module
 from tests.support.fake_apiserver import FakeApiServer

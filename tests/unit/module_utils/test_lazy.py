@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from ansible_collections.warmstart.snapshot.plugins.module_utils import _lazy as lz
+from ansible_collections.warmstart.snapshot.plugins.module_utils.criu import _lazy as lz
 
 
 @pytest.mark.parametrize("spec, want", [("10.0.0.5:27100", ("10.0.0.5", 27100)),
@@ -138,7 +138,7 @@ def test_support_probes_once_per_binary_and_boot(tmp_path: Path, monkeypatch: py
 
 
 def test_lazy_plan_says_why_a_restore_is_eager(monkeypatch: pytest.MonkeyPatch) -> None:
-    from ansible_collections.warmstart.snapshot.plugins.module_utils import _snapshot as snap  # pylint: disable=import-outside-toplevel
+    from ansible_collections.warmstart.snapshot.plugins.module_utils.snapshot import _snapshot as snap  # pylint: disable=import-outside-toplevel
     calls = []
     monkeypatch.setattr(lz, "support", lambda criu: calls.append(criu) or (False, "this node lacks uffd"))
     assert "every page is loaded" in snap._lazy_plan("criu", {}, False)["reason"]  # pylint: disable=protected-access

@@ -15,7 +15,7 @@ from typing import Any, Dict, Iterator, List, Tuple
 
 import pytest
 
-from ansible_collections.warmstart.snapshot.plugins.module_utils import _metrics as mt
+from ansible_collections.warmstart.snapshot.plugins.module_utils.node import _metrics as mt
 
 # --- an independent reader of the text format 0.0.4 -------------------------------------------------------
 # Written from the format's rules, not from _metrics: metric and label name syntax, label value escapes,

@@ -11,12 +11,12 @@ from typing import Any, Dict, Iterator
 
 import pytest
 
-from ansible_collections.warmstart.snapshot.plugins.module_utils import _container as ctr
-from ansible_collections.warmstart.snapshot.plugins.module_utils import _module
-from ansible_collections.warmstart.snapshot.plugins.module_utils import _snapshot as snap
-from ansible_collections.warmstart.snapshot.plugins.module_utils import _store as st
-from ansible_collections.warmstart.snapshot.plugins.module_utils._adapter import failure
-from ansible_collections.warmstart.snapshot.plugins.module_utils._errors import WarmstartError
+from ansible_collections.warmstart.snapshot.plugins.module_utils.snapshot import _container as ctr
+from ansible_collections.warmstart.snapshot.plugins.module_utils.runners import _module
+from ansible_collections.warmstart.snapshot.plugins.module_utils.snapshot import _snapshot as snap
+from ansible_collections.warmstart.snapshot.plugins.module_utils.store import _store as st
+from ansible_collections.warmstart.snapshot.plugins.module_utils.runners._adapter import failure
+from ansible_collections.warmstart.snapshot.plugins.module_utils.core._errors import WarmstartError
 from tests.support.store_fixtures import make_snapshot, tree
 
 STORE_OPTIONS: Dict[str, Any] = {}
@@ -229,7 +229,7 @@ def page_params(store: st.FsStore, tmp_path: Path, snapshot: str, **over: Any) -
 
 def test_page_server_check_mode_verifies_and_starts_nothing(store: st.FsStore, tmp_path: Path,
                                                             monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("ansible_collections.warmstart.snapshot.plugins.module_utils._pageserver.find_criu",
+    monkeypatch.setattr("ansible_collections.warmstart.snapshot.plugins.module_utils.snapshot._pageserver.find_criu",
                         lambda path: "/usr/local/bin/criu")
     doc = make_snapshot(store)
     before = tree(tmp_path)
@@ -240,7 +240,7 @@ def test_page_server_check_mode_verifies_and_starts_nothing(store: st.FsStore, t
 
 
 def test_page_server_refusals(store: st.FsStore, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("ansible_collections.warmstart.snapshot.plugins.module_utils._pageserver.find_criu",
+    monkeypatch.setattr("ansible_collections.warmstart.snapshot.plugins.module_utils.snapshot._pageserver.find_criu",
                         lambda path: "/usr/local/bin/criu")
     doc = make_snapshot(store)
     out = failed(_module.page_server, page_params(store, tmp_path, doc["id"], port=0))
@@ -249,7 +249,7 @@ def test_page_server_refusals(store: st.FsStore, tmp_path: Path, monkeypatch: py
         fh.write(b"more")
     out = failed(_module.page_server, page_params(store, tmp_path, doc["id"]), check_mode=True)
     assert out["msg"].startswith(f"snapshot {doc['id']} is not intact: ") and out["reasons"]
-    monkeypatch.setattr("ansible_collections.warmstart.snapshot.plugins.module_utils._pageserver.find_criu",
+    monkeypatch.setattr("ansible_collections.warmstart.snapshot.plugins.module_utils.snapshot._pageserver.find_criu",
                         lambda path: None)
     out = failed(_module.page_server, page_params(store, tmp_path, doc["id"]))
     assert out["msg"].startswith("no CRIU found on this node")

@@ -11,9 +11,9 @@ from typing import List
 
 import pytest
 
-from ansible_collections.warmstart.snapshot.plugins.module_utils import _mountns as mns
-from ansible_collections.warmstart.snapshot.plugins.module_utils import _namespaces as nsu
-from ansible_collections.warmstart.snapshot.plugins.module_utils._criu_rpc import CriuOptions
+from ansible_collections.warmstart.snapshot.plugins.module_utils.criu import _mountns as mns
+from ansible_collections.warmstart.snapshot.plugins.module_utils.core import _namespaces as nsu
+from ansible_collections.warmstart.snapshot.plugins.module_utils.criu._criu_rpc import CriuOptions
 
 NODE = """\
 22 1 254:0 / / rw shared:1 - ext4 /dev/vda rw

@@ -5,11 +5,11 @@ from types import SimpleNamespace
 
 import pytest
 
-from ansible_collections.warmstart.snapshot.plugins.module_utils import _namespaces as nsu
-from ansible_collections.warmstart.snapshot.plugins.module_utils import _container as ctr
-from ansible_collections.warmstart.snapshot.plugins.module_utils._container import parse_container_map
-from ansible_collections.warmstart.snapshot.plugins.module_utils._criu_rpc import CriuOptions
-from ansible_collections.warmstart.snapshot.plugins.module_utils._snapshot import SnapshotError
+from ansible_collections.warmstart.snapshot.plugins.module_utils.core import _namespaces as nsu
+from ansible_collections.warmstart.snapshot.plugins.module_utils.snapshot import _container as ctr
+from ansible_collections.warmstart.snapshot.plugins.module_utils.snapshot._container import parse_container_map
+from ansible_collections.warmstart.snapshot.plugins.module_utils.criu._criu_rpc import CriuOptions
+from ansible_collections.warmstart.snapshot.plugins.module_utils.snapshot._snapshot import SnapshotError
 
 CONTAINER = """\
 80 53 0:41 / / rw,relatime - overlay overlay rw,lowerdir=/l,upperdir=/u,workdir=/w
@@ -84,9 +84,9 @@ def test_container_map_errors(spec, sources, needle) -> None:
 
 
 def test_unknown_runtime_is_refused_naming_the_supported_ones() -> None:
-    from ansible_collections.warmstart.snapshot.plugins.module_utils._proc import TargetError
-    from ansible_collections.warmstart.snapshot.plugins.module_utils._podman import Podman
-    from ansible_collections.warmstart.snapshot.plugins.module_utils._runtime import get_runtime
+    from ansible_collections.warmstart.snapshot.plugins.module_utils.core._proc import TargetError
+    from ansible_collections.warmstart.snapshot.plugins.module_utils.runtime._podman import Podman
+    from ansible_collections.warmstart.snapshot.plugins.module_utils.runtime._runtime import get_runtime
     with pytest.raises(TargetError, match=r"runtime 'cri-o' is not supported \(supported: auto, containerd, podman\)"):
         get_runtime("cri-o")
     missing = Podman()

@@ -8,8 +8,8 @@ from typing import Any, Dict
 
 import pytest
 
-from ansible_collections.warmstart.snapshot.plugins.module_utils._criu import FEATURES, CriuError
-from ansible_collections.warmstart.snapshot.plugins.module_utils._node import (
+from ansible_collections.warmstart.snapshot.plugins.module_utils.criu._criu import FEATURES, CriuError
+from ansible_collections.warmstart.snapshot.plugins.module_utils.node._node import (
     CpuInfo,
     cgroup_version,
     cgroup_version_from_mounts,

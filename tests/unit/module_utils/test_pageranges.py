@@ -11,8 +11,8 @@ from typing import Any, Dict, List, Tuple
 
 import pytest
 
-from ansible_collections.warmstart.snapshot.plugins.module_utils import _pageranges as pgr
-from ansible_collections.warmstart.snapshot.plugins.module_utils._store import StoreError
+from ansible_collections.warmstart.snapshot.plugins.module_utils.store import _pageranges as pgr
+from ansible_collections.warmstart.snapshot.plugins.module_utils.store._store import StoreError
 
 PREFIX = "proc/criu/"
 REL = PREFIX + "pages-1.img"

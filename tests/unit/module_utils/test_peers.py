@@ -13,8 +13,8 @@ from typing import Any, Dict, List
 
 import pytest
 
-from ansible_collections.warmstart.snapshot.plugins.module_utils import _peers as pr
-from ansible_collections.warmstart.snapshot.plugins.module_utils import _tls
+from ansible_collections.warmstart.snapshot.plugins.module_utils.store import _peers as pr
+from ansible_collections.warmstart.snapshot.plugins.module_utils.core import _tls
 from tests.support.tls_certs import Pki
 
 CHUNK = 4096

@@ -10,7 +10,7 @@ from typing import Any, Callable, Dict, List, Optional
 import pytest
 import yaml
 
-from ansible_collections.warmstart.snapshot.plugins.module_utils import _podcontract as pc
+from ansible_collections.warmstart.snapshot.plugins.module_utils.k8s import _podcontract as pc
 
 CRDS = Path(__file__).resolve().parents[3] / "roles" / "k8s_crds" / "files" / "crds.yaml"
 PROFILE = {"type": "Localhost", "localhostProfile": pc.SECCOMP_PROFILE}

@@ -5,7 +5,7 @@ import json
 import os
 from pathlib import Path
 
-from ansible_collections.warmstart.snapshot.plugins.module_utils import _proc as proc
+from ansible_collections.warmstart.snapshot.plugins.module_utils.core import _proc as proc
 
 
 def test_detach_runs_the_body_in_its_own_session_with_only_the_kept_descriptors() -> None:

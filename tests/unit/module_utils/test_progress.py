@@ -6,8 +6,8 @@ import threading
 import time
 from pathlib import Path
 
-from ansible_collections.warmstart.snapshot.plugins.module_utils import _progress as prog
-from ansible_collections.warmstart.snapshot.plugins.module_utils import _store as st
+from ansible_collections.warmstart.snapshot.plugins.module_utils.core import _progress as prog
+from ansible_collections.warmstart.snapshot.plugins.module_utils.store import _store as st
 from ansible_collections.warmstart.snapshot.plugins.plugin_utils._progress_action import format_progress, human
 
 

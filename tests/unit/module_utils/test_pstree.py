@@ -14,7 +14,7 @@ from typing import Any, List
 import pytest
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 
-from ansible_collections.warmstart.snapshot.plugins.module_utils import _pstree as pstree
+from ansible_collections.warmstart.snapshot.plugins.module_utils.criu import _pstree as pstree
 
 
 def entry_type() -> Any:

@@ -6,7 +6,7 @@ from typing import Any, Dict, List, Optional
 
 import pytest
 
-from ansible_collections.warmstart.snapshot.plugins.module_utils import _retention as ret
+from ansible_collections.warmstart.snapshot.plugins.module_utils.catalog import _retention as ret
 
 NOW = datetime.datetime(2026, 12, 2, 12, 0, 0, tzinfo=datetime.timezone.utc).timestamp()
 HOUR = 3600.0

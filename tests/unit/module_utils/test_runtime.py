@@ -6,9 +6,9 @@ from typing import Any, Dict, List
 
 import pytest
 
-from ansible_collections.warmstart.snapshot.plugins.module_utils import _runtime as rt
-from ansible_collections.warmstart.snapshot.plugins.module_utils._proc import TargetError
-from ansible_collections.warmstart.snapshot.plugins.module_utils._runtime import (
+from ansible_collections.warmstart.snapshot.plugins.module_utils.runtime import _runtime as rt
+from ansible_collections.warmstart.snapshot.plugins.module_utils.core._proc import TargetError
+from ansible_collections.warmstart.snapshot.plugins.module_utils.runtime._runtime import (
     POD_CONTAINER, POD_NAME, POD_NAMESPACE, ContainerInfo, Runtime, pod_container)
 
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from ansible_collections.warmstart.snapshot.plugins.module_utils import _safefs as safefs
+from ansible_collections.warmstart.snapshot.plugins.module_utils.core import _safefs as safefs
 
 
 @pytest.fixture

@@ -10,12 +10,13 @@ from typing import Any, Dict, List
 
 import pytest
 
-from ansible_collections.warmstart.snapshot.plugins.module_utils import _info as info
-from ansible_collections.warmstart.snapshot.plugins.module_utils import _manifest as mf
-from ansible_collections.warmstart.snapshot.plugins.module_utils import _securestore as sec
-from ansible_collections.warmstart.snapshot.plugins.module_utils import _signing as sg
-from ansible_collections.warmstart.snapshot.plugins.module_utils import _store as st
-from ansible_collections.warmstart.snapshot.plugins.module_utils import _stores as stores
+from ansible_collections.warmstart.snapshot.plugins.module_utils.catalog import _info as info
+from ansible_collections.warmstart.snapshot.plugins.module_utils.store import _manifest as mf
+from ansible_collections.warmstart.snapshot.plugins.module_utils.core import _paths as paths
+from ansible_collections.warmstart.snapshot.plugins.module_utils.store.security import _securestore as sec
+from ansible_collections.warmstart.snapshot.plugins.module_utils.store.security import _signing as sg
+from ansible_collections.warmstart.snapshot.plugins.module_utils.store import _store as st
+from ansible_collections.warmstart.snapshot.plugins.module_utils.store import _stores as stores
 from tests.support.signing_keys import keys_dir, new_key, trust, write_signing_key
 from tests.support.store_fixtures import make_snapshot
 
@@ -26,7 +27,7 @@ PAGES = "containers/embed/criu/pages-1.img"
 def fixture_keys(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Dict[str, Any]:
     """A node keys directory (WARMSTART_KEYS_DIR) with a signing key that is also trusted."""
     kid = keys_dir(tmp_path / "keys")
-    monkeypatch.setenv(sec.KEYS_DIR_ENV, str(tmp_path / "keys"))
+    monkeypatch.setenv(paths.KEYS_DIR_ENV, str(tmp_path / "keys"))
     return {"dir": tmp_path / "keys", "kid": kid}
 
 

@@ -11,9 +11,9 @@ from typing import Any, Dict
 
 import pytest
 
-from ansible_collections.warmstart.snapshot.plugins.module_utils import _manifest as mf
-from ansible_collections.warmstart.snapshot.plugins.module_utils import _schema as schema
-from ansible_collections.warmstart.snapshot.plugins.module_utils import _signing as sg
+from ansible_collections.warmstart.snapshot.plugins.module_utils.store import _manifest as mf
+from ansible_collections.warmstart.snapshot.plugins.module_utils.store import _schema as schema
+from ansible_collections.warmstart.snapshot.plugins.module_utils.store.security import _signing as sg
 from tests.support.signing_keys import new_key, trust, write_signing_key
 
 

@@ -12,10 +12,10 @@ from typing import Any, Dict, Iterator, List
 
 import pytest
 
-from ansible_collections.warmstart.snapshot.plugins.module_utils import _proc as proc
-from ansible_collections.warmstart.snapshot.plugins.module_utils import _snapshot as snap
-from ansible_collections.warmstart.snapshot.plugins.module_utils import _store as st
-from ansible_collections.warmstart.snapshot.plugins.module_utils._criu_rpc import CriuOptions
+from ansible_collections.warmstart.snapshot.plugins.module_utils.core import _proc as proc
+from ansible_collections.warmstart.snapshot.plugins.module_utils.snapshot import _snapshot as snap
+from ansible_collections.warmstart.snapshot.plugins.module_utils.store import _store as st
+from ansible_collections.warmstart.snapshot.plugins.module_utils.criu._criu_rpc import CriuOptions
 from tests.support.store_fixtures import make_snapshot, tree
 
 NODE = {"hostname": "n1", "arch": "x86_64", "kernel": "6.12.0", "cpu_vendor": "GenuineIntel", "cpu_model": "x",

@@ -21,15 +21,16 @@ from typing import Any, Dict, Iterator, List, Optional
 
 import pytest
 
-from ansible_collections.warmstart.snapshot.plugins.module_utils import _accel as acc
-from ansible_collections.warmstart.snapshot.plugins.module_utils import _control as ctl
-from ansible_collections.warmstart.snapshot.plugins.module_utils import _cuda as cu
-from ansible_collections.warmstart.snapshot.plugins.module_utils import _gpu
-from ansible_collections.warmstart.snapshot.plugins.module_utils import _snapshot as snap
-from ansible_collections.warmstart.snapshot.plugins.module_utils import _store as st
-from ansible_collections.warmstart.snapshot.plugins.module_utils._compat import GpuNode, gpu_incompatibilities
-from ansible_collections.warmstart.snapshot.plugins.module_utils._criu import CriuError
-from ansible_collections.warmstart.snapshot.plugins.module_utils._criu_rpc import CriuOptions
+from ansible_collections.warmstart.snapshot.plugins.module_utils.accel import _accel as acc
+from ansible_collections.warmstart.snapshot.plugins.module_utils.core import _control as ctl
+from ansible_collections.warmstart.snapshot.plugins.module_utils.accel import _cuda as cu
+from ansible_collections.warmstart.snapshot.plugins.module_utils.accel import _gpu
+from ansible_collections.warmstart.snapshot.plugins.module_utils.snapshot import _snapshot as snap
+from ansible_collections.warmstart.snapshot.plugins.module_utils.store import _store as st
+from ansible_collections.warmstart.snapshot.plugins.module_utils.accel._gpunode import GpuNode
+from ansible_collections.warmstart.snapshot.plugins.module_utils.node._compat import gpu_incompatibilities
+from ansible_collections.warmstart.snapshot.plugins.module_utils.criu._criu import CriuError
+from ansible_collections.warmstart.snapshot.plugins.module_utils.criu._criu_rpc import CriuOptions
 from tests.support.fake_cuda import Fake, compile_fake, install
 from tests.support.fake_nvml import FakeNvml
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from ansible_collections.warmstart.snapshot.plugins.module_utils._snapshot import SnapshotError, lock_target
+from ansible_collections.warmstart.snapshot.plugins.module_utils.snapshot._snapshot import SnapshotError, lock_target
 
 
 def test_second_checkpoint_of_the_same_tree_is_refused_until_the_first_ends(tmp_path: Path) -> None:
@@ -27,7 +27,7 @@ def test_second_checkpoint_of_the_same_tree_is_refused_until_the_first_ends(tmp_
 
 def test_the_lock_goes_with_a_killed_holder(tmp_path: Path) -> None:
     code = ("import sys, time; sys.path[:0] = %r; "
-            "from ansible_collections.warmstart.snapshot.plugins.module_utils._snapshot import lock_target; "
+            "from ansible_collections.warmstart.snapshot.plugins.module_utils.snapshot._snapshot import lock_target; "
             "lock_target(%d, 'w', %r); print('locked', flush=True); time.sleep(60)") % (sys.path, os.getpid(), str(tmp_path))
     holder = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
     assert holder.stdout.readline().strip() == "locked"

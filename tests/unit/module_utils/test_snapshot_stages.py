@@ -8,9 +8,9 @@ from typing import Any, Dict, List
 
 import pytest
 
-from ansible_collections.warmstart.snapshot.plugins.module_utils import _control as ctl
-from ansible_collections.warmstart.snapshot.plugins.module_utils import _snapshot as snap
-from ansible_collections.warmstart.snapshot.plugins.module_utils import _workload as wl
+from ansible_collections.warmstart.snapshot.plugins.module_utils.core import _control as ctl
+from ansible_collections.warmstart.snapshot.plugins.module_utils.snapshot import _snapshot as snap
+from ansible_collections.warmstart.snapshot.plugins.module_utils.node import _workload as wl
 
 HELPER = Path(__file__).resolve().parents[3] / "workload" / "warmstart_workload.py"
 spec = importlib.util.spec_from_file_location("warmstart_workload_for_engine_stages", HELPER)

@@ -9,14 +9,14 @@ from typing import Any, Dict, List, Optional
 
 import pytest
 
-from ansible_collections.warmstart.snapshot.plugins.module_utils import _container as ctr
-from ansible_collections.warmstart.snapshot.plugins.module_utils import _module
-from ansible_collections.warmstart.snapshot.plugins.module_utils import _snapshot as snap
-from ansible_collections.warmstart.snapshot.plugins.module_utils import _store as st
-from ansible_collections.warmstart.snapshot.plugins.module_utils._criu import CriuError
-from ansible_collections.warmstart.snapshot.plugins.module_utils._criu_rpc import CriuOptions
-from ansible_collections.warmstart.snapshot.plugins.module_utils._errors import WarmstartError
-from ansible_collections.warmstart.snapshot.plugins.module_utils._runtime import ContainerInfo
+from ansible_collections.warmstart.snapshot.plugins.module_utils.snapshot import _container as ctr
+from ansible_collections.warmstart.snapshot.plugins.module_utils.runners import _module
+from ansible_collections.warmstart.snapshot.plugins.module_utils.snapshot import _snapshot as snap
+from ansible_collections.warmstart.snapshot.plugins.module_utils.store import _store as st
+from ansible_collections.warmstart.snapshot.plugins.module_utils.criu._criu import CriuError
+from ansible_collections.warmstart.snapshot.plugins.module_utils.criu._criu_rpc import CriuOptions
+from ansible_collections.warmstart.snapshot.plugins.module_utils.core._errors import WarmstartError
+from ansible_collections.warmstart.snapshot.plugins.module_utils.runtime._runtime import ContainerInfo
 from tests.support.store_fixtures import make_snapshot
 
 SAME_NODE = "restored on node node-a, which took the snapshot, into the host's network namespace"

@@ -17,11 +17,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as hs
 
-from ansible_collections.warmstart.snapshot.plugins.module_utils import _manifest as mf
-from ansible_collections.warmstart.snapshot.plugins.module_utils import _restorer as rst
-from ansible_collections.warmstart.snapshot.plugins.module_utils import _safefs as safefs
-from ansible_collections.warmstart.snapshot.plugins.module_utils import _schema as schema
-from ansible_collections.warmstart.snapshot.plugins.module_utils import _store as st
+from ansible_collections.warmstart.snapshot.plugins.module_utils.store import _manifest as mf
+from ansible_collections.warmstart.snapshot.plugins.module_utils.core import _restorer as rst
+from ansible_collections.warmstart.snapshot.plugins.module_utils.core import _safefs as safefs
+from ansible_collections.warmstart.snapshot.plugins.module_utils.store import _schema as schema
+from ansible_collections.warmstart.snapshot.plugins.module_utils.store import _store as st
 
 from tests.support.store_fixtures import make_snapshot
 
@@ -318,7 +318,7 @@ def test_restore_recorded_returns_pid_and_rebuilds_errors(tmp_path: Path) -> Non
 CALLER = r'''
 import sys, time
 sys.path.insert(0, sys.argv[1])
-from ansible_collections.warmstart.snapshot.plugins.module_utils import _restorer as rst
+from ansible_collections.warmstart.snapshot.plugins.module_utils.core import _restorer as rst
 out = sys.argv[2]
 def slow_restore():
     time.sleep(1.5)   # the caller is SIGKILLed meanwhile
@@ -343,7 +343,7 @@ def test_a_killed_caller_still_gets_its_tree_recorded(tmp_path: Path) -> None:
 HELD_CALLER = r'''
 import os, sys, time
 sys.path.insert(0, sys.argv[1])
-from ansible_collections.warmstart.snapshot.plugins.module_utils import _restorer as rst
+from ansible_collections.warmstart.snapshot.plugins.module_utils.core import _restorer as rst
 out, tree = sys.argv[2], int(sys.argv[3])
 def orphaned(pid):
     with open(out + ".part", "w") as handle:  # renamed whole: the test never reads a half-written verdict
@@ -400,7 +400,7 @@ def test_a_held_restore_that_fails_reports_and_decides_nothing(tmp_path: Path) -
 
 
 def test_an_empty_criu_log_is_a_warning_naming_the_free_space(tmp_path: Path) -> None:
-    from ansible_collections.warmstart.snapshot.plugins.module_utils import _snapshot as snap
+    from ansible_collections.warmstart.snapshot.plugins.module_utils.snapshot import _snapshot as snap
     (tmp_path / "restore.log").write_text("")
     warning = snap._log_warning(str(tmp_path))  # pylint: disable=protected-access
     assert warning and "restore.log is empty or missing" in warning and "MiB" in warning
@@ -501,7 +501,7 @@ def test_one_bad_manifest_of_any_shape_breaks_no_listing(store: st.FsStore, path
     listed = store.list()
     assert {d["id"] for d in listed if "error" not in d} == {good["id"]}
     assert [d for d in listed if "error" in d and d["id"] == bad["id"]], listed
-    from ansible_collections.warmstart.snapshot.plugins.module_utils import _retention as ret  # pylint: disable=import-outside-toplevel
+    from ansible_collections.warmstart.snapshot.plugins.module_utils.catalog import _retention as ret  # pylint: disable=import-outside-toplevel
     decision = ret.plan(listed, [], ret.policy(keep_last=5, remove_broken=True))
     assert decision is not None
 
@@ -509,14 +509,14 @@ def test_one_bad_manifest_of_any_shape_breaks_no_listing(store: st.FsStore, path
 # --- selection never passes over a newer snapshot silently (issue 32, class 4) ---------------------------------------
 
 def _select(store: st.FsStore, **kw: Any) -> Tuple[Dict[str, Any], List[Dict[str, str]]]:
-    from ansible_collections.warmstart.snapshot.plugins.module_utils import _snapshot as snap  # pylint: disable=import-outside-toplevel
+    from ansible_collections.warmstart.snapshot.plugins.module_utils.snapshot import _snapshot as snap  # pylint: disable=import-outside-toplevel
     passed: List[Dict[str, str]] = []
     doc = snap.select(store, None, "embed", None, {"hostname": "node-a"}, skip_compat=True, passed_over=passed, **kw)
     return doc, passed
 
 
 def test_a_newer_unreadable_snapshot_refuses_selection_unless_skipped(store: st.FsStore) -> None:
-    from ansible_collections.warmstart.snapshot.plugins.module_utils import _snapshot as snap  # pylint: disable=import-outside-toplevel
+    from ansible_collections.warmstart.snapshot.plugins.module_utils.snapshot import _snapshot as snap  # pylint: disable=import-outside-toplevel
     older = make_snapshot(store, "embed")
     time.sleep(1.1)  # ids carry the second they were made in
     newer = make_snapshot(store, "embed")
@@ -541,7 +541,7 @@ def test_an_older_unreadable_snapshot_is_no_reason_to_refuse(store: st.FsStore) 
 
 
 def test_with_no_usable_match_a_broken_one_is_named(store: st.FsStore) -> None:
-    from ansible_collections.warmstart.snapshot.plugins.module_utils import _snapshot as snap  # pylint: disable=import-outside-toplevel
+    from ansible_collections.warmstart.snapshot.plugins.module_utils.snapshot import _snapshot as snap  # pylint: disable=import-outside-toplevel
     broken = make_snapshot(store, "embed")
     Path(store.snapshot_dir(broken["id"]), mf.MANIFEST).write_text("not json")
     with pytest.raises(snap.SnapshotError) as err:
@@ -553,9 +553,9 @@ def test_criu_failing_on_changed_page_images_is_reported_as_the_mismatch(tmp_pat
     """A writer changed the page images under an overlapped verify and CRIU stumbled on them: the error names
     the mismatch (the cause), not only CRIU's complaint; with intact images CRIU's own error stands."""
     import hashlib
-    from ansible_collections.warmstart.snapshot.plugins.module_utils import _overlap as ov
-    from ansible_collections.warmstart.snapshot.plugins.module_utils import _snapshot as snap
-    from ansible_collections.warmstart.snapshot.plugins.module_utils._criu import CriuError
+    from ansible_collections.warmstart.snapshot.plugins.module_utils.snapshot import _overlap as ov
+    from ansible_collections.warmstart.snapshot.plugins.module_utils.snapshot import _snapshot as snap
+    from ansible_collections.warmstart.snapshot.plugins.module_utils.criu._criu import CriuError
     data = os.urandom(1 << 16)
     entry = {"path": "containers/x/criu/pages-1.img", "size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
     image = tmp_path / "pages-1.img"

@@ -7,11 +7,11 @@ from typing import Any, List, Type
 
 import pytest
 
-from ansible_collections.warmstart.snapshot.plugins.module_utils import _manifest as mf
-from ansible_collections.warmstart.snapshot.plugins.module_utils import _s3store as s3s
-from ansible_collections.warmstart.snapshot.plugins.module_utils import _store as st
-from ansible_collections.warmstart.snapshot.plugins.module_utils import _storeapi as api
-from ansible_collections.warmstart.snapshot.plugins.module_utils import _stores as stores
+from ansible_collections.warmstart.snapshot.plugins.module_utils.store import _manifest as mf
+from ansible_collections.warmstart.snapshot.plugins.module_utils.store import _s3store as s3s
+from ansible_collections.warmstart.snapshot.plugins.module_utils.store import _store as st
+from ansible_collections.warmstart.snapshot.plugins.module_utils.store import _storeapi as api
+from ansible_collections.warmstart.snapshot.plugins.module_utils.store import _stores as stores
 
 
 def _members(proto: Type[Any]) -> List[str]:

@@ -12,9 +12,9 @@ from typing import Any, Dict
 
 import pytest
 
-from ansible_collections.warmstart.snapshot.plugins.module_utils import _digest as dg
-from ansible_collections.warmstart.snapshot.plugins.module_utils import _overlap as ov
-from ansible_collections.warmstart.snapshot.plugins.module_utils import _storecopy as sc
+from ansible_collections.warmstart.snapshot.plugins.module_utils.store import _digest as dg
+from ansible_collections.warmstart.snapshot.plugins.module_utils.snapshot import _overlap as ov
+from ansible_collections.warmstart.snapshot.plugins.module_utils.store import _storecopy as sc
 
 
 def entry(rel: str, data: bytes, chunk: int = 0) -> Dict[str, Any]:
@@ -67,7 +67,7 @@ def test_changed_short_and_planted_sources_are_problems(tmp_path: Path, kernel: 
 
 def test_a_plaintext_copy_that_would_not_fit_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The encrypted and the compressed stores' plaintext copies check the node's free space first."""
-    from ansible_collections.warmstart.snapshot.plugins.module_utils import _encstore as es
+    from ansible_collections.warmstart.snapshot.plugins.module_utils.store.security import _encstore as es
     written: list = []
     doc = {"id": "s1", "files": [{"path": "a.img", "size": 10}]}
     free = 100 << 20
@@ -138,8 +138,8 @@ def test_an_unbroken_pin_passes_the_overlapped_verify(tmp_path: Path) -> None:
         pins.release()
 
 
-def test_a_page_image_open_for_writing_or_elsewhere_is_copied_not_pinned(tmp_path: Path,
-                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_page_image_open_for_writing_or_elsewhere_is_copied_not_pinned(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     src, _dst, items = _store(tmp_path)
     writer = os.open(str(src / "criu" / "pages-1.img"), os.O_WRONLY)  # open for writing: no lease is granted
     try:

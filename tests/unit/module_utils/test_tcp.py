@@ -7,8 +7,8 @@ from typing import List, Optional
 
 import pytest
 
-from ansible_collections.warmstart.snapshot.plugins.module_utils import _tcp as tcpm
-from ansible_collections.warmstart.snapshot.plugins.module_utils._criu_rpc import CriuOptions, to_rpc
+from ansible_collections.warmstart.snapshot.plugins.module_utils.criu import _tcp as tcpm
+from ansible_collections.warmstart.snapshot.plugins.module_utils.criu._criu_rpc import CriuOptions, to_rpc
 
 # (placeholder, node that took the snapshot, this node) -> default mode, its reason
 DEFAULTS = [

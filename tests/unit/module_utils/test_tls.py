@@ -9,11 +9,11 @@ from typing import Any, Dict
 
 import pytest
 
-from ansible_collections.warmstart.snapshot.plugins.module_utils import _lazy as lz
-from ansible_collections.warmstart.snapshot.plugins.module_utils import _module
-from ansible_collections.warmstart.snapshot.plugins.module_utils import _store as st
-from ansible_collections.warmstart.snapshot.plugins.module_utils import _tls
-from ansible_collections.warmstart.snapshot.plugins.module_utils._adapter import failure
+from ansible_collections.warmstart.snapshot.plugins.module_utils.criu import _lazy as lz
+from ansible_collections.warmstart.snapshot.plugins.module_utils.runners import _module
+from ansible_collections.warmstart.snapshot.plugins.module_utils.store import _store as st
+from ansible_collections.warmstart.snapshot.plugins.module_utils.core import _tls
+from ansible_collections.warmstart.snapshot.plugins.module_utils.runners._adapter import failure
 from tests.support.store_fixtures import make_snapshot, tree
 
 CERT = "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n"
@@ -148,7 +148,7 @@ def page_params(store: st.FsStore, tmp_path: Path, snapshot: str, **over: Any) -
 
 @pytest.fixture(name="criu")
 def fixture_criu(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("ansible_collections.warmstart.snapshot.plugins.module_utils._pageserver.find_criu",
+    monkeypatch.setattr("ansible_collections.warmstart.snapshot.plugins.module_utils.snapshot._pageserver.find_criu",
                         lambda path: "/usr/local/bin/criu")
 
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from ansible_collections.warmstart.snapshot.plugins.module_utils._version import (
+from ansible_collections.warmstart.snapshot.plugins.module_utils.core._version import (
     compare_versions,
     parse_version,
     version_at_least,

@@ -13,8 +13,8 @@ from typing import Any, Dict, List
 import pytest
 import zstandard
 
-from ansible_collections.warmstart.snapshot.plugins.module_utils import _schema as sc
-from ansible_collections.warmstart.snapshot.plugins.module_utils import _zstd as zs
+from ansible_collections.warmstart.snapshot.plugins.module_utils.store import _schema as sc
+from ansible_collections.warmstart.snapshot.plugins.module_utils.store.compression import _zstd as zs
 
 F = 1 << 16  # the smallest frame the schema accepts: several frames from little data
 

@@ -17,11 +17,11 @@ from typing import Any, Dict, Iterator, Optional
 
 import pytest
 
-from ansible_collections.warmstart.snapshot.plugins.module_utils import _manifest as mf
-from ansible_collections.warmstart.snapshot.plugins.module_utils import _stores as stores
-from ansible_collections.warmstart.snapshot.plugins.module_utils import _zstd as zs
-from ansible_collections.warmstart.snapshot.plugins.module_utils._errors import WarmstartError
-from ansible_collections.warmstart.snapshot.plugins.module_utils._zstore import CompressedStore
+from ansible_collections.warmstart.snapshot.plugins.module_utils.store import _manifest as mf
+from ansible_collections.warmstart.snapshot.plugins.module_utils.store import _stores as stores
+from ansible_collections.warmstart.snapshot.plugins.module_utils.store.compression import _zstd as zs
+from ansible_collections.warmstart.snapshot.plugins.module_utils.core._errors import WarmstartError
+from ansible_collections.warmstart.snapshot.plugins.module_utils.store.compression._zstore import CompressedStore
 from tests.support.store_fixtures import moto_bucket, publish_images
 
 F = 1 << 16

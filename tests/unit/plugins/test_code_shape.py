@@ -1,6 +1,8 @@
 """The shape the engine promises to keep (issue 19), checked on the source itself.
 
 - plugins/module_utils imports nothing from Ansible, and its modules import each other without cycles;
+- its packages are layers (``LAYERS``, drawn in docs/architecture.md): a package imports only from packages on
+  lower rows, never from one on its own row or above;
 - no function there is longer than MAX_FUNCTION_LINES;
 - every exception class the engine defines derives from _errors.WarmstartError;
 - every module's main() is its AnsibleModule argument spec plus one run_module() call;
@@ -30,8 +32,27 @@ def _tree(path: Path) -> ast.Module:
     return ast.parse(path.read_text(), filename=str(path))
 
 
+# The engine's packages, lowest first. A package imports only from packages on lower rows: packages on one
+# row never import each other. docs/architecture.md draws this table.
+LAYERS = [
+    ("core",),                       # errors, safe file operations, processes, namespaces, progress, paths, TLS
+    ("criu", "accel", "runtime"),    # CRIU itself; GPU and NPU checkpoint APIs; container runtimes
+    ("store",),                      # manifests, checksums, the file system, S3 and peer stores, signing, compression
+    ("catalog", "node"),             # listing, retention, cleanup; this node: facts, compatibility, workloads, metrics
+    ("snapshot", "k8s"),             # checkpoint and restore of processes and containers; the Kubernetes API
+    ("agent",),                      # the node agent for Kubernetes
+    ("runners",),                    # what each Ansible module runs
+]
+RANK = {package: row for row, packages in enumerate(LAYERS) for package in packages}
+
+
 def _engine_files() -> List[Path]:
-    return sorted(p for p in ENGINE.glob("_*.py"))
+    return sorted(p for p in ENGINE.rglob("_*.py") if p.name != "__init__.py")
+
+
+def _module_name(path: Path) -> str:
+    """``store.security._signing`` for plugins/module_utils/store/security/_signing.py."""
+    return ".".join(path.relative_to(ENGINE).with_suffix("").parts)
 
 
 def _imports(tree: ast.Module) -> Set[str]:
@@ -41,8 +62,8 @@ def _imports(tree: ast.Module) -> Set[str]:
             names.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom) and node.module:
             names.add(node.module)
-            if node.module == PACKAGE:
-                names.update(f"{PACKAGE}.{alias.name}" for alias in node.names)
+            if node.module.startswith(PACKAGE):
+                names.update(f"{node.module}.{alias.name}" for alias in node.names)
     return names
 
 
@@ -66,11 +87,47 @@ def test_engine_functions_are_short(path: Path) -> None:
 
 
 def _engine_graph() -> Dict[str, Set[str]]:
+    """{engine module: the engine modules it imports}, as ``store._store`` (names imported from a module, such
+    as a class, are dropped: only module files count)."""
+    modules = {_module_name(p) for p in _engine_files()}
     graph: Dict[str, Set[str]] = {}
     for path in _engine_files():
-        deps = {n.rsplit(".", 1)[1] for n in _imports(_tree(path)) if n.startswith(PACKAGE + "._")}
-        graph[path.stem] = deps - {path.stem}
+        name = _module_name(path)
+        deps = {n[len(PACKAGE) + 1:] for n in _imports(_tree(path)) if n.startswith(PACKAGE + ".")}
+        graph[name] = (deps & modules) - {name}
     return graph
+
+
+def _layer_problems(graph: Dict[str, Set[str]]) -> List[str]:
+    """Every import from a package on the importer's row or above (``LAYERS``), and every package not in it."""
+    problems = []
+    for name, deps in sorted(graph.items()):
+        home = name.split(".")[0]
+        if home not in RANK:
+            problems.append(f"{name}: package {home!r} is on no row of LAYERS")
+            continue
+        for dep in sorted(deps):
+            there = dep.split(".")[0]
+            if there != home and RANK.get(there, len(LAYERS)) >= RANK[home]:
+                problems.append(f"{name} imports {dep}: {there} is not below {home}")
+    return problems
+
+
+def test_engine_packages_are_layers() -> None:
+    problems = _layer_problems(_engine_graph())
+    assert not problems, "wrong-way imports in plugins/module_utils:\n" + "\n".join(problems)
+
+
+def test_the_layer_rule_catches_the_wrong_way_imports_it_was_made_for() -> None:
+    """The two imports review found going the wrong way (TLS pulling in the signing store for the keys dir,
+    the accelerator API taking its node type from the compatibility check), and one between packages of a row."""
+    graph = {"core._tls": {"store.security._securestore"}, "accel._accel": {"node._compat"},
+             "snapshot._snapshot": {"k8s._podcontract"}, "store._store": {"core._safefs"}}
+    assert _layer_problems(graph) == [
+        "accel._accel imports node._compat: node is not below accel",
+        "core._tls imports store.security._securestore: store is not below core",
+        "snapshot._snapshot imports k8s._podcontract: k8s is not below snapshot",
+    ]
 
 
 def test_engine_imports_have_no_cycle() -> None:
@@ -94,10 +151,10 @@ def test_engine_imports_have_no_cycle() -> None:
 
 
 def test_every_engine_error_derives_from_the_root() -> None:
-    root = importlib.import_module(f"{PACKAGE}._errors").WarmstartError
+    root = importlib.import_module(f"{PACKAGE}.core._errors").WarmstartError
     strays = []
     for path in _engine_files():
-        module = importlib.import_module(f"{PACKAGE}.{path.stem}")
+        module = importlib.import_module(f"{PACKAGE}.{_module_name(path)}")
         for name, cls in inspect.getmembers(module, inspect.isclass):
             if cls.__module__ == module.__name__ and issubclass(cls, BaseException) and not issubclass(cls, root):
                 strays.append(f"{path.stem}.{name}")

@@ -158,7 +158,7 @@ def _make_collection_importable() -> None:
     elsewhere (``-S``) falls back to ANSIBLE_COLLECTIONS_PATH and the default collection paths.
     """
     try:
-        importlib.import_module("ansible_collections.warmstart.snapshot.plugins.module_utils._k8s_watch")
+        importlib.import_module("ansible_collections.warmstart.snapshot.plugins.module_utils.k8s._k8s_watch")
         return
     except ImportError:
         pass
@@ -179,10 +179,10 @@ def _make_collection_importable() -> None:
 _make_collection_importable()
 
 # pylint: disable=wrong-import-position
-from ansible_collections.warmstart.snapshot.plugins.module_utils import _agent_events as ae  # noqa: E402
-from ansible_collections.warmstart.snapshot.plugins.module_utils import _k8s_watch as kw  # noqa: E402
-from ansible_collections.warmstart.snapshot.plugins.module_utils import _metrics  # noqa: E402
-from ansible_collections.warmstart.snapshot.plugins.module_utils._k8s_client import (  # noqa: E402
+from ansible_collections.warmstart.snapshot.plugins.module_utils.agent import _agent_events as ae  # noqa: E402
+from ansible_collections.warmstart.snapshot.plugins.module_utils.k8s import _k8s_watch as kw  # noqa: E402
+from ansible_collections.warmstart.snapshot.plugins.module_utils.node import _metrics  # noqa: E402
+from ansible_collections.warmstart.snapshot.plugins.module_utils.k8s._k8s_client import (  # noqa: E402
     AUTH_ENV, Cluster, connect)
 # pylint: enable=wrong-import-position
 

@@ -35,10 +35,10 @@ import os
 import threading
 from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Tuple
 
-from ansible_collections.warmstart.snapshot.plugins.module_utils import _safefs as safefs
-from ansible_collections.warmstart.snapshot.plugins.module_utils._digest import ChunkedHasher, workers
-from ansible_collections.warmstart.snapshot.plugins.module_utils._errors import WarmstartError
-from ansible_collections.warmstart.snapshot.plugins.module_utils._schema import ZSTD_ALG
+from ansible_collections.warmstart.snapshot.plugins.module_utils.core import _safefs as safefs
+from ansible_collections.warmstart.snapshot.plugins.module_utils.store._digest import ChunkedHasher, workers
+from ansible_collections.warmstart.snapshot.plugins.module_utils.core._errors import WarmstartError
+from ansible_collections.warmstart.snapshot.plugins.module_utils.store._schema import ZSTD_ALG
 
 ALG = ZSTD_ALG
 CHOICES = ("none", "zstd")

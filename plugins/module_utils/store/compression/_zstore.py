@@ -29,15 +29,15 @@ import shutil
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Set
 
-from ansible_collections.warmstart.snapshot.plugins.module_utils import _safefs as safefs
-from ansible_collections.warmstart.snapshot.plugins.module_utils import _crypt as cr
-from ansible_collections.warmstart.snapshot.plugins.module_utils import _encstore as es
-from ansible_collections.warmstart.snapshot.plugins.module_utils import _manifest as mf
-from ansible_collections.warmstart.snapshot.plugins.module_utils import _progress as prog
-from ansible_collections.warmstart.snapshot.plugins.module_utils import _zstd as zs
-from ansible_collections.warmstart.snapshot.plugins.module_utils._store import (
+from ansible_collections.warmstart.snapshot.plugins.module_utils.core import _safefs as safefs
+from ansible_collections.warmstart.snapshot.plugins.module_utils.store.security import _crypt as cr
+from ansible_collections.warmstart.snapshot.plugins.module_utils.store.security import _encstore as es
+from ansible_collections.warmstart.snapshot.plugins.module_utils.store import _manifest as mf
+from ansible_collections.warmstart.snapshot.plugins.module_utils.core import _progress as prog
+from ansible_collections.warmstart.snapshot.plugins.module_utils.store.compression import _zstd as zs
+from ansible_collections.warmstart.snapshot.plugins.module_utils.store._store import (
     StoreError, local_staging, lock_down, tree_size, unaccounted)
-from ansible_collections.warmstart.snapshot.plugins.module_utils._storeapi import Staging, Store
+from ansible_collections.warmstart.snapshot.plugins.module_utils.store._storeapi import Staging, Store
 
 
 @dataclass(frozen=True)

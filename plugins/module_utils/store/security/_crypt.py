@@ -36,8 +36,8 @@ import stat
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Tuple
 
-from ansible_collections.warmstart.snapshot.plugins.module_utils import _digest as dg
-from ansible_collections.warmstart.snapshot.plugins.module_utils._errors import WarmstartError
+from ansible_collections.warmstart.snapshot.plugins.module_utils.store import _digest as dg
+from ansible_collections.warmstart.snapshot.plugins.module_utils.core._errors import WarmstartError
 
 ALG = "AES-256-GCM-chunked-v1"
 CHUNK = 4 << 20           # plaintext bytes per chunk

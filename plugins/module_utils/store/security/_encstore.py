@@ -32,15 +32,15 @@ import stat
 import uuid
 from typing import Any, Callable, Deque, Dict, Iterator, List, Optional, Set
 
-from ansible_collections.warmstart.snapshot.plugins.module_utils import _safefs as safefs
-from ansible_collections.warmstart.snapshot.plugins.module_utils import _crypt as cr
-from ansible_collections.warmstart.snapshot.plugins.module_utils import _manifest as mf
-from ansible_collections.warmstart.snapshot.plugins.module_utils import _progress as prog
-from ansible_collections.warmstart.snapshot.plugins.module_utils import _storecopy as sc
-from ansible_collections.warmstart.snapshot.plugins.module_utils._errors import WarmstartError
-from ansible_collections.warmstart.snapshot.plugins.module_utils._store import (
+from ansible_collections.warmstart.snapshot.plugins.module_utils.core import _safefs as safefs
+from ansible_collections.warmstart.snapshot.plugins.module_utils.store.security import _crypt as cr
+from ansible_collections.warmstart.snapshot.plugins.module_utils.store import _manifest as mf
+from ansible_collections.warmstart.snapshot.plugins.module_utils.core import _progress as prog
+from ansible_collections.warmstart.snapshot.plugins.module_utils.store import _storecopy as sc
+from ansible_collections.warmstart.snapshot.plugins.module_utils.core._errors import WarmstartError
+from ansible_collections.warmstart.snapshot.plugins.module_utils.store._store import (
     StoreError, local_staging, lock_down, real_dirs, tree_size, unaccounted)
-from ansible_collections.warmstart.snapshot.plugins.module_utils._storeapi import Store
+from ansible_collections.warmstart.snapshot.plugins.module_utils.store._storeapi import Store
 
 GET_CHUNKS = 4            # stored chunks per ranged GET of an object store
 UNSYNCED = ".unsynced"    # in a plaintext copy: the boot it is valid in (its files are not fsynced)

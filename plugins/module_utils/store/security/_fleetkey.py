@@ -22,8 +22,8 @@ import os
 from dataclasses import dataclass
 from typing import Optional
 
-from ansible_collections.warmstart.snapshot.plugins.module_utils import _safefs as safefs
-from ansible_collections.warmstart.snapshot.plugins.module_utils import _signing as sg
+from ansible_collections.warmstart.snapshot.plugins.module_utils.core import _safefs as safefs
+from ansible_collections.warmstart.snapshot.plugins.module_utils.store.security import _signing as sg
 
 
 @dataclass(frozen=True)

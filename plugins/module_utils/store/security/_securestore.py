@@ -27,23 +27,17 @@ import shutil
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional
 
-from ansible_collections.warmstart.snapshot.plugins.module_utils import _manifest as mf
-from ansible_collections.warmstart.snapshot.plugins.module_utils import _signing as sg
-from ansible_collections.warmstart.snapshot.plugins.module_utils import _crypt as cr
-from ansible_collections.warmstart.snapshot.plugins.module_utils import _encstore as es
-from ansible_collections.warmstart.snapshot.plugins.module_utils._store import StoreError
-from ansible_collections.warmstart.snapshot.plugins.module_utils._storeapi import Staging, Store
+from ansible_collections.warmstart.snapshot.plugins.module_utils.core._paths import keys_dir
+from ansible_collections.warmstart.snapshot.plugins.module_utils.store import _manifest as mf
+from ansible_collections.warmstart.snapshot.plugins.module_utils.store.security import _signing as sg
+from ansible_collections.warmstart.snapshot.plugins.module_utils.store.security import _crypt as cr
+from ansible_collections.warmstart.snapshot.plugins.module_utils.store.security import _encstore as es
+from ansible_collections.warmstart.snapshot.plugins.module_utils.store._store import StoreError
+from ansible_collections.warmstart.snapshot.plugins.module_utils.store._storeapi import Staging, Store
 
-KEYS_DIR = "/etc/warmstart/keys"
-KEYS_DIR_ENV = "WARMSTART_KEYS_DIR"       # tests and unusual nodes: another keys directory
 SIGNING_KEY = "signing.key"                # <keys>/signing.key: Ed25519 private key (PEM), 0600
 TRUSTED_KEYS = "trusted"                   # <keys>/trusted/*.pub: the trust set
 KEKS = "kek"                               # <keys>/kek/*.key: key-encryption keys
-
-
-def keys_dir() -> str:
-    """The node's keys directory (``WARMSTART_KEYS_DIR`` or ``/etc/warmstart/keys``)."""
-    return os.environ.get(KEYS_DIR_ENV) or KEYS_DIR
 
 
 @dataclass(frozen=True)

@@ -36,7 +36,7 @@ import stat
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Tuple
 
-from ansible_collections.warmstart.snapshot.plugins.module_utils._errors import WarmstartError
+from ansible_collections.warmstart.snapshot.plugins.module_utils.core._errors import WarmstartError
 
 ALG = "ed25519"
 CONTEXT = b"warmstart.snapshot manifest v1\0"   # domain separation: a manifest signature signs nothing else

@@ -111,7 +111,7 @@ def _bare_env() -> Dict[str, str]:
 def test_run_by_path_from_the_installed_collection_it_finds_its_module_utils() -> None:
     done = _run_path(LINKED, _bare_env())
     assert done.returncode == 0, done.stderr[-2000:]
-    assert "ansible_collections.warmstart.snapshot.plugins.module_utils._k8s_watch" in done.stdout
+    assert "ansible_collections.warmstart.snapshot.plugins.module_utils.k8s._k8s_watch" in done.stdout
 
 
 def test_a_copy_elsewhere_finds_the_collection_on_ansible_collections_path(tmp_path: Path) -> None:

@@ -9,7 +9,7 @@ import pytest
 from ansible.errors import AnsibleFilterError
 
 from ansible_collections.warmstart.snapshot.plugins.filter.restore_template import FilterModule, restore_template
-from ansible_collections.warmstart.snapshot.plugins.module_utils import _podcontract as pc
+from ansible_collections.warmstart.snapshot.plugins.module_utils.k8s import _podcontract as pc
 
 OWNER = [{"apiVersion": "example.com/v1", "kind": "InferenceService", "name": "embed", "uid": "1234",
           "controller": True, "blockOwnerDeletion": True}]

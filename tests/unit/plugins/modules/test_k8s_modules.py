@@ -18,9 +18,9 @@ import yaml
 
 pytest.importorskip("kubernetes")
 
-from ansible_collections.warmstart.snapshot.plugins.module_utils import _k8s_client as _k8s  # noqa: E402
-from ansible_collections.warmstart.snapshot.plugins.module_utils import _k8s_records  # noqa: E402
-from ansible_collections.warmstart.snapshot.plugins.module_utils import _podcontract as pc  # noqa: E402
+from ansible_collections.warmstart.snapshot.plugins.module_utils.k8s import _k8s_client as _k8s  # noqa: E402
+from ansible_collections.warmstart.snapshot.plugins.module_utils.k8s import _k8s_records  # noqa: E402
+from ansible_collections.warmstart.snapshot.plugins.module_utils.k8s import _podcontract as pc  # noqa: E402
 from tests.integration.ansible_run import REPO, Run, playbook  # noqa: E402
 from tests.support import fake_apiserver as fake_server_module  # noqa: E402
 from tests.support.fake_apiserver import FakeApiServer  # noqa: E402
