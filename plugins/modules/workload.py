@@ -19,6 +19,12 @@ description:
     unmounts on the node still reach it, its own do not reach the node) and a C(/proc) that shows its PID
     namespace, as CUDA and anything else that reads C(/proc/self) need. A checkpoint keeps that namespace;
     see O(mount_namespace) for what a restore needs of the node.
+  - It runs without io_uring, which CRIU cannot checkpoint - a seccomp filter answers the io_uring system
+    calls with C(ENOSYS), so libuv (uvloop under C(uvicorn[standard])), liburing and the servers built on them
+    fall back to epoll; every child inherits the filter, and CRIU restores it with the tree.
+    M(warmstart.snapshot.checkpoint) refuses a tree that holds an io_uring instance anyway (a
+    O(warmstart.snapshot.checkpoint#module:pid) target started another way), naming the process, before anything
+    is touched.
   - Idempotent - an already running workload of that name is left alone (C(changed=false)).
 author:
   - warmstart developers (!UNKNOWN)

@@ -24,6 +24,7 @@ from typing import Any, Dict, List, Optional
 
 from ansible_collections.warmstart.snapshot.plugins.module_utils.core import _safefs as safefs
 from ansible_collections.warmstart.snapshot.plugins.module_utils.core import _control as ctl
+from ansible_collections.warmstart.snapshot.plugins.module_utils.core import _iouring as iou
 from ansible_collections.warmstart.snapshot.plugins.module_utils.core import _namespaces as nsu
 from ansible_collections.warmstart.snapshot.plugins.module_utils.core import _proc as proc
 from ansible_collections.warmstart.snapshot.plugins.module_utils.core._errors import WarmstartError
@@ -156,6 +157,7 @@ def _exec_workload(command: List[str], env: Dict[str, str], chdir: Optional[str]
         os.closerange(3, report_fd)
         os.set_inheritable(report_fd, False)
         os.closerange(report_fd + 1, 65536)
+        iou.refuse_in_this_process()  # CRIU cannot dump io_uring: the server and its children fall back to epoll
         os.execvpe(command[0], command, env)
     except BaseException as exc:
         os.write(report_fd, f"error {command[0]}: {exc}\n".encode())

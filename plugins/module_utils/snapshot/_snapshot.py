@@ -41,6 +41,7 @@ from ansible_collections.warmstart.snapshot.plugins.module_utils.store import _m
 from ansible_collections.warmstart.snapshot.plugins.module_utils.criu import _mountns as mns
 from ansible_collections.warmstart.snapshot.plugins.module_utils.snapshot import _overlap as ov
 from ansible_collections.warmstart.snapshot.plugins.module_utils.store import _pageranges as pr
+from ansible_collections.warmstart.snapshot.plugins.module_utils.core import _iouring as iou
 from ansible_collections.warmstart.snapshot.plugins.module_utils.core import _progress as prog
 from ansible_collections.warmstart.snapshot.plugins.module_utils.core import _proc as proc
 from ansible_collections.warmstart.snapshot.plugins.module_utils.core import _restorer as rst
@@ -439,6 +440,7 @@ def checkpoint(store: Store, target: Target, name: str, labels: Dict[str, str], 
     proc.check_target(target.pid)
     find_cuda(plan, target.pid)
     what = _checkpoint_what(target)
+    _refuse_io_uring(what, target.pid)
     streaming = lz.active(proc.descendants(target.pid))
     if streaming:
         raise SnapshotError(f"{what}: pid {streaming['pid']} was restored lazily and its memory is still loading "
@@ -451,6 +453,14 @@ def checkpoint(store: Store, target: Target, name: str, labels: Dict[str, str], 
                                   plan, gpu_node)
     finally:
         os.close(lock)
+
+
+def _refuse_io_uring(what: str, pid: int) -> None:
+    """Refuse a tree holding an io_uring instance before anything is touched (CRIU would fail mid-dump)."""
+    problems = iou.problems(proc.descendants(pid))
+    if problems:
+        raise SnapshotError(f"{what}: cannot be checkpointed while it uses io_uring; nothing was touched",
+                            reasons=problems)
 
 
 def _need_criu(criu_path: Optional[str]) -> str:
@@ -468,6 +478,7 @@ def _would_checkpoint(store: Store, target: Target, name: str, cuda: str, lock_t
     plan = cuda_plan(cuda, gpu_node or GpuNode(), lock_timeout_ms)
     find_cuda(plan, target.pid)
     what = f"container {target.name} (workload pid {target.pid})" if target.capture else f"pid {target.pid}"
+    _refuse_io_uring(what, target.pid)
     return {"cuda": plan.result(),
             "msg": f"would snapshot {what} as {name}" + (" with its GPU state" if plan.used else "")}
 
