@@ -29,7 +29,7 @@ from .ansible_run import Run, playbook
 
 SERVER = r'''
 """warmstart test workload: memory, an open journal, a TCP listener, a socketpair."""
-import argparse, ctypes, hashlib, json, os, platform, select, socket, threading
+import argparse, ctypes, errno, hashlib, json, os, platform, select, socket, threading
 
 ap = argparse.ArgumentParser()
 ap.add_argument("--port", type=int, required=True)
@@ -37,7 +37,19 @@ ap.add_argument("--mb", type=int, default=50)
 ap.add_argument("--pattern", action="store_true", help="fill memory with a pattern (fast; no hashing)")
 ap.add_argument("--outside", help="also append to this file, outside the workload dir")
 ap.add_argument("--perf", action="store_true", help="hold a perf_event fd, which CRIU cannot dump")
+ap.add_argument("--io-uring", action="store_true", help="set up an io_uring instance (CRIU cannot dump one) and "
+                "hold it when the kernel gives it; report the outcome, and try again at each query")
 args = ap.parse_args()
+
+
+def io_uring_setup():
+    """An io_uring instance's fd, or the errno name of the refusal (ENOSYS under warmstart's filter)."""
+    params = ctypes.create_string_buffer(120)
+    fd = ctypes.CDLL(None, use_errno=True).syscall(425, 4, params)
+    return fd if fd >= 0 else errno.errorcode.get(ctypes.get_errno(), "?")
+
+
+ring = io_uring_setup() if args.io_uring else None
 
 ctl = os.environ["SNAPSHOT_CONTROL_DIR"]
 wdir = os.path.dirname(ctl)
@@ -96,6 +108,11 @@ while True:
         state = {"counter": counter, "token": token, "pid": os.getpid(), "digest_at_start": digest,
                  "sha256": hashlib.sha256(mem).hexdigest() if hashing else None,
                  "pair_ok": echoed == probe[::-1], "journal_size": os.fstat(journal.fileno()).st_size}
+        if args.io_uring:
+            again = io_uring_setup()
+            if isinstance(again, int):
+                os.close(again)
+            state.update(io_uring=ring, io_uring_now=again)
         conn.sendall((json.dumps(state) + "\n").encode())
 '''
 
