@@ -319,7 +319,7 @@ def test_empty_and_almost_valid_selectors_are_refused(world: Dict[str, Any], arg
 def test_a_non_root_caller_is_told_permission_denied(world: Dict[str, Any]) -> None:
     lab: Lab = world["lab"]
     code = ("import sys; sys.path.insert(0, sys.argv[1]);"
-            "from ansible_collections.warmstart.snapshot.plugins.module_utils import _store as st;"
+            "from ansible_collections.warmstart.snapshot.plugins.module_utils.store import _store as st;"
             "print(st.FsStore(sys.argv[2]).list())")
     done = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "/usr/bin/python3", "-c",
                            code, str(REPO / ".collections"), str(lab.store)],
