@@ -6,17 +6,24 @@ uvicorn[standard] runs vLLM's and most FastAPI servers; liburing). So:
 - a process started by the ``workload`` module runs under a seccomp filter that answers io_uring with
   ENOSYS (runtimes fall back to epoll): the workload's own attempt fails that way, its checkpoint and
   restore succeed, and the restored copy still runs under the filter (CRIU restores it), refused again;
+- a stock server as it ships (FastAPI on uvicorn[standard], whose uvloop takes an io_uring instance wherever
+  the kernel offers one, as vLLM's API server runs), started by the ``workload`` module: it serves without
+  io_uring, is checkpointed and comes back answering as itself;
 - a process that holds an io_uring instance anyway (a ``pid:`` target started outside warmstart) is
   refused before anything is touched: the error names the process, the cause and the fix; the process
   keeps running, unstopped, and the store holds nothing. Check mode says the same.
 """
 from __future__ import annotations
 
+import hashlib
+import json
 import os
+import shutil
 import subprocess
 import time
+import urllib.request
 from pathlib import Path
-from typing import Iterator, Tuple
+from typing import Any, Dict, Iterator, Tuple
 
 import pytest
 
@@ -30,6 +37,81 @@ def seccomp_mode(pid: int) -> str:
     return next(line.split()[1] for line in status.splitlines() if line.startswith("Seccomp:"))
 
 
+STOCK = ["uvicorn[standard]==0.55.0", "fastapi==0.165.0", "uvloop==0.23.0"]
+VENVS = Path("/var/cache/warmstart-tests")
+APP = """
+import os
+from fastapi import FastAPI
+
+app = FastAPI()
+TOKEN = os.urandom(8).hex()
+
+
+@app.get("/state")
+def state():
+    return {"token": TOKEN, "pid": os.getpid()}
+"""
+
+
+@pytest.fixture(scope="module")
+def stock_python() -> str:
+    """A venv holding the stock server's packages from PyPI, built once per version set and cached."""
+    key = hashlib.sha256(json.dumps(STOCK).encode()).hexdigest()[:12]
+    venv = VENVS / f"uvicorn-{key}"
+    python = venv / "bin" / "python"
+    if not python.exists():
+        VENVS.mkdir(parents=True, exist_ok=True)
+        building = VENVS / f".uvicorn-{key}.{os.getpid()}"
+        shutil.rmtree(building, ignore_errors=True)
+        subprocess.run(["/usr/bin/python3", "-m", "venv", str(building)], check=True, capture_output=True)
+        done = subprocess.run([str(building / "bin" / "pip"), "install", "-q", *STOCK], capture_output=True,
+                              text=True, check=False)
+        if done.returncode != 0:
+            pytest.fail(f"cannot install the stock server ({' '.join(STOCK)}) from the package index: "
+                        f"{done.stderr[-2000:]}")
+        os.rename(building, venv)  # whole or not at all
+    return str(python)
+
+
+def http_state(port: int, timeout: float = 30.0) -> Dict[str, Any]:
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/state", timeout=5) as answer:
+                return dict(json.loads(answer.read()))
+        except OSError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.1)
+
+
+def rings(pid: int) -> int:
+    """io_uring instances open in ``pid``."""
+    return sum(1 for fd in os.listdir(f"/proc/{pid}/fd")
+               if os.readlink(f"/proc/{pid}/fd/{fd}") == "anon_inode:[io_uring]")
+
+
+def test_a_stock_uvloop_server_runs_without_io_uring_and_comes_back(lab: Lab, stock_python: str) -> None:
+    (lab.tmp / "stockapp.py").write_text(APP)
+    port = free_port()
+    lab.play([{"name": "start", "warmstart.snapshot.workload": {
+        "name": "stock", "root": str(lab.workloads),
+        "command": [stock_python, "-m", "uvicorn", "--app-dir", str(lab.tmp), "stockapp:app", "--loop", "uvloop",
+                    "--host", "127.0.0.1", "--port", str(port)]}}])
+    try:
+        before = http_state(port)
+        source = lab.pidfile_pid("stock") or 0
+        assert rings(source) == 0, "the stock server holds io_uring under the workload module"
+        res = lab.play([lab.checkpoint("checkpoint", workload="stock", leave_running=False),
+                        lab.restore("restore", name="stock")])
+        after = http_state(port)
+        assert after["token"] == before["token"], "what answers is not the restored server"
+        assert rings(res["restore"]["restore"]["pid"]) == 0
+    finally:
+        lab.play([{"name": "stop", "warmstart.snapshot.workload": {"name": "stock", "root": str(lab.workloads),
+                                                                  "state": "stopped"}}])
+
+
 def test_a_workload_runs_without_io_uring_and_its_copy_too(lab: Lab) -> None:
     port = free_port()
     lab.play([lab.start("ringed", port, 8, "--io-uring")])
@@ -37,12 +119,12 @@ def test_a_workload_runs_without_io_uring_and_its_copy_too(lab: Lab) -> None:
     assert before["io_uring"] == "ENOSYS" and before["io_uring_now"] == "ENOSYS", before
     assert seccomp_mode(lab.pidfile_pid("ringed") or 0) == "2", "the workload runs without the filter"
     res = lab.play([lab.checkpoint("checkpoint", workload="ringed", leave_running=False),
-                    lab.restore("restore", snapshot="ringed")])
+                    lab.restore("restore", name="ringed")])
     assert res["checkpoint"]["changed"] and res["restore"]["changed"]
     after = query(port)
     assert after["token"] == before["token"], "what answers is not the restored workload"
     assert after["io_uring_now"] == "ENOSYS", f"the restored copy got io_uring: {after}"
-    assert seccomp_mode(res["restore"]["pid"]) == "2", "CRIU did not restore the seccomp filter"
+    assert seccomp_mode(res["restore"]["restore"]["pid"]) == "2", "CRIU did not restore the seccomp filter"
 
 
 @pytest.fixture

@@ -24,7 +24,7 @@ import subprocess
 import threading
 import time
 from pathlib import Path
-from typing import Any, Dict, Iterator, List
+from typing import Any, Callable, Dict, Iterator, List
 
 import pytest
 
@@ -96,16 +96,8 @@ def swap_at_criu_start(world: Dict[str, Any], wrapper: Path, stop: threading.Eve
 
 
 def test_images_swapped_when_criu_starts_are_not_what_criu_reads(world: Dict[str, Any], tmp_path: Path) -> None:
-    lab: Lab = world["lab"]
-    wrapper, stop = slow_criu(tmp_path, 1), threading.Event()
-    writer = threading.Thread(target=swap_at_criu_start, args=(world, wrapper, stop), daemon=True)
-    writer.start()
-    try:
-        res = lab.play([lab.restore("restore", snapshot=world["victim"]["id"], criu_path=str(wrapper),
-                                    expect_fail=True)])["restore"]
-    finally:
-        stop.set()
-        writer.join(10)
+    wrapper = slow_criu(tmp_path, 1)
+    res = restore_racing(world, wrapper, lambda stop: swap_at_criu_start(world, wrapper, stop))
     swapped = (victim_dir(world) / "criu").is_dir() and \
         (victim_dir(world) / "criu" / "pages-1.img").read_bytes() == (world["keep"] / "bad" / "criu" / "pages-1.img").read_bytes()
     assert swapped, "the writer never swapped the images: the race did not happen"
@@ -125,6 +117,19 @@ def swrk_started(wrapper: Path, stop: threading.Event) -> bool:
                 return True
         time.sleep(0.005)
     return False
+
+
+def restore_racing(world: Dict[str, Any], wrapper: Path, writer: Callable[[threading.Event], None]) -> Dict[str, Any]:
+    """The victim's restore through the CRIU ``wrapper`` while ``writer(stop)`` runs on a thread; its result."""
+    stop = threading.Event()
+    thread = threading.Thread(target=writer, args=(stop,), daemon=True)
+    thread.start()
+    try:
+        return world["lab"].play([world["lab"].restore("restore", snapshot=world["victim"]["id"],
+                                                       criu_path=str(wrapper), expect_fail=True)])["restore"]
+    finally:
+        stop.set()
+        thread.join(30)
 
 
 def slow_criu(tmp_path: Path, seconds: int) -> Path:
@@ -149,15 +154,14 @@ def pinned_here(lab: Lab) -> bool:
 
 
 def test_a_writer_who_outwaits_the_lease_after_the_hash_is_refused(world: Dict[str, Any], tmp_path: Path) -> None:
-    lab: Lab = world["lab"]
-    if not pinned_here(lab):
+    if not pinned_here(world["lab"]):
         pytest.skip("the store is not on the restore root's local file system here: page images are copied")
-    wrapper, stop, got_in = slow_criu(tmp_path, 3), threading.Event(), []
+    wrapper, got_in = slow_criu(tmp_path, 3), []
     pages = victim_dir(world) / "criu" / "pages-1.img"
     size = pages.stat().st_size
     evil = (world["keep"] / "bad" / "criu" / "pages-1.img").read_bytes()[:size].ljust(size, b"\0")
 
-    def rewrite() -> None:
+    def rewrite(stop: threading.Event) -> None:
         if swrk_started(wrapper, stop):
             with open(pages, "r+b") as handle:  # blocks until the kernel breaks the restore's lease (1 s)
                 handle.write(evil)
@@ -166,14 +170,9 @@ def test_a_writer_who_outwaits_the_lease_after_the_hash_is_refused(world: Dict[s
     breaks = Path("/proc/sys/fs/lease-break-time")
     before = breaks.read_text().strip()
     breaks.write_text("1")
-    writer = threading.Thread(target=rewrite, daemon=True)
-    writer.start()
     try:
-        res = lab.play([lab.restore("restore", snapshot=world["victim"]["id"], criu_path=str(wrapper),
-                                    expect_fail=True)])["restore"]
+        res = restore_racing(world, wrapper, rewrite)
     finally:
-        stop.set()
-        writer.join(30)
         breaks.write_text(before)
     assert got_in, "the writer never got past the lease: the race did not happen"
     assert res.get("failed"), "a restore whose page images were rewritten after their hash went on"
