@@ -108,8 +108,8 @@ def test_a_stock_uvloop_server_runs_without_io_uring_and_comes_back(lab: Lab, st
         assert after["token"] == before["token"], "what answers is not the restored server"
         assert rings(res["restore"]["restore"]["pid"]) == 0
     finally:
-        lab.play([{"name": "stop", "warmstart.snapshot.workload": {"name": "stock", "root": str(lab.workloads),
-                                                                  "state": "stopped"}}])
+        stop = {"name": "stock", "root": str(lab.workloads), "state": "stopped"}
+        lab.play([{"name": "stop", "warmstart.snapshot.workload": stop}])
 
 
 def test_a_workload_runs_without_io_uring_and_its_copy_too(lab: Lab) -> None:
