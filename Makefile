@@ -18,10 +18,11 @@ SANITY_BASE := $(or $(TMPDIR),/tmp)/warmstart-sanity
 SANITY_ROOT := $(SANITY_BASE)/ansible_collections/warmstart/snapshot
 VERSION := $(shell awk '/^version:/ {print $$2}' galaxy.yml)
 
-.PHONY: help deps venv link demo test unit typecheck sanity lint integration molecule build install clean
+.PHONY: help deps venv link demo check test unit typecheck sanity lint integration molecule build install clean
 
 help:
 	@echo "make demo        prepare localhost (CRIU bundle, pycriu, seccomp, snapshot root) and run the demo"
+	@echo "make check       typecheck + unit + ansible-lint: the quick loop while editing"
 	@echo "make test        unit + sanity + ansible-lint + integration + molecule (needs root)"
 	@echo "make unit | typecheck | sanity | lint | integration | molecule   one part of it"
 	@echo "make build       build the collection tarball; make install installs it for this user"
@@ -45,8 +46,12 @@ demo: deps venv link
 test: deps venv link typecheck unit sanity lint integration molecule
 	@echo "make test: all suites passed"
 
+check: typecheck unit lint
+	@echo "make check: typecheck, unit and lint passed"
+
+# On every core (pytest-xdist); pytest.ini prints the 20 slowest tests at the end.
 unit: venv link
-	$(BIN)/python -m pytest -q tests/unit
+	$(BIN)/python -m pytest -q -n auto tests/unit
 
 # mypy --strict over the engine (see mypy.ini), resolved through the collection link.
 typecheck: venv link

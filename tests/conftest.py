@@ -22,11 +22,6 @@ if str(COLLECTIONS) not in sys.path:
     sys.path.insert(0, str(COLLECTIONS))
 
 
-def pytest_configure(config) -> None:  # noqa: ANN001 - pytest hook signature
-    config.addinivalue_line("markers", "integration: runs real CRIU / Ansible / podman on this machine")
-    config.addinivalue_line("markers", "gpu: needs an NVIDIA GPU and driver (run on the device machine)")
-
-
 @pytest.fixture(scope="session", autouse=True)
 def node_keys_of_our_own(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The tests' node keys directory: an empty one of their own (``WARMSTART_KEYS_DIR``, which ansible-playbook,

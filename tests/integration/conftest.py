@@ -11,6 +11,7 @@ module imports from another one.
 """
 from __future__ import annotations
 
+import fcntl
 import os
 import uuid
 from pathlib import Path
@@ -24,12 +25,18 @@ from .s3_lab import SECRET, serve
 
 
 @pytest.fixture(scope="session", autouse=True)
-def prepared_node(node_keys_of_our_own: Path) -> dict:
-    """prepare_nodes on this machine with the tests' variables (``ansible_run.prep_vars``)."""
+def prepared_node(node_keys_of_our_own: Path, tmp_path_factory: pytest.TempPathFactory) -> dict:
+    """prepare_nodes on this machine with the tests' variables (``ansible_run.prep_vars``).
+
+    Under pytest-xdist every worker is a session of its own: they take turns (a lock in the run's shared
+    temporary directory), so the first builds and installs CRIU and the others find it there."""
     if os.geteuid() != 0:
         pytest.fail("integration tests need root (CRIU, tmpfs mounts, privileged podman): run `make test` as root")
     assert os.environ["WARMSTART_KEYS_DIR"] == str(node_keys_of_our_own)
-    run = playbook("warmstart.snapshot.prepare_nodes", extra=prep_vars())
+    shared = tmp_path_factory.getbasetemp().parent
+    with open(shared / "prepare_nodes.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        run = playbook("warmstart.snapshot.prepare_nodes", extra=prep_vars())
     assert run.rc == 0, run.messages() or run.stderr[-3000:]
     return run.stats()
 

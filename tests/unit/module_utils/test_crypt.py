@@ -71,11 +71,12 @@ def test_writing_kek_choice(tmp_path: Path) -> None:
         cr.writing_kek(str(top), "gone")
 
 
+# Fixed key bytes: the test ids are built from the parameters, and pytest-xdist's workers must collect the same ids.
 @pytest.mark.parametrize("content,mode,why", [
-    (base64.b64encode(os.urandom(32)), 0o640, "mode 0640 lets group or others read it"),
-    (base64.b64encode(os.urandom(32)), 0o604, "mode 0604"),
+    (base64.b64encode(bytes(range(32))), 0o640, "mode 0640 lets group or others read it"),
+    (base64.b64encode(bytes(range(32))), 0o604, "mode 0604"),
     (b"not base64 !!", 0o600, "not base64 text"),
-    (base64.b64encode(os.urandom(16)), 0o600, "16 bytes, expected 32"),
+    (base64.b64encode(bytes(range(16))), 0o600, "16 bytes, expected 32"),
 ])
 def test_bad_key_files_are_refused(tmp_path: Path, content: bytes, mode: int, why: str) -> None:
     top = tmp_path / "kek"

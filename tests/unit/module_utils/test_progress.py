@@ -6,8 +6,10 @@ import threading
 import time
 from pathlib import Path
 
+import pytest
+
+from ansible_collections.warmstart.snapshot.plugins.module_utils.store import _checksums as ck
 from ansible_collections.warmstart.snapshot.plugins.module_utils.core import _progress as prog
-from ansible_collections.warmstart.snapshot.plugins.module_utils.store import _store as st
 from ansible_collections.warmstart.snapshot.plugins.plugin_utils._progress_action import format_progress, human
 
 
@@ -45,12 +47,17 @@ def test_writes_are_throttled_but_phase_changes_are_not(tmp_path: Path) -> None:
     assert read(path)["phase"] == "publish"
 
 
-def test_counting_is_thread_safe(tmp_path: Path) -> None:
-    rep = prog.Reporter(str(tmp_path / "p.json"), min_interval=0)
-    rep.phase("download", 8 * 10000)
+@pytest.mark.parametrize("min_interval, adds", [
+    (60, 10000),  # many adds racing, the file written once: the counting itself
+    (0, 250),     # every add writes the file too (a write per add is slow: fewer adds)
+])
+def test_counting_is_thread_safe(tmp_path: Path, min_interval: float, adds: int) -> None:
+    path = tmp_path / "p.json"
+    rep = prog.Reporter(str(path), min_interval=min_interval)
+    rep.phase("download", 8 * adds)
 
     def work() -> None:
-        for _i in range(10000):
+        for _i in range(adds):
             rep.add(1)
 
     threads = [threading.Thread(target=work) for _i in range(8)]
@@ -58,7 +65,9 @@ def test_counting_is_thread_safe(tmp_path: Path) -> None:
         t.start()
     for t in threads:
         t.join()
-    assert rep.snapshot()["done"] == 80000
+    assert rep.snapshot()["done"] == 8 * adds
+    if min_interval == 0:
+        assert read(path)["done"] == 8 * adds, "the last write holds the last count"
 
 
 def test_an_unwritable_file_never_fails_the_work(tmp_path: Path) -> None:
@@ -79,10 +88,10 @@ def test_verify_reports_the_bytes_it_hashes(tmp_path: Path) -> None:
     (tmp_path / "snap").mkdir()
     data = tmp_path / "snap" / "pages-1.img"
     data.write_bytes(b"x" * 300000)
-    doc = {"files": st.record_files(str(tmp_path / "snap"))}
+    doc = {"files": ck.record_files(str(tmp_path / "snap"))}
     rep = prog.start(None)
     try:
-        assert st.verify_files(str(tmp_path / "snap"), doc) == []
+        assert ck.verify_files(str(tmp_path / "snap"), doc) == []
         snap = rep.snapshot()
         assert (snap["phase"], snap["done"], snap["total"]) == ("verify", 300000, 300000)
     finally:

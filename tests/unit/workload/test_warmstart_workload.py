@@ -51,7 +51,9 @@ def test_wait_restored_times_out_and_wakes_up(tmp_path: Path) -> None:
     control.ready()
     t0 = time.monotonic()
     assert control.wait_restored(0.1) is None and time.monotonic() - t0 >= 0.1
-    threading.Timer(0.05, lambda: (tmp_path / "restore-complete").write_text("pid=9\n")).start()
+    # written as warmstart writes it (a whole file renamed into place): a reader never sees it half-written
+    (tmp_path / ".restore-complete.tmp").write_text("pid=9\n")
+    threading.Timer(0.05, lambda: (tmp_path / ".restore-complete.tmp").rename(tmp_path / "restore-complete")).start()
     info = control.wait_restored(5)
     assert info is not None and info.pid == 9
 
