@@ -180,7 +180,7 @@ def images(E: SimpleNamespace, args: argparse.Namespace) -> List[Tuple[str, List
     out = []
     if args.mib > 0:
         src = br.start_mem_workload(E, args, "bench-zstd", args.mib)
-        ck = E.snap.checkpoint(store, E.snap.resolve_target(None, None, "bench-zstd", wroot), "bench-zstd", {},
+        ck = E.ckpt.checkpoint(store, E.snap.resolve_target(None, None, "bench-zstd", wroot), "bench-zstd", {},
                                E.CriuOptions(), leave_running=False, criu_path=args.criu)
         br.LIVE.discard(src["pid"])
         br.reap()
@@ -201,7 +201,7 @@ def demo_images(E: SimpleNamespace, args: argparse.Namespace, store: Any, wroot:
     br.LIVE.add(info["pid"])
     br.first_answer(client, f"http://127.0.0.1:{port}", t0, 600)
     E.ctl.wait_for(info["control"], E.ctl.READY, 60, alive=info["pid"])
-    ck = E.snap.checkpoint(store, E.snap.resolve_target(None, None, "bench-zstd-demo", wroot), "bench-zstd-demo", {},
+    ck = E.ckpt.checkpoint(store, E.snap.resolve_target(None, None, "bench-zstd-demo", wroot), "bench-zstd-demo", {},
                            E.CriuOptions(), leave_running=False, criu_path=args.criu)
     br.LIVE.discard(info["pid"])
     br.reap()

@@ -11,8 +11,8 @@ Per size and repetition, on each runtime (the order alternates), with fresh cont
 running bench/mem_workload.py under an init (podman: ``--init``; containerd: this node's catatonit bound in at
 /run/podman-init, as podman does; MIB MiB of distinct, resident pages):
 
-- checkpoint: ``_snapshot.checkpoint`` of the container (leave_running=False) into a store under --dir;
-- restore: ``_container.restore_into`` a placeholder (``sleep infinity``, started beforehand and timed on its own),
+- checkpoint: ``_checkpoint.checkpoint`` of the container (leave_running=False) into a store under --dir;
+- restore: ``_restoreinto.restore_into`` a placeholder (``sleep infinity``, started beforehand and timed on its own),
   checksums not verified (the same file reads on both runtimes; see bench.containers for the verified cost);
 - inspect: one ``Runtime.inspect`` of the running source (what each lookup costs: podman's CLI vs ``ctr`` calls).
 
@@ -116,8 +116,9 @@ class Bench:
         self.E = base.load_engine()
         # pylint: disable=import-outside-toplevel
         from ansible_collections.warmstart.snapshot.plugins.module_utils.snapshot import _container as ctr
+        from ansible_collections.warmstart.snapshot.plugins.module_utils.snapshot import _restoreinto as rinto
         from ansible_collections.warmstart.snapshot.plugins.module_utils.runtime._runtime import get_runtime
-        self.ctr, self.get_runtime = ctr, get_runtime
+        self.ctr, self.rinto, self.get_runtime = ctr, rinto, get_runtime
         self.containerd = Containerd(os.path.join(self.dir, "containerd"))
         init = [p for p in INITS if os.path.isfile(p)]
         if not init:
@@ -186,14 +187,14 @@ class Bench:
         out: Dict[str, Any] = {"inspect": time.monotonic() - t0}
         target = self.ctr.resolve(runtime, src["name"])
         t0 = time.monotonic()
-        snap = self.E.snap.checkpoint(store, target, "bench", {}, self.E.CriuOptions(), leave_running=False)
+        snap = self.E.ckpt.checkpoint(store, target, "bench", {}, self.E.CriuOptions(), leave_running=False)
         out.update(checkpoint=time.monotonic() - t0, size=snap["size"])
         self.drop(runtime, src["name"])
         ph = self.run(runtime, "ph", ["sleep", "infinity"], init=False)
         out["placeholder_start"] = ph["start"]
         t0 = time.monotonic()
-        res = self.ctr.restore_into(store, ph["name"], snapshot_id=snap["id"], verify=False, runtime_name=runtime,
-                                    restore_root=os.path.join(self.dir, "restore"))
+        res = self.rinto.restore_into(store, ph["name"], snapshot_id=snap["id"], verify=False, runtime_name=runtime,
+                                      restore_root=os.path.join(self.dir, "restore"))
         out["restore"] = time.monotonic() - t0
         dest = res["destinations"][0]
         if dest["result"] != "succeeded":

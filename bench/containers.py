@@ -10,8 +10,8 @@
 Per size and repetition, with fresh containers of the local node image running
 bench/mem_workload.py under ``--init`` (MIB MiB of distinct, resident pages):
 
-- ours: ``_snapshot.checkpoint`` of the container (leave_running=False) into
-  a store under --dir; ``_container.restore_into`` a placeholder
+- ours: ``_checkpoint.checkpoint`` of the container (leave_running=False) into
+  a store under --dir; ``_restoreinto.restore_into`` a placeholder
   (``sleep infinity``, started beforehand - the scheduler's job - and timed
   separately), once with checksums verified and once without;
 - podman: ``podman container checkpoint --export F --compress none`` and
@@ -87,7 +87,8 @@ class Bench:
         self.E = base.load_engine()
         # pylint: disable=import-outside-toplevel
         from ansible_collections.warmstart.snapshot.plugins.module_utils.snapshot import _container as ctr
-        self.ctr = ctr
+        from ansible_collections.warmstart.snapshot.plugins.module_utils.snapshot import _restoreinto as rinto
+        self.ctr, self.rinto = ctr, rinto
 
     def control(self, name: str) -> str:
         path = os.path.join(self.dir, "control", name)
@@ -141,13 +142,13 @@ class Bench:
         src = self.start("ours", mib)
         target = self.ctr.resolve("podman", src["name"])
         t0 = time.monotonic()
-        snap = self.E.snap.checkpoint(store, target, "bench", {}, self.E.CriuOptions(), leave_running=False)
+        snap = self.E.ckpt.checkpoint(store, target, "bench", {}, self.E.CriuOptions(), leave_running=False)
         out: Dict[str, Any] = {"checkpoint": time.monotonic() - t0, "size": snap["size"], "phases": snap["timings"]}
         for verify in (True, False):
             ph = self.placeholder()
             t0 = time.monotonic()
-            res = self.ctr.restore_into(store, ph["name"], snapshot_id=snap["id"], verify=verify,
-                                        restore_root=os.path.join(self.dir, "restore"))
+            res = self.rinto.restore_into(store, ph["name"], snapshot_id=snap["id"], verify=verify,
+                                          restore_root=os.path.join(self.dir, "restore"))
             key = "restore_verified" if verify else "restore"
             out[key] = time.monotonic() - t0
             dest = res["destinations"][0]

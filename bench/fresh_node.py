@@ -13,8 +13,8 @@ For each size and repetition, side by side in one run (page cache dropped before
 node reading a shared store for the first time):
 
 - raw: a fresh bench/mem_workload.py dumped with ``criu dump`` and restored with ``criu restore -d``;
-- ours: an identical workload checkpointed through ``_snapshot.checkpoint`` into an FsStore, then restored
-  through ``_snapshot.restore`` with this node's record of hashed files forgotten (a fresh node): verified
+- ours: an identical workload checkpointed through ``_checkpoint.checkpoint`` into an FsStore, then restored
+  through ``_restore.restore`` with this node's record of hashed files forgotten (a fresh node): verified
   with the page images pinned in the store and hashed while CRIU restores the tree stopped (``_overlap``),
   verified with the page images copied first (a store on another file system: the pin turned off), and
   unverified;
@@ -54,19 +54,19 @@ def ours_cycle(E: SimpleNamespace, args: argparse.Namespace, mib: int, rep: int)
     store = E.st.FsStore(os.path.join(args.dir, "store"))
     target = E.snap.resolve_target(None, None, name, wroot)
     br.settle(args)
-    ck = E.snap.checkpoint(store, target, f"bench-fresh-{mib}", {"bench": "fresh-node"}, E.CriuOptions(),
+    ck = E.ckpt.checkpoint(store, target, f"bench-fresh-{mib}", {"bench": "fresh-node"}, E.CriuOptions(),
                            leave_running=False, criu_path=args.criu)
     br.LIVE.discard(src["pid"])
     br.reap()
     out: Dict[str, Any] = {"image_bytes": ck["size"]}
     variants = ["verified", "copied", "unverified"]
     for variant in variants[rep % 3:] + variants[:rep % 3]:
-        E.st.VerifiedFiles(ck["id"]).forget()
+        E.cks.VerifiedFiles(ck["id"]).forget()
         br.settle(args, before_restore=True)
         t0 = time.perf_counter()
         with copied_not_pinned(variant == "copied"):
-            rs = E.snap.restore(store, snapshot_id=ck["id"], verify=variant != "unverified", criu_path=args.criu,
-                                restore_root=os.path.join(args.dir, "restore"), workloads_root=wroot)
+            rs = E.rs.restore(store, snapshot_id=ck["id"], verify=variant != "unverified", criu_path=args.criu,
+                              restore_root=os.path.join(args.dir, "restore"), workloads_root=wroot)
         wall = time.perf_counter() - t0
         br.LIVE.add(rs["pid"])
         check = br.memcheck(E, src["control"], rs["pid"], src["crc"], mib)
@@ -82,7 +82,7 @@ def ours_cycle(E: SimpleNamespace, args: argparse.Namespace, mib: int, rep: int)
     out["hash_chunks"] = {"wall": time.perf_counter() - t0, "ok": all(ok.values()), "threads": dg.workers()}
     br.settle(args, before_restore=True)
     t0 = time.perf_counter()
-    whole = [E.st.sha256_file(path) == e["sha256"] for path, e in pages]
+    whole = [E.cks.sha256_file(path) == e["sha256"] for path, e in pages]
     out["hash_whole"] = {"wall": time.perf_counter() - t0, "ok": all(whole)}
     store.delete(ck["id"])
     return out

@@ -57,7 +57,7 @@ DEFAULT_PLOT_PYTHON = "/var/tmp/warmstart-bench-venv/bin/python"
 FIRST_SEED = 1
 CHECK_SEEDS = [1, 2, 3, 5, 8, 13, 21, 34, 55, 89, 144, 233]
 BEGIN, END = "<!-- lazy:begin -->", "<!-- lazy:end -->"
-VERIFIED_ENV = "WARMSTART_VERIFIED_DIR"  # _store.VERIFIED_DIR_ENV
+VERIFIED_ENV = "WARMSTART_VERIFIED_DIR"  # _checksums.VERIFIED_DIR_ENV
 
 
 log = R.log
@@ -74,10 +74,10 @@ def load_engine() -> SimpleNamespace:
         E.lazy = importlib.import_module("ansible_collections.warmstart.snapshot.plugins.module_utils.criu._lazy")
     except ImportError as exc:
         E.lazy_problem = f"module_utils/criu/_lazy.py not importable: {exc}"
-    params = inspect.signature(E.snap.restore).parameters
+    params = inspect.signature(E.rs.restore).parameters
     if "lazy" not in params or "lazy_wait" not in params:
         E.lazy_problem = (E.lazy_problem + "; " if E.lazy_problem else "") + \
-            "_snapshot.restore has no lazy / lazy_wait parameters"
+            "_restore.restore has no lazy / lazy_wait parameters"
     return E
 
 
@@ -208,7 +208,7 @@ def measure_bandwidth(args: argparse.Namespace) -> Dict[str, Any]:
 # --- restores -----------------------------------------------------------------------
 
 # variant -> (lazy, full SHA256 pass). Every restore verifies (the default); the plain variants on this node,
-# which recorded its digests when it took the snapshot (_store.VerifiedFiles), the *_verify ones as a node that
+# which recorded its digests when it took the snapshot (_checksums.VerifiedFiles), the *_verify ones as a node that
 # has not hashed these files yet: a full SHA256 pass before CRIU starts.
 VARIANTS = {"eager": (False, False), "lazy": (True, False), "eager_verify": (False, True), "lazy_verify": (True, True)}
 STARTS = ["cold", "eager", "lazy", "eager_verify", "lazy_verify"]
@@ -225,9 +225,9 @@ def do_restore(E: SimpleNamespace, args: argparse.Namespace, store: Any, snap_id
     if full:  # an empty record: as on a node that has never hashed these files
         os.environ[VERIFIED_ENV] = os.path.join(args.dir, f"verified-none-{os.getpid()}-{time.monotonic_ns()}")
     try:
-        return E.snap.restore(store, snapshot_id=snap_id, verify=True, criu_path=args.criu,
-                              restore_root=os.path.join(args.dir, "restore"),
-                              workloads_root=os.path.join(args.dir, "workloads"), **kwargs)
+        return E.rs.restore(store, snapshot_id=snap_id, verify=True, criu_path=args.criu,
+                            restore_root=os.path.join(args.dir, "restore"),
+                            workloads_root=os.path.join(args.dir, "workloads"), **kwargs)
     finally:
         if full:
             shutil.rmtree(os.environ[VERIFIED_ENV], ignore_errors=True)
@@ -294,7 +294,7 @@ def synth_rep(E: SimpleNamespace, args: argparse.Namespace, rep: int, port: int)
     target = E.snap.resolve_target(None, None, name, wroot)
     R.settle(args)
     t1 = time.perf_counter()
-    ck = E.snap.checkpoint(store, target, "bench-lazy-synth", {"bench": "lazy"}, E.CriuOptions(),
+    ck = E.ckpt.checkpoint(store, target, "bench-lazy-synth", {"bench": "lazy"}, E.CriuOptions(),
                            leave_running=False, criu_path=args.criu)
     ck_wall = time.perf_counter() - t1
     R.LIVE.discard(info["pid"])
@@ -364,7 +364,7 @@ def demo_rep(E: SimpleNamespace, args: argparse.Namespace, rep: int, port: int, 
     target = E.snap.resolve_target(None, None, name, wroot)
     R.settle(args)
     t1 = time.perf_counter()
-    ck = E.snap.checkpoint(store, target, "bench-lazy-demo", {"bench": "lazy"}, E.CriuOptions(),
+    ck = E.ckpt.checkpoint(store, target, "bench-lazy-demo", {"bench": "lazy"}, E.CriuOptions(),
                            leave_running=False, criu_path=args.criu)
     ck_wall = time.perf_counter() - t1
     R.LIVE.discard(info["pid"])
@@ -582,13 +582,13 @@ def section(results: Dict[str, Any]) -> str:
               " (and for a lazy one again after its memory is complete) must be bit-identical to the cold ones.",
               "- **Cold start**: started as a restorable workload (`_workload.start`); timed from just before the"
               " start. Full memory = the server's own \"loaded\" instant (`ready_at` in `/healthz`).",
-              "- **Eager / lazy restore**: `_snapshot.restore(lazy=False|True, lazy_wait=False, verify=...)` of the"
-              " snapshot `_snapshot.checkpoint(leave_running=False)` took from that cold process, into the same"
+              "- **Eager / lazy restore**: `_restore.restore(lazy=False|True, lazy_wait=False, verify=...)` of the"
+              " snapshot `_checkpoint.checkpoint(leave_running=False)` took from that cold process, into the same"
               " node-local `FsStore`; the restores of one repetition rotate their order. Timed from just before the"
               " call. Full memory: eager = when the call returned (every page is in place then); lazy ="
               " `complete_at` of `_lazy.wait(work_dir)` (the lazy-pages daemon exited with every page in)."
               " Every restore verifies (the default): the plain rows on this node, which recorded the digests when"
-              " it took the snapshot and so re-hashes nothing unchanged (`_store.VerifiedFiles`); the \"full SHA256"
+              " it took the snapshot and so re-hashes nothing unchanged (`_checksums.VerifiedFiles`); the \"full SHA256"
               " pass\" rows with an empty record, as on a node that has not hashed the images yet.",
               f"- First answers are polled every {o['interval'] * 1000:.0f} ms. Page cache "
               + ("dropped before every restore." if o["drop_caches"] else "not dropped: restores read images the"

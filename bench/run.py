@@ -14,8 +14,8 @@ Two parts, both in one run (see bench/README.md):
 synthetic  For each size (default 512 and 4096 MiB) and repetition, a fresh
            bench/mem_workload.py is started as a restorable workload (engine
            ``_workload.start``: own PID namespace, session leader) and
-           - ours: checkpointed through ``_snapshot.checkpoint`` (leave_running
-             False) into an FsStore, then restored through ``_snapshot.restore``
+           - ours: checkpointed through ``_checkpoint.checkpoint`` (leave_running
+             False) into an FsStore, then restored through ``_restore.restore``
              with verify on and with verify off (order alternates);
            - raw: an identical fresh workload dumped with ``criu dump`` and
              restored with ``criu restore -d``, with the CLI spelling of the
@@ -162,16 +162,19 @@ def load_engine() -> SimpleNamespace:
     if not os.path.isdir(os.path.join(COLLECTIONS, "ansible_collections", "warmstart", "snapshot", "plugins")):
         raise BenchError(f"the collection is not linked under {COLLECTIONS}: run `make link` in {REPO} first")
     # pylint: disable=import-outside-toplevel
+    from ansible_collections.warmstart.snapshot.plugins.module_utils.store import _checksums as cks
+    from ansible_collections.warmstart.snapshot.plugins.module_utils.snapshot import _checkpoint as ckpt
     from ansible_collections.warmstart.snapshot.plugins.module_utils.core import _control as ctl
     from ansible_collections.warmstart.snapshot.plugins.module_utils.criu import _mountns as mns
     from ansible_collections.warmstart.snapshot.plugins.module_utils.core import _proc as proc
+    from ansible_collections.warmstart.snapshot.plugins.module_utils.snapshot import _restore as rs
     from ansible_collections.warmstart.snapshot.plugins.module_utils.snapshot import _snapshot as snap
     from ansible_collections.warmstart.snapshot.plugins.module_utils.store import _store as st
     from ansible_collections.warmstart.snapshot.plugins.module_utils.node import _workload as wl
     from ansible_collections.warmstart.snapshot.plugins.module_utils.criu._criu import criu_version, find_criu
     from ansible_collections.warmstart.snapshot.plugins.module_utils.criu._criu_rpc import CriuOptions, load_pycriu, read_stats
     load_pycriu()
-    return SimpleNamespace(ctl=ctl, mns=mns, proc=proc, snap=snap, st=st, wl=wl, CriuOptions=CriuOptions,
+    return SimpleNamespace(cks=cks, ctl=ctl, mns=mns, proc=proc, snap=snap, ckpt=ckpt, rs=rs, st=st, wl=wl, CriuOptions=CriuOptions,
                            read_stats=read_stats, find_criu=find_criu, criu_version=criu_version)
 
 
@@ -312,7 +315,7 @@ def ours_cycle(E: SimpleNamespace, args: argparse.Namespace, mib: int, rep: int)
     target = E.snap.resolve_target(None, None, name, wroot)
     settle(args)
     t0 = time.perf_counter()
-    ck = E.snap.checkpoint(store, target, f"bench-mem-{mib}", {"bench": "synthetic"}, E.CriuOptions(),
+    ck = E.ckpt.checkpoint(store, target, f"bench-mem-{mib}", {"bench": "synthetic"}, E.CriuOptions(),
                            leave_running=False, criu_path=args.criu)
     wall = time.perf_counter() - t0
     LIVE.discard(src["pid"])
@@ -322,8 +325,8 @@ def ours_cycle(E: SimpleNamespace, args: argparse.Namespace, mib: int, rep: int)
     for verify in ([True, False] if rep % 2 == 0 else [False, True]):
         settle(args, before_restore=True)
         t0 = time.perf_counter()
-        rs = E.snap.restore(store, snapshot_id=ck["id"], verify=verify, criu_path=args.criu,
-                            restore_root=os.path.join(args.dir, "restore"), workloads_root=wroot)
+        rs = E.rs.restore(store, snapshot_id=ck["id"], verify=verify, criu_path=args.criu,
+                          restore_root=os.path.join(args.dir, "restore"), workloads_root=wroot)
         wall = time.perf_counter() - t0
         LIVE.add(rs["pid"])
         check = memcheck(E, src["control"], rs["pid"], src["crc"], mib)
@@ -460,7 +463,7 @@ def run_demo(E: SimpleNamespace, args: argparse.Namespace) -> Dict[str, Any]:
         E.ctl.wait_for(info["control"], E.ctl.READY, 60, alive=info["pid"])
         settle(args)
         t1 = time.perf_counter()
-        ck = E.snap.checkpoint(store, target, "bench-demo", {"bench": "demo"}, E.CriuOptions(),
+        ck = E.ckpt.checkpoint(store, target, "bench-demo", {"bench": "demo"}, E.CriuOptions(),
                                leave_running=False, criu_path=args.criu)
         ck_wall = time.perf_counter() - t1
         LIVE.discard(info["pid"])
@@ -475,7 +478,7 @@ def run_demo(E: SimpleNamespace, args: argparse.Namespace) -> Dict[str, Any]:
         row["order"] = variants
         for variant in variants:
             if getattr(args, "demo_fresh", False):
-                E.st.VerifiedFiles(ck["id"]).forget()  # as a node that never saw the snapshot
+                E.cks.VerifiedFiles(ck["id"]).forget()  # as a node that never saw the snapshot
             settle(args, before_restore=True)
             log(f"demo rep {rep + 1}/{args.demo_reps}: restore {variant}")
             work = None
@@ -496,9 +499,9 @@ def run_demo(E: SimpleNamespace, args: argparse.Namespace) -> Dict[str, Any]:
                 timings: Dict[str, float] = {}
                 stats = E.read_stats(os.path.join(work, "stats-restore"))
             else:
-                rs = E.snap.restore(store, snapshot_id=ck["id"], verify=variant == "ours_verify_on",
-                                    criu_path=args.criu, restore_root=os.path.join(args.dir, "restore"),
-                                    workloads_root=wroot)
+                rs = E.rs.restore(store, snapshot_id=ck["id"], verify=variant == "ours_verify_on",
+                                  criu_path=args.criu, restore_root=os.path.join(args.dir, "restore"),
+                                  workloads_root=wroot)
                 wall = time.time() - t0
                 pid, timings, stats, work = rs["pid"], rs["timings"], rs["criu_stats"], rs["work_dir"]
             LIVE.add(pid)
@@ -956,8 +959,8 @@ def markdown(results: Dict[str, Any], summary: Dict[str, Any]) -> str:
         "  a `/usr/bin/python3` process that tiles 16 MiB of `os.urandom` over its buffer and stamps a salt and the",
         "  offset into every 4 KiB page (all pages resident, none zero, no two alike). Each is started as a restorable",
         "  workload (engine `_workload.start`: init of its own PID namespace, session leader).",
-        "- **ours**: `_snapshot.checkpoint(..., leave_running=False)` into an `FsStore` on the local disk",
-        f"  (`{o['dir']}/store`), then `_snapshot.restore(..., verify=True)` and `verify=False` of that snapshot",
+        "- **ours**: `_checkpoint.checkpoint(..., leave_running=False)` into an `FsStore` on the local disk",
+        f"  (`{o['dir']}/store`), then `_restore.restore(..., verify=True)` and `verify=False` of that snapshot",
         "  (order alternates by repetition). The wall time is the whole engine call.",
         "- **raw CRIU**: an identical, fresh workload; `criu dump -t PID -D DIR` and `criu restore -D DIR -d --pidfile F`,",
         "  both with the CLI spelling of the engine's default `CriuOptions`:",
@@ -1002,7 +1005,7 @@ def markdown(results: Dict[str, Any], summary: Dict[str, Any]) -> str:
         "## Reducing the overhead",
         "",
         "Done: **hash while the images are written, not after.** A thread follows each `pages-*.img` as CRIU",
-        "writes it (`_store.StreamingHasher`), so the checkpoint costs about max(dump, hash) instead of dump + hash;",
+        "writes it (`_checksums.StreamingHasher`), so the checkpoint costs about max(dump, hash) instead of dump + hash;",
         "the first version re-read every byte after the dump (+0.77 s at 512 MiB, +4.19 s at 4 GiB).",
         "",
         "Still open, from cheapest to most work:",

@@ -10,7 +10,7 @@ Run as root with the Python that has pycriu, from the checkout root (moto's serv
     /usr/bin/python3 -m bench.s3_cold [--sizes 1024,4096] [--reps 2] [--markdown docs/benchmarks.md]
 
 moto's S3 server runs on loopback. For each size and repetition a fresh bench/mem_workload.py is
-checkpointed into the bucket through ``_snapshot.checkpoint`` (an S3 store with its own cache: the writing
+checkpointed into the bucket through ``_checkpoint.checkpoint`` (an S3 store with its own cache: the writing
 node), then restored on a "new node" (another cache directory, this node's record of hashed files
 forgotten, page cache dropped), side by side:
 
@@ -68,12 +68,12 @@ def s3_store(args: argparse.Namespace, cache: str) -> Any:
 
 def restore(E: SimpleNamespace, args: argparse.Namespace, sid: str, cache: str, src: Dict[str, Any],
             mib: int) -> Dict[str, Any]:
-    E.st.VerifiedFiles(sid).forget()
+    E.cks.VerifiedFiles(sid).forget()
     br.settle(args, before_restore=True)
     store = s3_store(args, cache)
     t0 = time.perf_counter()
-    rs = E.snap.restore(store, snapshot_id=sid, verify=True, criu_path=args.criu,
-                        restore_root=os.path.join(args.dir, "restore"), workloads_root=os.path.join(args.dir, "workloads"))
+    rs = E.rs.restore(store, snapshot_id=sid, verify=True, criu_path=args.criu,
+                      restore_root=os.path.join(args.dir, "restore"), workloads_root=os.path.join(args.dir, "workloads"))
     wall = time.perf_counter() - t0
     br.LIVE.add(rs["pid"])
     check = br.memcheck(E, src["control"], rs["pid"], src["crc"], mib)
@@ -88,7 +88,7 @@ def cycle(E: SimpleNamespace, args: argparse.Namespace, mib: int) -> Dict[str, A
     writer = s3_store(args, os.path.join(args.dir, "cache-writer"))
     target = E.snap.resolve_target(None, None, name, os.path.join(args.dir, "workloads"))
     br.settle(args)
-    ck = E.snap.checkpoint(writer, target, name, {"bench": "s3-cold"}, E.CriuOptions(), leave_running=False,
+    ck = E.ckpt.checkpoint(writer, target, name, {"bench": "s3-cold"}, E.CriuOptions(), leave_running=False,
                            criu_path=args.criu)
     br.LIVE.discard(src["pid"])
     br.reap()

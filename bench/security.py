@@ -11,7 +11,7 @@ Run as root with the Python that has pycriu (the modules' interpreter), from the
         [--markdown docs/benchmarks.md]
 
 For each size and repetition, one fresh bench/mem_workload.py per variant (order rotates per
-repetition), checkpointed through the engine (``_snapshot.checkpoint``, leave_running False) into a
+repetition), checkpointed through the engine (``_checkpoint.checkpoint``, leave_running False) into a
 filesystem store opened as the modules open it (``_stores.open_store``), then restored twice with
 verify on:
 
@@ -93,7 +93,7 @@ def open_store(args: argparse.Namespace, variant: str) -> Any:
 
 def forget_node(E: Any, store: Any, sid: str) -> None:
     """What another node would not have: the record of hashed files and the decrypted copy."""
-    E.st.VerifiedFiles(sid).forget()
+    E.cks.VerifiedFiles(sid).forget()
     root = store.cache_root()
     if root:
         shutil.rmtree(os.path.join(root, sid), ignore_errors=True)
@@ -108,7 +108,7 @@ def cycle(E: Any, args: argparse.Namespace, variant: str, mib: int) -> Dict[str,
     target = E.snap.resolve_target(None, None, name, wroot)
     base.settle(args)
     t0 = time.perf_counter()
-    ck = E.snap.checkpoint(store, target, f"bench-sec-{mib}", {"bench": "security"}, E.CriuOptions(),
+    ck = E.ckpt.checkpoint(store, target, f"bench-sec-{mib}", {"bench": "security"}, E.CriuOptions(),
                            leave_running=False, criu_path=args.criu)
     out: Dict[str, Any] = {"checkpoint": {"wall": time.perf_counter() - t0, "timings": ck["timings"],
                                           "stored_bytes": ck["size"]}}
@@ -120,8 +120,8 @@ def cycle(E: Any, args: argparse.Namespace, variant: str, mib: int) -> Dict[str,
             forget_node(E, store, ck["id"])
         base.settle(args, before_restore=True)
         t0 = time.perf_counter()
-        rs = E.snap.restore(store, snapshot_id=ck["id"], verify=True, criu_path=args.criu,
-                            restore_root=os.path.join(args.dir, "restore"), workloads_root=wroot)
+        rs = E.rs.restore(store, snapshot_id=ck["id"], verify=True, criu_path=args.criu,
+                          restore_root=os.path.join(args.dir, "restore"), workloads_root=wroot)
         wall = time.perf_counter() - t0
         base.LIVE.add(rs["pid"])
         check = base.memcheck(E, src["control"], rs["pid"], src["crc"], mib)
@@ -249,7 +249,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         E = base.load_engine()
         args.criu = E.find_criu(args.criu)
         args.keys = make_keys(os.path.join(args.dir, "keys"))
-        os.environ[E.st.VERIFIED_DIR_ENV] = os.path.join(args.dir, "verified")
+        os.environ[E.cks.VERIFIED_DIR_ENV] = os.path.join(args.dir, "verified")
         base.become_subreaper()
         stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
         variants = [v for v in VARIANTS if v != "signed" or has_signing()]

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
+from ansible_collections.warmstart.snapshot.plugins.module_utils.k8s import _podapi as podapi
 from ansible_collections.warmstart.snapshot.plugins.module_utils.k8s import _podcontract as pc
 
 
@@ -124,7 +125,7 @@ def k8s_restore_work(begun: Sequence[Dict[str, Any]]) -> List[Dict[str, Any]]:
     return out
 
 
-OUTCOMES = tuple(pc.RESULT_CONDITIONS)  # succeeded, failed, partially_succeeded, incompatible
+OUTCOMES = tuple(podapi.RESULT_CONDITIONS)  # succeeded, failed, partially_succeeded, incompatible
 
 
 def _restore_result(node_map: Dict[str, str], hostvars: Any, register: str, work: Dict[str, Any]
@@ -193,7 +194,7 @@ def k8s_restore_outcomes(work: Sequence[Dict[str, Any]], node_map: Dict[str, str
     for entry in pods.values():
         outcome, message = _pod_outcome(entry["ok"], entry["bad"])
         out.append({"namespace": entry["namespace"], "name": entry["name"], "outcome": outcome,
-                    "reason": pc.RESULT_CONDITIONS[outcome][1], "pod_outcome": pc.result_outcome(outcome),
+                    "reason": podapi.RESULT_CONDITIONS[outcome][1], "pod_outcome": pc.result_outcome(outcome),
                     "message": message[:1000]})
     return out
 
@@ -217,7 +218,7 @@ def k8s_restore_rows(pods: Sequence[Dict[str, Any]], node_map: Dict[str, str], s
         row: Dict[str, Any] = {"pod": f"{meta.get('namespace')}/{name}", "host": None, "result": "", "detail": "",
                                "snapshot": pc.contract_annotations(meta.get("annotations") or {},
                                                                    f"pod {meta.get('namespace')}/{name}")[0]
-                               .get(pc.ANN_RESTORE_FROM)}
+                               .get(podapi.ANN_RESTORE_FROM)}
         rows.append(row)
         wait = waited.get(name) or {}
         target = (wait.get("targets") or [{}])[0]

@@ -2,7 +2,7 @@
 # Copyright (c) warmstart developers
 # GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
-"""``restore_template``: a workload manifest whose pod template(s) become restore templates (``_podcontract.build``).
+"""``restore_template``: a workload manifest whose pod template(s) become restore templates (``_podbuild.build``).
 
 So that every replica a controller creates - scaling a Deployment, an HPA, a StatefulSet's next ordinal, a
 LeaderWorkerSet group - is a placeholder pod the node agent restores. Everything else of the manifest (its
@@ -15,6 +15,8 @@ import copy
 from typing import Any, Dict, List, Optional, Tuple
 
 from ansible.errors import AnsibleFilterError
+from ansible_collections.warmstart.snapshot.plugins.module_utils.k8s import _podapi as podapi
+from ansible_collections.warmstart.snapshot.plugins.module_utils.k8s import _podbuild as podbuild
 from ansible_collections.warmstart.snapshot.plugins.module_utils.k8s import _podcontract as pc
 
 # kind -> paths of its pod templates (each a list of keys from the manifest's top)
@@ -35,7 +37,7 @@ OPTIONAL_PATHS = {("spec", "leaderWorkerTemplate", "leaderTemplate")}  # without
 
 def _describe(manifest: Dict[str, Any]) -> str:
     kind = manifest.get("kind") or "pod template"
-    return pc.object_ref(manifest, str(kind)) if isinstance(manifest.get("metadata"), dict) else str(kind)
+    return podapi.object_ref(manifest, str(kind)) if isinstance(manifest.get("metadata"), dict) else str(kind)
 
 
 def _at(doc: Any, path: Tuple[str, ...]) -> Any:
@@ -76,15 +78,15 @@ def _entrypoint(templates: List[Tuple[Tuple[str, ...], Dict[str, Any]]], entrypo
     for _path, template in templates:
         mode = pc.restore_mode(template)
         forms = set(pc.entrypoint_forms(template).values())
-        if (fallback or mode["fallback"]) == pc.FALLBACK_COLD_START or forms == {pc.ENTRYPOINT_STANDBY}:
-            return pc.ENTRYPOINT_STANDBY
-    return pc.ENTRYPOINT_INERT
+        if (fallback or mode["fallback"]) == podapi.FALLBACK_COLD_START or forms == {podapi.ENTRYPOINT_STANDBY}:
+            return podapi.ENTRYPOINT_STANDBY
+    return podapi.ENTRYPOINT_INERT
 
 
 def restore_template(manifest: Any, snapshot: Optional[str] = None, container_map: Any = None,
                      skip_compat_check: bool = False, entrypoint: Optional[str] = None,
                      fallback: Optional[str] = None, policy: Optional[str] = None, startup_probe: bool = True,
-                     seccomp_profile: str = pc.SECCOMP_PROFILE) -> Dict[str, Any]:
+                     seccomp_profile: str = podapi.SECCOMP_PROFILE) -> Dict[str, Any]:
     """``manifest`` with each pod template made a restore template (see the plugin's documentation).
 
     ``snapshot`` pins a PodSnapshot (restore-from); None selects one at restore (restore-select, with
@@ -103,11 +105,11 @@ def restore_template(manifest: Any, snapshot: Optional[str] = None, container_ma
     built: List[Tuple[Tuple[str, ...], Dict[str, Any]]] = []
     for path, template in templates:
         try:
-            built.append((path, pc.build(template, snapshot, container_map=container_map,
-                                         skip_compat_check=bool(skip_compat_check), startup_probe=bool(startup_probe),
-                                         seccomp_profile=seccomp_profile, entrypoint=form, fallback=fallback,
-                                         restore_policy=policy)))
-        except pc.ContractError as exc:
+            built.append((path, podbuild.build(template, snapshot, container_map=container_map,
+                                               skip_compat_check=bool(skip_compat_check), startup_probe=bool(startup_probe),
+                                               seccomp_profile=seccomp_profile, entrypoint=form, fallback=fallback,
+                                               restore_policy=policy)))
+        except podapi.ContractError as exc:
             where = f"{'.'.join(path)}: " if path else ""
             reasons.extend(where + r for r in (exc.reasons or [exc.message]))
     if reasons:

@@ -141,9 +141,8 @@ trigger_phase:
 
 from ansible.module_utils.basic import AnsibleModule, env_fallback
 from ansible_collections.warmstart.snapshot.plugins.module_utils.runners._adapter import run_module
-from ansible_collections.warmstart.snapshot.plugins.module_utils.agent._agent_node import run_agent_capture
-from ansible_collections.warmstart.snapshot.plugins.module_utils.k8s._k8s_client import auth_argument_spec
-from ansible_collections.warmstart.snapshot.plugins.module_utils.runners._module import store_argument_spec
+from ansible_collections.warmstart.snapshot.plugins.module_utils.runners import _agent_capture
+from ansible_collections.warmstart.snapshot.plugins.module_utils.runners._specs import auth_argument_spec, store_argument_spec
 
 
 def main() -> None:
@@ -170,7 +169,7 @@ def main() -> None:
         mutually_exclusive=[("name", "pod", "trigger")],
         supports_check_mode=True,
     )
-    run_module(module, run_agent_capture)
+    run_module(module, _agent_capture.run)
 
 
 if __name__ == "__main__":

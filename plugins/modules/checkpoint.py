@@ -337,9 +337,9 @@ cuda:
 """
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.warmstart.snapshot.plugins.module_utils.runners import _module
+from ansible_collections.warmstart.snapshot.plugins.module_utils.runners import _checkpoint
 from ansible_collections.warmstart.snapshot.plugins.module_utils.runners._adapter import run_module
-from ansible_collections.warmstart.snapshot.plugins.module_utils.runners._module import (
+from ansible_collections.warmstart.snapshot.plugins.module_utils.runners._specs import (
     metrics_argument_spec, pod_argument_spec, progress_argument_spec, store_argument_spec)
 
 
@@ -376,7 +376,7 @@ def main() -> None:
         required_one_of=[("pid", "pidfile", "workload", "container", "pod")],
         supports_check_mode=True,
     )
-    run_module(module, _module.checkpoint, progress=True)
+    run_module(module, _checkpoint.run, progress=True)
 
 
 if __name__ == "__main__":

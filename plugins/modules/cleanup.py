@@ -218,9 +218,9 @@ errors:
 """
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.warmstart.snapshot.plugins.module_utils.runners import _module
+from ansible_collections.warmstart.snapshot.plugins.module_utils.runners import _cleanup
 from ansible_collections.warmstart.snapshot.plugins.module_utils.runners._adapter import run_module
-from ansible_collections.warmstart.snapshot.plugins.module_utils.runners._module import store_argument_spec
+from ansible_collections.warmstart.snapshot.plugins.module_utils.runners._specs import store_argument_spec
 
 
 def main() -> None:
@@ -240,7 +240,7 @@ def main() -> None:
         ),
         supports_check_mode=True,
     )
-    run_module(module, _module.cleanup)
+    run_module(module, _cleanup.run)
 
 
 if __name__ == "__main__":

@@ -73,7 +73,7 @@ public_key:
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.warmstart.snapshot.plugins.module_utils.runners import _module
+from ansible_collections.warmstart.snapshot.plugins.module_utils.runners import _fleet_key
 from ansible_collections.warmstart.snapshot.plugins.module_utils.runners._adapter import run_module
 
 ARGUMENT_SPEC = dict(
@@ -83,7 +83,7 @@ ARGUMENT_SPEC = dict(
 
 def main() -> None:
     module = AnsibleModule(argument_spec=ARGUMENT_SPEC, supports_check_mode=True)
-    run_module(module, _module.fleet_key)
+    run_module(module, _fleet_key.run)
 
 
 if __name__ == "__main__":

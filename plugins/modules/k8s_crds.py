@@ -86,9 +86,9 @@ crds:
 import functools
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.warmstart.snapshot.plugins.module_utils.runners import _k8s_runners
+from ansible_collections.warmstart.snapshot.plugins.module_utils.runners import _k8s_crds
 from ansible_collections.warmstart.snapshot.plugins.module_utils.runners._adapter import run_module
-from ansible_collections.warmstart.snapshot.plugins.module_utils.k8s._k8s_client import auth_argument_spec
+from ansible_collections.warmstart.snapshot.plugins.module_utils.runners._specs import auth_argument_spec
 
 
 def main() -> None:
@@ -102,7 +102,7 @@ def main() -> None:
         ),
         supports_check_mode=True,
     )
-    run_module(module, functools.partial(_k8s_runners.run_k8s_crds, diff=module._diff))
+    run_module(module, functools.partial(_k8s_crds.run, diff=module._diff))
 
 
 if __name__ == "__main__":

@@ -379,7 +379,7 @@ ansible_facts:
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.warmstart.snapshot.plugins.module_utils.runners import _module
+from ansible_collections.warmstart.snapshot.plugins.module_utils.runners import _node_info
 from ansible_collections.warmstart.snapshot.plugins.module_utils.runners._adapter import run_module
 
 ARGUMENT_SPEC = dict(
@@ -392,7 +392,7 @@ ARGUMENT_SPEC = dict(
 
 def main() -> None:
     module = AnsibleModule(argument_spec=ARGUMENT_SPEC, supports_check_mode=True)
-    run_module(module, _module.node_info)
+    run_module(module, _node_info.run)
 
 
 if __name__ == "__main__":

@@ -141,9 +141,9 @@ reasons:
 """
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.warmstart.snapshot.plugins.module_utils.runners import _module
+from ansible_collections.warmstart.snapshot.plugins.module_utils.runners import _page_server
 from ansible_collections.warmstart.snapshot.plugins.module_utils.runners._adapter import run_module
-from ansible_collections.warmstart.snapshot.plugins.module_utils.runners._module import store_argument_spec, tls_argument_spec
+from ansible_collections.warmstart.snapshot.plugins.module_utils.runners._specs import store_argument_spec, tls_argument_spec
 
 
 def main() -> None:
@@ -162,7 +162,7 @@ def main() -> None:
         ),
         supports_check_mode=True,
     )
-    run_module(module, _module.page_server)
+    run_module(module, _page_server.run)
 
 
 if __name__ == "__main__":

@@ -281,9 +281,9 @@ reasons:
 """
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.warmstart.snapshot.plugins.module_utils.runners import _k8s_runners
+from ansible_collections.warmstart.snapshot.plugins.module_utils.runners import _pod_snapshot
 from ansible_collections.warmstart.snapshot.plugins.module_utils.runners._adapter import run_module
-from ansible_collections.warmstart.snapshot.plugins.module_utils.k8s._k8s_client import auth_argument_spec
+from ansible_collections.warmstart.snapshot.plugins.module_utils.runners._specs import auth_argument_spec
 
 
 def main() -> None:
@@ -317,7 +317,7 @@ def main() -> None:
         required_if=[("state", "present", ["source_pod"])],
         supports_check_mode=True,
     )
-    run_module(module, _k8s_runners.run_pod_snapshot)
+    run_module(module, _pod_snapshot.run)
 
 
 if __name__ == "__main__":

@@ -179,9 +179,9 @@ credentials_secret:
 """
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.warmstart.snapshot.plugins.module_utils.runners import _k8s_runners
+from ansible_collections.warmstart.snapshot.plugins.module_utils.runners import _pod_snapshot_info
 from ansible_collections.warmstart.snapshot.plugins.module_utils.runners._adapter import run_module
-from ansible_collections.warmstart.snapshot.plugins.module_utils.k8s._k8s_client import auth_argument_spec
+from ansible_collections.warmstart.snapshot.plugins.module_utils.runners._specs import auth_argument_spec
 
 
 def main() -> None:
@@ -201,7 +201,7 @@ def main() -> None:
         mutually_exclusive=[("name", "label_selector")],
         supports_check_mode=True,
     )
-    run_module(module, _k8s_runners.run_pod_snapshot_info)
+    run_module(module, _pod_snapshot_info.run)
 
 
 if __name__ == "__main__":

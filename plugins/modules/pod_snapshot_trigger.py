@@ -94,9 +94,9 @@ actions:
 """
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.warmstart.snapshot.plugins.module_utils.runners import _k8s_runners
+from ansible_collections.warmstart.snapshot.plugins.module_utils.runners import _pod_snapshot_trigger
 from ansible_collections.warmstart.snapshot.plugins.module_utils.runners._adapter import run_module
-from ansible_collections.warmstart.snapshot.plugins.module_utils.k8s._k8s_client import auth_argument_spec
+from ansible_collections.warmstart.snapshot.plugins.module_utils.runners._specs import auth_argument_spec
 
 
 def main() -> None:
@@ -108,7 +108,7 @@ def main() -> None:
         ),
         supports_check_mode=True,
     )
-    run_module(module, _k8s_runners.run_pod_snapshot_trigger)
+    run_module(module, _pod_snapshot_trigger.run)
 
 
 if __name__ == "__main__":

@@ -500,9 +500,9 @@ criu_log_tail:
 """
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.warmstart.snapshot.plugins.module_utils.runners import _module
+from ansible_collections.warmstart.snapshot.plugins.module_utils.runners import _restore
 from ansible_collections.warmstart.snapshot.plugins.module_utils.runners._adapter import run_module
-from ansible_collections.warmstart.snapshot.plugins.module_utils.runners._module import (
+from ansible_collections.warmstart.snapshot.plugins.module_utils.runners._specs import (
     metrics_argument_spec, pod_argument_spec, progress_argument_spec, store_argument_spec, tls_argument_spec)
 
 
@@ -545,7 +545,7 @@ def main() -> None:
         required_one_of=[("snapshot", "name", "labels")],
         supports_check_mode=True,
     )
-    run_module(module, _module.restore, progress=True)
+    run_module(module, _restore.run, progress=True)
 
 
 if __name__ == "__main__":

@@ -176,9 +176,9 @@ store:
 """
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.warmstart.snapshot.plugins.module_utils.runners import _module
+from ansible_collections.warmstart.snapshot.plugins.module_utils.runners import _snapshot_info
 from ansible_collections.warmstart.snapshot.plugins.module_utils.runners._adapter import run_module
-from ansible_collections.warmstart.snapshot.plugins.module_utils.runners._module import store_argument_spec
+from ansible_collections.warmstart.snapshot.plugins.module_utils.runners._specs import store_argument_spec
 
 
 def main() -> None:
@@ -193,7 +193,7 @@ def main() -> None:
         ),
         supports_check_mode=True,
     )
-    run_module(module, _module.snapshot_info)
+    run_module(module, _snapshot_info.run)
 
 
 if __name__ == "__main__":

@@ -167,7 +167,7 @@ workload:
 """
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.warmstart.snapshot.plugins.module_utils.runners import _module
+from ansible_collections.warmstart.snapshot.plugins.module_utils.runners import _workload
 from ansible_collections.warmstart.snapshot.plugins.module_utils.runners._adapter import run_module
 
 
@@ -188,7 +188,7 @@ def main() -> None:
         required_if=[("state", "started", ("command",))],
         supports_check_mode=True,
     )
-    run_module(module, _module.workload)
+    run_module(module, _workload.run)
 
 
 if __name__ == "__main__":

@@ -3,7 +3,7 @@
 # SPDX-License-Identifier: GPL-3.0-or-later
 """The GPU side of restoring GPU containers into placeholders, against the real driver (one command, < 5 minutes).
 
-Drives ``_gpuplace`` and ``_cuda`` (loaded from this checkout, standard library only) with real PyTorch processes:
+Drives ``_gpuplace`` and ``_cuda`` / ``_cudabackends`` / ``_cudaabi`` (loaded from this checkout, standard library only) with real PyTorch processes:
 
 - placeholder GPUs: a process started as a placeholder would be (``NVIDIA_VISIBLE_DEVICES`` = a GPU's UUID)
   is read back as given that GPU (with its ``/dev/nvidia<N>`` node), and the snapshot's GPUs map onto it;
@@ -112,7 +112,7 @@ def placeholder_step(report: base.Report, gpl: Any, gpus: List[dict]) -> Any:
         holder.wait()
 
 
-def multi_step(report: base.Report, cuda: Any, gpl: Any, python: str, mib: int, pairs: Any) -> None:
+def multi_step(report: base.Report, cuda: Any, abi: Any, bk: Any, gpl: Any, python: str, mib: int, pairs: Any) -> None:
     kids = [base.Child(python, mib, None) for _n in range(2)]
     try:
         before = [k.read() for k in kids]
@@ -121,8 +121,8 @@ def multi_step(report: base.Report, cuda: Any, gpl: Any, python: str, mib: int, 
         shared = gpl.shared_memory_problems(pids)
         report.check(shared == [], "spawned workers share nothing", "; ".join(shared) or "no shared device file")
         timings = cuda.lock_and_checkpoint(pids, 10000)
-        states = [cuda.availability()[0].state(p) for p in pids]
-        report.check(states == [cuda.CHECKPOINTED] * 2, "lock + checkpoint together", f"{states} {timings}")
+        states = [bk.availability()[0].state(p) for p in pids]
+        report.check(states == [abi.CHECKPOINTED] * 2, "lock + checkpoint together", f"{states} {timings}")
         timings = cuda.restore_and_unlock(pids, pairs)
         after = [k.ask() for k in kids]
         same = all(a["sha256"] == b["sha256"] for a, b in zip(after, before))
@@ -180,25 +180,17 @@ def main() -> int:
     args = parser.parse_args()
     t0 = time.monotonic()
     report = base.Report()
-    cuda, gpl = load("_cuda"), load("_gpuplace")
-    backend, why = cuda.availability()
+    abi, bk, cuda, gpl = load("accel._cudaabi"), load("accel._cudabackends"), load("accel._cuda"), load("accel._gpuplace")
+    backend, why = bk.availability()
     gpus = base.node_gpus()
     if backend is None or not gpus:
         report.check(False, "backend", f"{why}; GPUs {gpus}")
     else:
         report.check(True, "backend", backend.describe())
         pairs = placeholder_step(report, gpl, gpus)
-        multi_step(report, cuda, gpl, args.python, args.mib, pairs)
+        multi_step(report, cuda, abi, bk, gpl, args.python, args.mib, pairs)
         shared_step(report, gpl, args.python)
-    failed = report.failed()
-    checks = [r for r in report.results if r["status"] in ("PASS", "FAIL")]
-    summary = (f"SUMMARY: PASS ({len(checks)} checks" if not failed else
-               f"SUMMARY: FAIL ({len(failed)} of {len(checks)} checks failed: {', '.join(failed)}")
-    print(f"{summary}; {time.monotonic() - t0:.1f} s)", flush=True)
-    if args.json:
-        Path(args.json).write_text(json.dumps({"ok": not failed, "results": report.results}, indent=2),
-                                   encoding="utf-8")
-    return 1 if failed else 0
+    return report.finish(t0, args.json)
 
 
 if __name__ == "__main__":

@@ -3,7 +3,7 @@
 # Copyright (c) warmstart developers
 # GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
-"""Device check for the CUDA checkpoint binding (plugins/module_utils/accel/_cuda.py) on a real NVIDIA GPU.
+"""Device check for the CUDA checkpoint binding (plugins/module_utils/accel/_cuda*.py) on a real NVIDIA GPU.
 
 Run it with ``bash tests/device/run.sh`` (one command, under 5 minutes) on a
 machine with an NVIDIA driver >= 570 and PyTorch with CUDA. It:
@@ -41,7 +41,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -81,17 +81,22 @@ for line in sys.stdin:
 '''
 
 
-def load_cuda_binding() -> Any:
-    """plugins/module_utils/accel/_cuda.py, imported by its collection name from this checkout (standard library only,
-    no Ansible needed): a temporary ``ansible_collections/warmstart/snapshot`` link to the checkout goes on
-    sys.path."""
+def load_cuda_binding() -> Tuple[Any, Any, Any]:
+    """plugins/module_utils/accel/_cudaabi.py, _cudabackends.py and _cuda.py, imported by their collection names from
+    this checkout (standard library only, no Ansible needed): a temporary ``ansible_collections/warmstart/snapshot``
+    link to the checkout goes on sys.path."""
     top = str(collection_path(Path(tempfile.mkdtemp(prefix="warmstart-device-binding-"))))
     if top not in sys.path:
         sys.path.insert(0, top)
-    return importlib.import_module("ansible_collections.warmstart.snapshot.plugins.module_utils.accel._cuda")
+    accel = "ansible_collections.warmstart.snapshot.plugins.module_utils.accel"
+    abi, backends, cuda = (importlib.import_module(f"{accel}.{name}") for name in ("_cudaabi", "_cudabackends", "_cuda"))
+    return abi, backends, cuda
 
 
 class Report:
+    """PASS / FAIL / SKIP / INFO lines, as each check ends, and the SUMMARY line; shared by the device scripts
+    (container_gpu.py and e2e.py import this file from their own directory)."""
+
     def __init__(self) -> None:
         self.results: List[Dict[str, str]] = []
 
@@ -105,6 +110,24 @@ class Report:
 
     def failed(self) -> List[str]:
         return [r["check"] for r in self.results if r["status"] == "FAIL"]
+
+    def summary(self, seconds: float) -> bool:
+        """Print the SUMMARY line (the PASS and FAIL checks counted, the failed ones named, ``seconds`` taken);
+        whether no check failed."""
+        failed = self.failed()
+        checks = [r for r in self.results if r["status"] in ("PASS", "FAIL")]
+        summary = (f"SUMMARY: PASS ({len(checks)} checks" if not failed else
+                   f"SUMMARY: FAIL ({len(failed)} of {len(checks)} checks failed: {', '.join(failed)}")
+        print(f"{summary}; {seconds:.1f} s)", flush=True)
+        return not failed
+
+    def finish(self, t0: float, json_path: Optional[str]) -> int:
+        """The end of a run that began at ``t0``: the SUMMARY line, the results written to ``json_path`` (when
+        given) as ``{"ok", "results"}``; the exit status (1 when a check failed)."""
+        ok = self.summary(time.monotonic() - t0)
+        if json_path:
+            Path(json_path).write_text(json.dumps({"ok": ok, "results": self.results}, indent=2), encoding="utf-8")
+        return 0 if ok else 1
 
 
 def _nvml() -> Any:
@@ -325,7 +348,8 @@ def run_module(name: str, params: Dict[str, Any], work: Path) -> Dict[str, Any]:
                 return json.loads(line)
         return {"failed": True, "msg": f"module {name} printed no result: {done.stdout[-800:]} {done.stderr[-800:]}"}
     from ansible_collections.warmstart.snapshot.plugins.module_utils.runners import _adapter  # pylint: disable=import-outside-toplevel
-    from ansible_collections.warmstart.snapshot.plugins.module_utils.runners import _module  # pylint: disable=import-outside-toplevel
+    from ansible_collections.warmstart.snapshot.plugins.module_utils.runners import _checkpoint  # pylint: disable=import-outside-toplevel
+    from ansible_collections.warmstart.snapshot.plugins.module_utils.runners import _restore  # pylint: disable=import-outside-toplevel
     defaults = {
         "checkpoint": dict(pid=None, pidfile=None, workload=None, container=None, pod=None, runtime="podman",
                            workloads_root="/var/lib/warmstart/workloads", name=None, labels={}, leave_running=True,
@@ -338,7 +362,7 @@ def run_module(name: str, params: Dict[str, Any], work: Path) -> Dict[str, Any]:
                 progress_interval=0)
     full.update(params)
     try:
-        _adapter.run_module(FakeModule(full), _module.checkpoint if name == "checkpoint" else _module.restore, progress=True)
+        _adapter.run_module(FakeModule(full), _checkpoint.run if name == "checkpoint" else _restore.run, progress=True)
     except ModuleExit as done:
         return done.result
     return {"failed": True, "msg": f"module {name} ended without a result"}
@@ -443,24 +467,24 @@ def criu_step(report: Report, python: str, mib: int) -> None:
         shutil.rmtree(work, ignore_errors=True)
 
 
-def cli_step(report: Report, cuda: Any, child: Child, before: Dict[str, Any]) -> None:
+def cli_step(report: Report, abi: Any, bk: Any, cuda: Any, child: Child, before: Dict[str, Any]) -> None:
     """The same cycle through the cuda-checkpoint utility, when it is on PATH."""
     try:
-        cli = cuda.CliBackend()
-    except cuda.CudaUnavailable as exc:
+        cli = bk.CliBackend()
+    except abi.CudaUnavailable as exc:
         report.add("SKIP", "cuda-checkpoint backend", str(exc))
         return
     timings = cuda.lock_and_checkpoint([child.pid], 10000, cli)
     timings.update(cuda.restore_and_unlock([child.pid], None, cli))
     after = child.ask()
-    report.check(after["sha256"] == before["sha256"] and cli.state(child.pid) == cuda.RUNNING, "cuda-checkpoint backend",
+    report.check(after["sha256"] == before["sha256"] and cli.state(child.pid) == abi.RUNNING, "cuda-checkpoint backend",
                  f"{cli.describe()}: " + ", ".join(f"{k} {v:.3f} s" for k, v in timings.items()))
 
 
 def run(args: argparse.Namespace) -> Report:
     report = Report()
-    cuda = load_cuda_binding()
-    backend, reason = cuda.availability()
+    abi, bk, cuda = load_cuda_binding()
+    backend, reason = bk.availability()
     if not report.check(backend is not None, "backend", reason):
         return report
     version = backend.driver_version()
@@ -482,19 +506,19 @@ def run(args: argparse.Namespace) -> Report:
 
         found = cuda.find_cuda_pids([bystander.pid, pid], backend)
         report.check(found == [pid], "find_cuda_pids", f"{found} of [{bystander.pid} (sleep), {pid} (pytorch)]")
-        report.check(backend.state(pid) == cuda.RUNNING, "state RUNNING", cuda.state_name(backend.state(pid)))
+        report.check(backend.state(pid) == abi.RUNNING, "state RUNNING", abi.state_name(backend.state(pid)))
 
         try:
             backend.checkpoint(pid)
             report.check(False, "refuse checkpoint before lock", "the binding let it through")
-        except cuda.CudaStateError as exc:
-            report.check("lock it first" in str(exc) and backend.state(pid) == cuda.RUNNING, "refuse checkpoint before lock", str(exc))
+        except abi.CudaStateError as exc:
+            report.check("lock it first" in str(exc) and backend.state(pid) == abi.RUNNING, "refuse checkpoint before lock", str(exc))
 
         rss_before = rss_of(pid)
         timings = cuda.lock_and_checkpoint([pid], args.lock_timeout_ms, backend)
         state = backend.state(pid)
-        report.check(state == cuda.CHECKPOINTED, "lock + checkpoint",
-                     f"state {cuda.state_name(state)}; lock {timings['cuda_lock']:.3f} s, checkpoint {timings['cuda_checkpoint']:.3f} s")
+        report.check(state == abi.CHECKPOINTED, "lock + checkpoint",
+                     f"state {abi.state_name(state)}; lock {timings['cuda_lock']:.3f} s, checkpoint {timings['cuda_checkpoint']:.3f} s")
         mem_after = Memory(pid, before["bytes"])
         released = mem_after.released(mem_before)
         if released is None:
@@ -505,11 +529,11 @@ def run(args: argparse.Namespace) -> Report:
         report.add("INFO", "host rss", f"{rss_before >> 20} MiB -> {rss_after >> 20} MiB (device memory now in host memory)")
 
         gpus = node_gpus()
-        pairs = cuda.device_map(gpus, gpus) if gpus and (version or 0) >= cuda.REMAP_CUDA_VERSION else None
+        pairs = cuda.device_map(gpus, gpus) if gpus and (version or 0) >= abi.REMAP_CUDA_VERSION else None
         timings = cuda.restore_and_unlock([pid], pairs, backend)
         state = backend.state(pid)
-        report.check(state == cuda.RUNNING, "restore + unlock",
-                     f"state {cuda.state_name(state)}; gpu pairs {len(pairs or [])}; restore {timings['cuda_restore']:.3f} s, "
+        report.check(state == abi.RUNNING, "restore + unlock",
+                     f"state {abi.state_name(state)}; gpu pairs {len(pairs or [])}; restore {timings['cuda_restore']:.3f} s, "
                      f"unlock {timings['cuda_unlock']:.3f} s")
         after = child.ask()
         same_sum = abs(after["kernel_sum"] - before["kernel_sum"]) <= 1e-9 * max(1.0, abs(before["kernel_sum"]))
@@ -524,21 +548,21 @@ def run(args: argparse.Namespace) -> Report:
         try:
             cuda.lock_and_checkpoint([pid, bystander.pid], args.lock_timeout_ms, backend)
             report.check(False, "rollback", "lock_and_checkpoint of a non-CUDA pid succeeded")
-        except cuda.CudaError as exc:
+        except abi.CudaError as exc:
             state = backend.state(pid)
             again = child.ask()
-            report.check(state == cuda.RUNNING and "rolled back" in str(exc) and again["sha256"] == before["sha256"], "rollback",
-                         f"{exc} -> pid {pid} {cuda.state_name(state)}, still computing")
+            report.check(state == abi.RUNNING and "rolled back" in str(exc) and again["sha256"] == before["sha256"], "rollback",
+                         f"{exc} -> pid {pid} {abi.state_name(state)}, still computing")
 
-        cli_step(report, cuda, child, before)
+        cli_step(report, abi, bk, cuda, child, before)
         child.stop()  # frees its GPU memory before the CRIU step fills its own
         criu_step(report, args.python, args.mib)
     except Exception as exc:  # pylint: disable=broad-except
         report.check(False, "unexpected error", f"{type(exc).__name__}: {exc}")
         try:
             state = backend.state(child.pid)
-            if state in (cuda.LOCKED, cuda.CHECKPOINTED):
-                if state == cuda.CHECKPOINTED:
+            if state in (abi.LOCKED, abi.CHECKPOINTED):
+                if state == abi.CHECKPOINTED:
                     backend.restore(child.pid)
                 backend.unlock(child.pid)
         except Exception:  # pylint: disable=broad-except
@@ -559,15 +583,7 @@ def main() -> int:
     parser.add_argument("--json", default=None, help="also write the results to this file")
     args = parser.parse_args()
     t0 = time.monotonic()
-    report = run(args)
-    failed = report.failed()
-    checks = [r for r in report.results if r["status"] in ("PASS", "FAIL")]
-    summary = (f"SUMMARY: PASS ({len(checks)} checks" if not failed else
-               f"SUMMARY: FAIL ({len(failed)} of {len(checks)} checks failed: {', '.join(failed)}")
-    print(f"{summary}; {time.monotonic() - t0:.1f} s)", flush=True)
-    if args.json:
-        Path(args.json).write_text(json.dumps({"ok": not failed, "results": report.results}, indent=2), encoding="utf-8")
-    return 1 if failed else 0
+    return run(args).finish(t0, args.json)
 
 
 if __name__ == "__main__":

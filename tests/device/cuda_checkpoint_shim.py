@@ -10,7 +10,7 @@ not have NVIDIA's binary (no registry to fetch it from); tests/device/e2e.py the
 ``cuda-checkpoint`` so that CRIU's plugin can be compared at all. It answers the calls the plugin makes
 (``-h``, ``--get-restore-tid``, ``--get-state``, ``--action lock|checkpoint|restore|unlock``, ``--pid``,
 ``--timeout``) with the same CUDA driver calls NVIDIA's utility makes (cuCheckpointProcess*, through the
-collection's ``_cuda`` binding). The run's results say which of the two served the plugin.
+collection's ``_cudabackends.DriverBackend``). The run's results say which of the two served the plugin.
 """
 from __future__ import annotations
 
@@ -38,8 +38,9 @@ def main(argv: list) -> int:
     parser.add_argument("--timeout", type=int, default=0)
     args = parser.parse_args(argv)
     sys.path.insert(0, os.environ["WARMSTART_COLLECTIONS"])
-    from ansible_collections.warmstart.snapshot.plugins.module_utils.accel import _cuda  # pylint: disable=import-outside-toplevel
-    backend = _cuda.DriverBackend()
+    from ansible_collections.warmstart.snapshot.plugins.module_utils.accel import _cudaabi  # pylint: disable=import-outside-toplevel
+    from ansible_collections.warmstart.snapshot.plugins.module_utils.accel import _cudabackends  # pylint: disable=import-outside-toplevel
+    backend = _cudabackends.DriverBackend()
     try:
         if args.get_state:
             print(STATES.get(backend.state(args.pid), "unknown"))
@@ -53,7 +54,7 @@ def main(argv: list) -> int:
             backend.restore(args.pid)
         elif args.action == "unlock":
             backend.unlock(args.pid)
-    except _cuda.CudaError as exc:
+    except _cudaabi.CudaError as exc:
         print(f"cuda-checkpoint shim: {exc}")
         return 1
     return 0

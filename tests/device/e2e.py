@@ -43,29 +43,21 @@ import urllib.request
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import cuda_checkpoint as base  # noqa: E402  pylint: disable=wrong-import-position
+
 REPO = Path(__file__).resolve().parents[2]
 CARRY_LIMIT = 64 << 20
 SERVER = Path(__file__).with_name("e2e_server.py")
 SHIM = Path(__file__).with_name("cuda_checkpoint_shim.py")
 
 
-class Report:
+class Report(base.Report):
     """PASS / FAIL / SKIP / INFO lines, and every measured number under ``data``."""
 
     def __init__(self) -> None:
-        self.results: List[Dict[str, str]] = []
+        super().__init__()
         self.data: Dict[str, Any] = {}
-
-    def add(self, status: str, name: str, detail: str = "") -> bool:
-        self.results.append({"status": status, "check": name, "detail": detail})
-        print(f"{status:4} {name}: {detail}", flush=True)
-        return status != "FAIL"
-
-    def check(self, ok: bool, name: str, detail: str = "") -> bool:
-        return self.add("PASS" if ok else "FAIL", name, detail)
-
-    def failed(self) -> List[str]:
-        return [r["check"] for r in self.results if r["status"] == "FAIL"]
 
 
 # --- what travels with the checkout ------------------------------------------------------------------------------
@@ -516,16 +508,12 @@ def main() -> int:
 
 
 def finish(report: Report, out: Path, t_start: float) -> int:
-    failed = report.failed()
-    checks = [r for r in report.results if r["status"] in ("PASS", "FAIL")]
     elapsed = time.monotonic() - t_start
-    summary = (f"SUMMARY: PASS ({len(checks)} checks" if not failed else
-               f"SUMMARY: FAIL ({len(failed)} of {len(checks)} checks failed: {', '.join(failed)}")
-    print(f"{summary}; {elapsed:.1f} s)", flush=True)
-    (out / "e2e.json").write_text(json.dumps({"ok": not failed, "seconds": round(elapsed, 1), "results": report.results,
+    ok = report.summary(elapsed)
+    (out / "e2e.json").write_text(json.dumps({"ok": ok, "seconds": round(elapsed, 1), "results": report.results,
                                               "data": report.data}, indent=2))
     (out / "e2e.md").write_text(markdown(report))
-    return 1 if failed else 0
+    return 0 if ok else 1
 
 
 if __name__ == "__main__":

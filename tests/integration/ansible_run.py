@@ -4,8 +4,11 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
 from dataclasses import dataclass
 from pathlib import Path
+
+import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 VENV_BIN = REPO / ".venv" / "bin"
@@ -66,3 +69,25 @@ def playbook(name: str, *args: str, extra: dict | None = None, timeout: int = 12
     proc = subprocess.run(cmd, cwd=REPO, env=ansible_env(), capture_output=True, text=True,
                           timeout=timeout, check=False)
     return Run(proc.returncode, proc.stdout, proc.stderr)
+
+
+def k8s_tasks(kubeconfig: Path, tmp_path: Path, tasks: list, *args: str) -> Run:
+    """Run ``tasks`` in one play on localhost against the API server of ``kubeconfig`` (module_defaults of the
+    collection's k8s group give it), with this venv's Python as the module interpreter (the kubernetes library
+    lives there)."""
+    play = [{"name": "k8s modules", "hosts": "localhost", "gather_facts": False,
+             "module_defaults": {"group/warmstart.snapshot.k8s": {"kubeconfig": str(kubeconfig)}},
+             "tasks": tasks}]
+    path = tmp_path / f"play-{len(list(tmp_path.glob('play-*.yml')))}.yml"
+    path.write_text(json.dumps(play))
+    return playbook(str(path), *args, extra={"ansible_python_interpreter": sys.executable}, timeout=300)
+
+
+def task_results(run: Run) -> dict[str, dict]:
+    """Task name (without its role) -> localhost's result; a run that printed no JSON fails the test."""
+    try:
+        doc = run.result
+    except ValueError:
+        pytest.fail(f"ansible-playbook printed no JSON (rc {run.rc}): {run.stderr[-3000:]}")
+    return {task["task"]["name"].split(" : ")[-1]: task["hosts"]["localhost"]  # without "role : "
+            for play in doc["plays"] for task in play["tasks"]}

@@ -5,8 +5,9 @@ reports, a TCP listener on all addresses (port 8080, read with ``ask``), a file 
 system and one it deleted from the image, optional worker processes (APP_WORKERS) and the workload helper
 (workload/warmstart_workload.py) that says ``ready-for-snapshot`` and, in a restored copy, re-reads its
 instance (hostname, IPs, env.json). ``Pod`` starts sources and inert placeholders (``sleep infinity`` as
-PID 1) and removes everything it started in ``cleanup``. Shared by the integration test modules, none of
-which imports from another.
+PID 1) and removes everything it started in ``cleanup``; what does not depend on the runtime (the app dir,
+control dirs, store, restore root and module tasks) is its base ``Workspace``, shared with
+containerd_lab.Lab. Shared by the integration test modules, none of which imports from another.
 """
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ import subprocess
 import time
 import uuid
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, Iterator, List, Optional
 
 from .ansible_run import REPO
 from .podman_lab import node_image, play as _play, podman_env
@@ -95,13 +96,14 @@ while True:
 '''
 
 
-class Pod:
-    """Podman containers for one test module; everything it starts is removed at the end."""
+class Workspace:
+    """One test module's containers' working dir under ``tmp``, whatever runs them: the app dir bound in at /app
+    (APP and the workload helper), a control dir per container, the store and restore root, and the module tasks
+    and playbook runs (with ``env``) on them. A runtime's lab adds its containers and their cleanup."""
 
-    def __init__(self, tmp: Path) -> None:
+    def __init__(self, tmp: Path, env: Dict[str, str]) -> None:
         self.tmp = tmp
-        self.env = podman_env()
-        self.image = node_image()
+        self.env = env
         self.tag = uuid.uuid4().hex[:6]
         self.app = tmp / "app"
         self.app.mkdir()
@@ -109,16 +111,42 @@ class Pod:
         shutil.copy(REPO / "workload" / "warmstart_workload.py", self.app / "warmstart_workload.py")
         self.store = tmp / "store"
         self.restore_root = tmp / "restore"
-        self.names: List[str] = []
-        self.images: List[str] = []
-
-    def podman(self, *args: str, check: bool = True) -> subprocess.CompletedProcess:
-        return subprocess.run(["podman", *args], env=self.env, capture_output=True, text=True, check=check, timeout=300)
 
     def control(self, name: str) -> Path:
         path = self.tmp / f"control-{name}"
         path.mkdir(exist_ok=True)
         return path
+
+    def play(self, tasks: List[Dict[str, Any]], name: str, ok: bool = True) -> Dict[str, Any]:
+        return _play(self.tmp, self.env, "localhost,", "local", tasks, f"{name}-{uuid.uuid4().hex[:6]}", ok=ok)
+
+    def checkpoint(self, title: str, expect_fail: bool = False, **args: Any) -> Dict[str, Any]:
+        args.setdefault("store", str(self.store))
+        task: Dict[str, Any] = {"name": title, "warmstart.snapshot.checkpoint": args}
+        if expect_fail:
+            task["ignore_errors"] = True
+        return task
+
+    def restore(self, title: str, expect_fail: bool = False, **args: Any) -> Dict[str, Any]:
+        args.setdefault("store", str(self.store))
+        args.setdefault("restore_root", str(self.restore_root))
+        task: Dict[str, Any] = {"name": title, "warmstart.snapshot.restore": args}
+        if expect_fail:
+            task["ignore_errors"] = True
+        return task
+
+
+class Pod(Workspace):
+    """Podman containers for one test module; everything it starts is removed at the end."""
+
+    def __init__(self, tmp: Path) -> None:
+        super().__init__(tmp, podman_env())
+        self.image = node_image()
+        self.names: List[str] = []
+        self.images: List[str] = []
+
+    def podman(self, *args: str, check: bool = True) -> subprocess.CompletedProcess:
+        return subprocess.run(["podman", *args], env=self.env, capture_output=True, text=True, check=check, timeout=300)
 
     def run(self, name: str, *cmd: str, init: bool = True, env: Optional[Dict[str, str]] = None,
             image: Optional[str] = None, create_only: bool = False, labels: Optional[Dict[str, str]] = None) -> str:
@@ -158,29 +186,29 @@ class Pod:
     def ps(self, full: str) -> List[str]:
         return self.podman("top", full, "pid", "args").stdout.splitlines()[1:]
 
-    def play(self, tasks: List[Dict[str, Any]], name: str, ok: bool = True) -> Dict[str, Any]:
-        return _play(self.tmp, self.env, "localhost,", "local", tasks, f"{name}-{uuid.uuid4().hex[:6]}", ok=ok)
-
-    def checkpoint(self, title: str, expect_fail: bool = False, **args: Any) -> Dict[str, Any]:
-        args.setdefault("store", str(self.store))
-        task: Dict[str, Any] = {"name": title, "warmstart.snapshot.checkpoint": args}
-        if expect_fail:
-            task["ignore_errors"] = True
-        return task
-
-    def restore(self, title: str, expect_fail: bool = False, **args: Any) -> Dict[str, Any]:
-        args.setdefault("store", str(self.store))
-        args.setdefault("restore_root", str(self.restore_root))
-        task: Dict[str, Any] = {"name": title, "warmstart.snapshot.restore": args}
-        if expect_fail:
-            task["ignore_errors"] = True
-        return task
-
     def cleanup(self) -> None:
         for full in reversed(self.names):
             self.podman("rm", "-f", "-t", "0", full, check=False)
         for image in self.images:
             self.podman("rmi", "-f", image, check=False)
+
+
+def pod_for(tmp: Path, apps: Optional[Dict[str, str]] = None) -> Iterator[Pod]:
+    """A ``Pod`` under ``tmp`` for a fixture to ``yield from``, with ``apps`` (file name -> source) written into
+    its /app beside APP; everything it started is removed when the fixture ends, however its tests went."""
+    world = Pod(tmp)
+    for name, text in (apps or {}).items():
+        (world.app / name).write_text(text)
+    try:
+        yield world
+    finally:
+        world.cleanup()
+
+
+def mounts_of(pid: int) -> List[str]:
+    """Mount table of a namespace, without the mount ids (which change when anything is remounted)."""
+    with open(f"/proc/{pid}/mountinfo", "r", encoding="utf-8") as handle:
+        return sorted(" ".join(line.split()[2:]) for line in handle)
 
 
 def wait_file(path: Path, timeout: float) -> str:

@@ -6,7 +6,8 @@ killed and deleted, every container removed, nothing left mounted. Its namespace
 shim's runc state lives under /run/containerd/runc/<namespace>). ``env()`` is what a module needs to find it
 (CONTAINERD_ADDRESS, CONTAINERD_NAMESPACE).
 
-``Lab`` is one test module's containers on it, like container_lab.Pod for podman: sources running
+``Lab`` is one test module's containers on it, like container_lab.Pod for podman (and, like it, a
+container_lab.Workspace: app dir, control dirs, store, restore root and module tasks): sources running
 container_lab.APP under an init (containerd has no ``--init``: this node's catatonit is bound in as podman does),
 inert placeholders (``sleep infinity`` as PID 1), and ``fake_pod``: a pause container (PID 1 of the pod's PID and
 network namespaces, as with ``shareProcessNamespace``) plus containers joining its namespaces, each carrying the
@@ -26,9 +27,8 @@ import uuid
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
-from .ansible_run import REPO
-from .container_lab import APP, wait_file
-from .podman_lab import node_image, play as _play, podman_env
+from .container_lab import Workspace, wait_file
+from .podman_lab import node_image, podman_env
 
 NAMESPACE = "warmstart-test"
 POD_NAMESPACE = "io.kubernetes.pod.namespace"
@@ -157,27 +157,14 @@ def ask(pid: int, timeout: float = 15.0) -> Dict[str, Any]:
     return json.loads(res.stdout)
 
 
-class Lab:
+class Lab(Workspace):
     """Containers for one test module on ``daemon``; ``cleanup`` removes every one it started."""
 
     def __init__(self, tmp: Path, daemon: Daemon) -> None:
-        self.tmp = tmp
         self.daemon = daemon
         self.image = daemon.import_podman_image(node_image())
-        self.tag = uuid.uuid4().hex[:6]
-        self.app = tmp / "app"
-        self.app.mkdir()
-        (self.app / "app.py").write_text(APP)
-        shutil.copy(REPO / "workload" / "warmstart_workload.py", self.app / "warmstart_workload.py")
-        self.store = tmp / "store"
-        self.restore_root = tmp / "restore"
+        super().__init__(tmp, daemon.env(podman_env()))
         self.ids: List[str] = []
-        self.env = daemon.env(podman_env())
-
-    def control(self, name: str) -> Path:
-        path = self.tmp / f"control-{name}"
-        path.mkdir(exist_ok=True)
-        return path
 
     def run(self, name: str, *cmd: str, env: Optional[Dict[str, str]] = None, image: Optional[str] = None,
             labels: Optional[Dict[str, str]] = None, join: Optional[int] = None, init: bool = False) -> str:
@@ -225,25 +212,13 @@ class Lab:
     def pid1(self, cid: str) -> int:
         return self.daemon.pid1(cid)
 
-    def play(self, tasks: List[Dict[str, Any]], name: str, ok: bool = True) -> Dict[str, Any]:
-        return _play(self.tmp, self.env, "localhost,", "local", tasks, f"{name}-{uuid.uuid4().hex[:6]}", ok=ok)
-
     def checkpoint(self, title: str, expect_fail: bool = False, **args: Any) -> Dict[str, Any]:
-        args.setdefault("store", str(self.store))
         args.setdefault("runtime", "containerd")
-        task: Dict[str, Any] = {"name": title, "warmstart.snapshot.checkpoint": args}
-        if expect_fail:
-            task["ignore_errors"] = True
-        return task
+        return super().checkpoint(title, expect_fail, **args)
 
     def restore(self, title: str, expect_fail: bool = False, **args: Any) -> Dict[str, Any]:
-        args.setdefault("store", str(self.store))
-        args.setdefault("restore_root", str(self.restore_root))
         args.get("into", {}).setdefault("runtime", "containerd")
-        task: Dict[str, Any] = {"name": title, "warmstart.snapshot.restore": args}
-        if expect_fail:
-            task["ignore_errors"] = True
-        return task
+        return super().restore(title, expect_fail, **args)
 
     def cleanup(self) -> None:
         for cid in reversed(self.ids):

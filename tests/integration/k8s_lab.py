@@ -9,7 +9,7 @@ import threading
 import time
 from typing import Any, Dict, List, Union
 
-from ansible_collections.warmstart.snapshot.plugins.module_utils.k8s import _podcontract as pc
+from ansible_collections.warmstart.snapshot.plugins.module_utils.k8s import _podapi as podapi
 
 from tests.support.fake_apiserver import FakeApiServer
 
@@ -107,7 +107,7 @@ class Kubelet(threading.Thread):
             try:
                 for pod in self.api.store.list("pods", NS, group=""):
                     meta = pod["metadata"]
-                    if pc.ANN_RESTORE_FROM in (meta.get("annotations") or {}) and meta["name"] not in self.started:
+                    if podapi.ANN_RESTORE_FROM in (meta.get("annotations") or {}) and meta["name"] not in self.started:
                         self.start_pod(pod)
             except Exception as exc:  # pylint: disable=broad-except
                 self.errors.append(repr(exc))

@@ -16,7 +16,7 @@ import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", ".collections"))
 
-from ansible_collections.warmstart.snapshot.plugins.module_utils.snapshot import _snapshot as snap  # noqa: E402
+from ansible_collections.warmstart.snapshot.plugins.module_utils.snapshot import _restore as rs  # noqa: E402
 from ansible_collections.warmstart.snapshot.plugins.module_utils.store import _store as st  # noqa: E402
 
 
@@ -29,19 +29,19 @@ def main() -> None:
     ap.add_argument("--lazy-timeout", type=float, default=600)
     ap.add_argument("--criu")
     ap.add_argument("--page-server")
-    ap.add_argument("--workloads-root", default=snap.wl.DEFAULT_ROOT)
+    ap.add_argument("--workloads-root", default=rs.wl.DEFAULT_ROOT)
     args = ap.parse_args()
     if args.stop_daemon:
-        attach = snap.lz.Session.attach
+        attach = rs.lz.Session.attach
 
-        def stopped_then_attach(session: "snap.lz.Session", pid: int) -> None:
+        def stopped_then_attach(session: "rs.lz.Session", pid: int) -> None:
             os.kill(session.daemon_pid, signal.SIGSTOP)
             attach(session, pid)
-        snap.lz.Session.attach = stopped_then_attach  # type: ignore[method-assign]
+        rs.lz.Session.attach = stopped_then_attach  # type: ignore[method-assign]
     try:
-        result = snap.restore(st.FsStore(args.store), snapshot_id=args.snapshot, lazy=True, criu_path=args.criu,
-                              restore_root=args.restore_root, lazy_timeout=args.lazy_timeout,
-                              page_server=args.page_server, workloads_root=args.workloads_root)
+        result = rs.restore(st.FsStore(args.store), snapshot_id=args.snapshot, lazy=True, criu_path=args.criu,
+                            restore_root=args.restore_root, lazy_timeout=args.lazy_timeout,
+                            page_server=args.page_server, workloads_root=args.workloads_root)
     except Exception as exc:  # pylint: disable=broad-except  # reported to the test
         print(json.dumps({"error": str(exc), "reasons": getattr(exc, "reasons", [])}))
         return

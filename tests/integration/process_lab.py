@@ -16,9 +16,11 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
+import threading
 import time
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
@@ -154,17 +156,23 @@ def json_line(address: Tuple[str, int], request: bytes = b"", timeout: float = 1
             with socket.create_connection(address, timeout=5) as sock:
                 if request:
                     sock.sendall(request)
-                data = b""
-                while not data.endswith(b"\n"):
-                    chunk = sock.recv(65536)
-                    if not chunk:
-                        break
-                    data += chunk
+                data = read_line(sock)
             return json.loads(data)
         except (OSError, ValueError):
             if time.monotonic() > end:
                 raise
             time.sleep(0.1)
+
+
+def read_line(sock: socket.socket) -> bytes:
+    """What ``sock`` receives up to and including a newline (less when the other end closes first)."""
+    data = b""
+    while not data.endswith(b"\n"):
+        chunk = sock.recv(65536)
+        if not chunk:
+            break
+        data += chunk
+    return data
 
 
 def proc_state(pid: int) -> str:
@@ -206,6 +214,47 @@ def pids_running(needle: str) -> List[int]:
         if needle.encode() in cmd and proc_state(int(entry)) not in ("Z", "X", "-"):
             out.append(int(entry))
     return out
+
+
+def slow_criu(where: Path, seconds: float) -> Path:
+    """A CRIU wrapper, ``where``/criu-slow, whose RPC worker (``criu swrk``) starts ``seconds`` late: a window to
+    act in, between the restore's checks and CRIU's reads (for a task's ``criu_path``)."""
+    real = shutil.which("criu") or "/usr/local/bin/criu"
+    wrapper = where / "criu-slow"
+    wrapper.write_text(f"#!/bin/sh\nif [ \"$1\" = swrk ]; then sleep {seconds}; fi\nexec {os.path.realpath(real)} \"$@\"\n")
+    wrapper.chmod(0o755)
+    return wrapper
+
+
+def swrk_running(wrapper: Optional[Path] = None) -> bool:
+    """Whether a CRIU RPC worker (``criu swrk``, as the engine runs CRIU) runs now: any CRIU binary's or, with
+    ``wrapper``, one started through that wrapper script (see ``slow_criu``)."""
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as handle:
+                argv = handle.read().split(b"\0")
+        except OSError:
+            continue
+        if wrapper is not None:
+            if str(wrapper).encode() in argv and b"swrk" in argv:
+                return True
+        elif len(argv) > 1 and argv[0].endswith(b"criu") and argv[1] == b"swrk":
+            return True
+    return False
+
+
+def wait_for_swrk(wrapper: Optional[Path] = None, timeout: Optional[float] = 120.0, poll: float = 0.005,
+                  stop: Optional[threading.Event] = None) -> bool:
+    """Wait until ``swrk_running(wrapper)`` (True), polling every ``poll`` s; False once ``timeout`` s have passed
+    (None: no limit) or ``stop`` is set, whichever comes first."""
+    end = None if timeout is None else time.monotonic() + timeout
+    while not (stop is not None and stop.is_set()) and (end is None or time.monotonic() < end):
+        if swrk_running(wrapper):
+            return True
+        time.sleep(poll)
+    return False
 
 
 def gone(pid: int, timeout: float) -> bool:

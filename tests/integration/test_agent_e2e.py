@@ -22,7 +22,8 @@ import yaml
 
 from ansible_collections.warmstart.snapshot.plugins.module_utils.agent import _agent as agent
 from ansible_collections.warmstart.snapshot.plugins.module_utils.k8s import _k8s_client as k8s
-from ansible_collections.warmstart.snapshot.plugins.module_utils.k8s import _podcontract as pc
+from ansible_collections.warmstart.snapshot.plugins.module_utils.k8s import _podapi as podapi
+from ansible_collections.warmstart.snapshot.plugins.module_utils.k8s import _podbuild as podbuild
 
 from tests.support.fake_apiserver import FakeApiServer
 
@@ -108,9 +109,9 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Dict[str, Any]]:
     c: Dict[str, Any] = {"tmp": tmp, "lab": lab, "api": api, "kubelet": kubelet, "kubeconfig": kubeconfig}
     src = source_pod(c, "embed-0", node=NODE)
     api.store.put("podsnapshotpolicies", {
-        "apiVersion": pc.API_VERSION, "kind": pc.KIND_POLICY, "metadata": {"name": "embed-store", "namespace": NS},
+        "apiVersion": podapi.API_VERSION, "kind": podapi.KIND_POLICY, "metadata": {"name": "embed-store", "namespace": NS},
         "spec": {"selector": {"matchLabels": {"app": "embed-none"}}, "storeUrl": str(lab.store),
-                 "triggerConfig": {"type": "manual", "postCheckpoint": "resume"}}}, group=pc.GROUP)
+                 "triggerConfig": {"type": "manual", "postCheckpoint": "resume"}}}, group=podapi.GROUP)
     metrics = tmp / "metrics"
     run = Agent(tmp, lab.env, kubeconfig, metrics, free_port()).start()
     c.update(src=src, agent=run, metrics=metrics, before=lab.ask(src), resync=5)
@@ -126,25 +127,25 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Dict[str, Any]]:
 
 def request(c: Dict[str, Any], name: str) -> None:
     """A user asks for a snapshot of the source pod: a PodSnapshot with no content (through the policy's store)."""
-    k8s.cluster_from({"kubeconfig": str(c["kubeconfig"])}).create(pc.KIND_SNAPSHOT, {
-        "apiVersion": pc.API_VERSION, "kind": pc.KIND_SNAPSHOT, "metadata": {"name": name, "namespace": NS},
+    k8s.cluster_from({"kubeconfig": str(c["kubeconfig"])}).create(podapi.KIND_SNAPSHOT, {
+        "apiVersion": podapi.API_VERSION, "kind": podapi.KIND_SNAPSHOT, "metadata": {"name": name, "namespace": NS},
         "spec": {"source": {"podRef": {"name": "embed-0"}, "containers": ["main"]}, "policyName": "embed-store"}}, NS)
 
 
 def snapshot(c: Dict[str, Any], name: str) -> Dict[str, Any]:
-    return c["api"].store.get("podsnapshots", name, NS, group=pc.GROUP) or {}
+    return c["api"].store.get("podsnapshots", name, NS, group=podapi.GROUP) or {}
 
 
 def ready_snapshot(c: Dict[str, Any], name: str) -> Dict[str, Any]:
     request(c, name)
-    return dict(wait_for(f"PodSnapshot {name} Ready", lambda: pc.is_ready(snapshot(c, name)) and snapshot(c, name),
+    return dict(wait_for(f"PodSnapshot {name} Ready", lambda: podapi.is_ready(snapshot(c, name)) and snapshot(c, name),
                          240, c["agent"]))
 
 
 def replica(c: Dict[str, Any], name: str, snap: str, annotations: Optional[Dict[str, str]] = None,
             standby: bool = False) -> None:
     """What a ReplicaSet controller does for a Deployment whose template is a restore template: a pod from it."""
-    built = pc.build(template(c["lab"].image), snap, entrypoint="standby" if standby else "inert")
+    built = podbuild.build(template(c["lab"].image), snap, entrypoint="standby" if standby else "inert")
     meta = dict(built["metadata"], name=name, namespace=NS, labels=dict(POD_LABELS, role="replica"),
                 ownerReferences=[{"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "embed-rs",
                                   "uid": "0000-rs", "controller": True}])
@@ -155,20 +156,20 @@ def replica(c: Dict[str, Any], name: str, snap: str, annotations: Optional[Dict[
 
 def restored_condition(c: Dict[str, Any], name: str) -> Dict[str, Any]:
     pod = c["api"].store.get("pods", name, NS, group="") or {}
-    return pc.get_condition(pod, pc.RESTORE_CONDITION) or {}
+    return podapi.get_condition(pod, podapi.RESTORE_CONDITION) or {}
 
 
 def final(c: Dict[str, Any], name: str, timeout: float = 240) -> Dict[str, Any]:
     """The pod's Restored condition once it is final (not RestoreInProgress)."""
     return dict(wait_for(f"pod {name} restored", lambda: (restored_condition(c, name).get("reason") not in
-                                                          (None, pc.REASON_IN_PROGRESS)) and restored_condition(c, name),
+                                                          (None, podapi.REASON_IN_PROGRESS)) and restored_condition(c, name),
                          timeout, c["agent"]))
 
 
 def test_a_podsnapshot_request_becomes_ready(world: Dict[str, Any]) -> None:
     snap = ready_snapshot(world, "embed-warm")
     content = world["api"].store.get("podsnapshotcontents", snap["status"]["boundSnapshotContentName"],
-                                     group=pc.GROUP)
+                                     group=podapi.GROUP)
     sid = content["spec"]["store"]["snapshotId"]
     assert (world["lab"].store / "snapshots" / sid / "manifest.json").is_file()
     assert content["spec"]["snapshotRef"]["uid"] == snap["metadata"]["uid"]
@@ -179,7 +180,7 @@ def test_a_podsnapshot_request_becomes_ready(world: Dict[str, Any]) -> None:
 
 def warm(world: Dict[str, Any]) -> None:
     """The Ready snapshot the replicas restore from (asked for once; any test may be the first)."""
-    if not pc.is_ready(snapshot(world, "embed-warm")):
+    if not podapi.is_ready(snapshot(world, "embed-warm")):
         ready_snapshot(world, "embed-warm")
 
 
@@ -193,11 +194,11 @@ def test_scaling_the_deployment_restores_every_new_replica_once(world: Dict[str,
                 replica(world, name, "embed-warm")
         for name in names:
             cond = final(world, name)
-            assert (cond["status"], cond["reason"]) == ("True", pc.REASON_SUCCEEDED), cond
+            assert (cond["status"], cond["reason"]) == ("True", podapi.REASON_SUCCEEDED), cond
     kubelet: Kubelet = world["kubelet"]
     for name in [f"embed-d-{i}" for i in range(3)]:
         pod = world["api"].store.get("pods", name, NS, group="")
-        assert pc.FINALIZER not in (pod["metadata"].get("finalizers") or [])
+        assert podapi.FINALIZER not in (pod["metadata"].get("finalizers") or [])
         assert pod["metadata"]["ownerReferences"][0]["kind"] == "ReplicaSet", "owner references stay"
         answer = world["lab"].ask(kubelet.started[name])
         assert answer["token"] == world["before"]["token"] and answer["sha256"] == answer["digest"], answer
@@ -221,11 +222,11 @@ def test_the_agent_killed_during_a_restore_never_restores_twice(world: Dict[str,
     run.start()
     cond = final(world, "embed-k-0")
     full = world["kubelet"].started["embed-k-0"]
-    if cond["reason"] == pc.REASON_SUCCEEDED:
+    if cond["reason"] == podapi.REASON_SUCCEEDED:
         answer = world["lab"].ask(full)
         assert len(answer["restores"]) == 1 and answer["token"] == world["before"]["token"]
     else:  # killed before the restore could be confirmed: one attempt, spent; the placeholder is killed
-        assert cond["reason"] == pc.REASON_FAILED and "not replayed" in cond["message"], cond
+        assert cond["reason"] == podapi.REASON_FAILED and "not replayed" in cond["message"], cond
         assert not world["lab"].lab.running(full)
     assert run.output().count("embed-k-0: restored") <= 1, "the restore ran at most once"
 
@@ -236,7 +237,7 @@ def test_a_pod_whose_snapshot_appears_later_is_restored_when_it_appears(world: D
     assert "PodSnapshot ml/embed-later does not exist yet" in waiting
     ready_snapshot(world, "embed-later")
     cond = final(world, "embed-l-0")
-    assert (cond["status"], cond["reason"]) == ("True", pc.REASON_SUCCEEDED), cond
+    assert (cond["status"], cond["reason"]) == ("True", podapi.REASON_SUCCEEDED), cond
 
 
 def _waiting(world: Dict[str, Any], name: str) -> Optional[str]:
@@ -247,7 +248,7 @@ def _waiting(world: Dict[str, Any], name: str) -> Optional[str]:
 def test_a_corrupt_snapshot_with_fallback_starts_the_pod_cold(world: Dict[str, Any]) -> None:
     snap = ready_snapshot(world, "embed-bad")
     content = world["api"].store.get("podsnapshotcontents", snap["status"]["boundSnapshotContentName"],
-                                     group=pc.GROUP)
+                                     group=podapi.GROUP)
     images = world["lab"].store / "snapshots" / content["spec"]["store"]["snapshotId"]
     pages = max(images.rglob("pages-*.img"), key=lambda p: p.stat().st_size)
     with open(pages, "r+b") as handle:
@@ -256,7 +257,7 @@ def test_a_corrupt_snapshot_with_fallback_starts_the_pod_cold(world: Dict[str, A
     replica(world, "embed-c-0", "embed-bad", annotations={agent.ANN_FALLBACK: agent.FALLBACK_COLD_START},
             standby=True)
     cond = final(world, "embed-c-0")
-    assert cond["reason"] in (pc.REASON_FAILED, pc.REASON_INCOMPATIBLE) and "started cold" in cond["message"], cond
+    assert cond["reason"] in (podapi.REASON_FAILED, podapi.REASON_INCOMPATIBLE) and "started cold" in cond["message"], cond
     full = world["kubelet"].started["embed-c-0"]
     answer = wait_for("the standby app starts cold and serves", lambda: _try_ask(world, full), 120, world["agent"])
     assert answer["token"] != world["before"]["token"], "a cold start: its own state, not the snapshot's"
@@ -287,35 +288,35 @@ def _metrics(world: Dict[str, Any]) -> Optional[str]:
 
 def test_a_manual_trigger_captures_and_says_so(world: Dict[str, Any]) -> None:
     cluster = k8s.cluster_from({"kubeconfig": str(world["kubeconfig"])})
-    cluster.create(pc.KIND_TRIGGER, {"apiVersion": pc.API_VERSION, "kind": pc.KIND_TRIGGER,
-                                     "metadata": {"name": "embed-now", "namespace": NS},
-                                     "spec": {"targetPod": "embed-0", "policyName": "embed-store"}}, NS)
+    cluster.create(podapi.KIND_TRIGGER, {"apiVersion": podapi.API_VERSION, "kind": podapi.KIND_TRIGGER,
+                                         "metadata": {"name": "embed-now", "namespace": NS},
+                                         "spec": {"targetPod": "embed-0", "policyName": "embed-store"}}, NS)
 
     def triggered() -> Optional[Dict[str, Any]]:
-        trig = world["api"].store.get("podsnapshotmanualtriggers", "embed-now", NS, group=pc.GROUP) or {}
-        cond = pc.get_condition(trig, pc.TRIGGERED_CONDITION)
+        trig = world["api"].store.get("podsnapshotmanualtriggers", "embed-now", NS, group=podapi.GROUP) or {}
+        cond = podapi.get_condition(trig, podapi.TRIGGERED_CONDITION)
         return trig if cond else None
 
     trig = wait_for("the trigger is Triggered", triggered, 240, world["agent"])
-    cond = pc.get_condition(trig, pc.TRIGGERED_CONDITION)
+    cond = podapi.get_condition(trig, podapi.TRIGGERED_CONDITION)
     assert (cond["status"], cond["reason"]) == ("True", "Complete"), cond
     created = trig["status"]["snapshotCreated"]["name"]
-    assert pc.is_ready(snapshot(world, created))
+    assert podapi.is_ready(snapshot(world, created))
 
 
 def test_a_workload_policy_captures_its_source_once_it_is_ready(world: Dict[str, Any]) -> None:
     """The source's app wrote ready-for-snapshot long ago; a policy that selects it makes the agent ask and capture."""
     world["api"].store.put("podsnapshotpolicies", {
-        "apiVersion": pc.API_VERSION, "kind": pc.KIND_POLICY, "metadata": {"name": "embed-auto", "namespace": NS},
+        "apiVersion": podapi.API_VERSION, "kind": podapi.KIND_POLICY, "metadata": {"name": "embed-auto", "namespace": NS},
         "spec": {"selector": {"matchLabels": {"app": "embed", "role": "source"}}, "storeUrl": str(world["lab"].store),
-                 "triggerConfig": {"type": "workload", "postCheckpoint": "resume"}}}, group=pc.GROUP)
+                 "triggerConfig": {"type": "workload", "postCheckpoint": "resume"}}}, group=podapi.GROUP)
 
     def captured() -> List[Dict[str, Any]]:
-        return [s for s in world["api"].store.list("podsnapshots", NS, group=pc.GROUP)
-                if s["spec"].get("policyName") == "embed-auto" and pc.is_ready(s)]
+        return [s for s in world["api"].store.list("podsnapshots", NS, group=podapi.GROUP)
+                if s["spec"].get("policyName") == "embed-auto" and podapi.is_ready(s)]
 
     (snap,) = wait_for("the policy's PodSnapshot Ready", captured, 240, world["agent"])
     assert snap["spec"]["source"]["podRef"]["name"] == "embed-0"
     time.sleep(world["resync"] * 2)
-    assert len([s for s in world["api"].store.list("podsnapshots", NS, group=pc.GROUP)
+    assert len([s for s in world["api"].store.list("podsnapshots", NS, group=podapi.GROUP)
                 if s["spec"].get("policyName") == "embed-auto"]) == 1, "one request per pod incarnation"

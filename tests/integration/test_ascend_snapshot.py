@@ -11,26 +11,27 @@ gpu section names the NPU pid, and restore unlocks the copy before it returns.
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
 import textwrap
 import time
 from pathlib import Path
-from typing import Callable, Dict, Iterator, List
+from typing import Callable, Iterator, List
 
 import pytest
 
+from ansible_collections.warmstart.snapshot.plugins.module_utils.snapshot import _checkpoint as ckpt
+from ansible_collections.warmstart.snapshot.plugins.module_utils.snapshot import _restore as rs
 from ansible_collections.warmstart.snapshot.plugins.module_utils.snapshot import _snapshot as snap
 from ansible_collections.warmstart.snapshot.plugins.module_utils.store import _store as st
 from ansible_collections.warmstart.snapshot.plugins.module_utils.accel._accel import AscendAccelerator, ascend_gpu_node
 from ansible_collections.warmstart.snapshot.plugins.module_utils.criu._criu_rpc import CriuOptions
+from tests.support.fake_ascend import calls as logged_calls, compile_fake
 
 from .process_lab import needs_root_and_criu
 
 pytestmark = pytest.mark.integration
 
-FAKE_SOURCE = Path(__file__).resolve().parents[1] / "support" / "fake_libascendcl.c"
 CRIU = "/usr/local/bin/criu" if os.access("/usr/local/bin/criu", os.X_OK) else "/opt/warmstart/criu/current/bin/criu"
 BUNDLE_PYTHON = "/opt/warmstart/criu/current/python"
 
@@ -55,23 +56,13 @@ WORKLOAD = textwrap.dedent("""
 
 
 def fake_lib(tmp: Path) -> Path:
-    gcc = shutil.which("gcc") or shutil.which("cc")
-    if gcc is None:
-        pytest.fail("gcc is needed to build the fake libascendcl.so")
-    out = tmp / "fakeacl" / "libascendcl.so"
-    out.parent.mkdir(parents=True)
-    done = subprocess.run([gcc, "-Wall", "-Werror", "-shared", "-fPIC", "-o", str(out), str(FAKE_SOURCE)],
-                          capture_output=True, text=True, check=False)
-    assert done.returncode == 0, done.stderr
-    return out
+    """The fake libascendcl.so, built under ``tmp``."""
+    return compile_fake(tmp / "fakeacl" / "libascendcl.so")
 
 
 def calls(log: Path) -> List[str]:
-    out = []
-    for line in log.read_text().splitlines() if log.exists() else []:
-        fields: Dict[str, str] = dict(item.split("=", 1) for item in line.split())
-        out.append(f"{fields['call']}:{fields['self']}:{fields['result']}")
-    return out
+    """The fake's logged snapshot calls, each as ``call:self:result``."""
+    return [f"{fields['call']}:{fields['self']}:{fields['result']}" for fields in logged_calls(log)]
 
 
 def wait_for(what: str, check: Callable[[], bool], timeout: float = 20.0) -> None:
@@ -173,15 +164,15 @@ def test_engine_checkpoint_and_restore_with_accelerator_ascend(tmp_path: Path, c
         store = st.FsStore(str(tmp_path / "store"))
         store.ensure()
         target = snap.Target(pid=pid, name="npu")
-        done = snap.checkpoint(store, target, "npu", {}, CriuOptions(), leave_running=False, criu_path=CRIU,
+        done = ckpt.checkpoint(store, target, "npu", {}, CriuOptions(), leave_running=False, criu_path=CRIU,
                                cuda="required", gpu_node=ascend_gpu_node(), cuda_lock_timeout=5000)
         assert done["cuda"]["used"] is True and done["cuda"]["pids"] == [pid], done["cuda"]
         assert "CANN snapshot API" in done["cuda"]["backend"]
         assert calls(log) == [f"lock:{pid}:0", f"backup:{pid}:0"]  # the source was ended, not resumed
         wait_for("the source ended", lambda: not os.path.exists(f"/proc/{pid}"))
         out.unlink()
-        result = snap.restore(store, snapshot_id=done["id"], criu_path=CRIU, restore_root=str(tmp_path / "restore"),
-                              cuda="required", gpu_node=ascend_gpu_node())
+        result = rs.restore(store, snapshot_id=done["id"], criu_path=CRIU, restore_root=str(tmp_path / "restore"),
+                            cuda="required", gpu_node=ascend_gpu_node())
         restored = int(result["pid"])
         assert restored == pid
         assert calls(log) == [f"lock:{pid}:0", f"backup:{pid}:0", f"restore:{pid}:0", f"unlock:{pid}:0"]

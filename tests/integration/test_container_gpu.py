@@ -27,7 +27,7 @@ import pytest
 
 from tests.support.fake_cuda import compile_fake
 
-from .container_lab import Pod, ask, wait_file
+from .container_lab import Pod, ask, pod_for, wait_file
 
 pytestmark = pytest.mark.integration
 
@@ -43,11 +43,7 @@ EXPORTING = (f"import ctypes; lib = ctypes.CDLL('{LIBDIR}/libcuda.so.1'); fd = c
 
 @pytest.fixture(scope="module")
 def pod(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pod]:
-    world = Pod(tmp_path_factory.mktemp("gpu-containers"))
-    try:
-        yield world
-    finally:
-        world.cleanup()
+    yield from pod_for(tmp_path_factory.mktemp("gpu-containers"))
 
 
 @pytest.fixture

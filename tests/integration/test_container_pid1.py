@@ -17,7 +17,7 @@ from typing import Any, Dict, Iterator, List
 
 import pytest
 
-from .container_lab import Pod, ask, wait_file
+from .container_lab import Pod, ask, mounts_of, pod_for, wait_file
 
 pytestmark = pytest.mark.integration
 
@@ -25,11 +25,6 @@ pytestmark = pytest.mark.integration
 def nspid(pid: int) -> List[int]:
     with open(f"/proc/{pid}/status", "r", encoding="utf-8") as handle:
         return [int(p) for p in next(line for line in handle if line.startswith("NSpid:")).split()[1:]]
-
-
-def mounts_of(pid: int) -> List[str]:
-    with open(f"/proc/{pid}/mountinfo", "r", encoding="utf-8") as handle:
-        return sorted(" ".join(line.split()[2:]) for line in handle)
 
 
 def pid_ns(pid: int) -> int:
@@ -41,12 +36,8 @@ def workers(pod: Pod, full: str) -> Dict[str, Any]:
 
 
 @pytest.fixture(scope="module")
-def pod(tmp_path_factory: pytest.TempPathFactory):
-    world = Pod(tmp_path_factory.mktemp("pid1"))
-    try:
-        yield world
-    finally:
-        world.cleanup()
+def pod(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pod]:
+    yield from pod_for(tmp_path_factory.mktemp("pid1"))
 
 
 @pytest.fixture(scope="module")

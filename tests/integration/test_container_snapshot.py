@@ -15,20 +15,14 @@ import os
 import threading
 import time
 from pathlib import Path
-from typing import Any, Dict, List
+from typing import Any, Dict, Iterator, List
 
 import pytest
 
-from .container_lab import Pod, ask
-from .process_lab import pids_running
+from .container_lab import Pod, ask, mounts_of, pod_for
+from .process_lab import pids_running, wait_for_swrk
 
 pytestmark = pytest.mark.integration
-
-
-def mounts_of(pid: int) -> List[str]:
-    """Mount table of a namespace, without the mount ids (which change when anything is remounted)."""
-    with open(f"/proc/{pid}/mountinfo", "r", encoding="utf-8") as handle:
-        return sorted(" ".join(line.split()[2:]) for line in handle)
 
 
 def processes_with(token: str) -> List[int]:
@@ -45,12 +39,8 @@ def processes_with(token: str) -> List[int]:
 
 
 @pytest.fixture(scope="module")
-def pod(tmp_path_factory: pytest.TempPathFactory):
-    world = Pod(tmp_path_factory.mktemp("containers"))
-    try:
-        yield world
-    finally:
-        world.cleanup()
+def pod(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pod]:
+    yield from pod_for(tmp_path_factory.mktemp("containers"))
 
 
 # --- the main path: capture, then restore into two placeholders ---------------------------------
@@ -278,20 +268,10 @@ def test_placeholder_killed_during_restore_fails_cleanly(pod: Pod, tmp_path: Pat
     killed = threading.Event()
 
     def kill_when_criu_restores() -> None:
-        end = time.monotonic() + 120
-        while time.monotonic() < end and not killed.is_set():
-            for entry in os.listdir("/proc"):
-                try:
-                    with open(f"/proc/{entry}/cmdline", "rb") as handle:
-                        argv = handle.read().split(b"\0")
-                except OSError:
-                    continue
-                if len(argv) > 1 and argv[0].endswith(b"criu") and argv[1] == b"swrk":
-                    time.sleep(0.2)
-                    os.kill(pid1, 9)
-                    killed.set()
-                    return
-            time.sleep(0.01)
+        if wait_for_swrk(poll=0.01):
+            time.sleep(0.2)
+            os.kill(pid1, 9)
+            killed.set()
 
     killer = threading.Thread(target=kill_when_criu_restores, daemon=True)
     killer.start()

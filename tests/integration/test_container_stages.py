@@ -16,7 +16,7 @@ from typing import Any, Dict, Iterator, List
 
 import pytest
 
-from .container_lab import Pod, ask, wait_file
+from .container_lab import Pod, ask, pod_for, wait_file
 
 pytestmark = pytest.mark.integration
 
@@ -54,12 +54,7 @@ while True:
 
 @pytest.fixture(scope="module")
 def pod(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pod]:
-    world = Pod(tmp_path_factory.mktemp("stage-containers"))
-    (world.app / "stages.py").write_text(APP)
-    try:
-        yield world
-    finally:
-        world.cleanup()
+    yield from pod_for(tmp_path_factory.mktemp("stage-containers"), {"stages.py": APP})
 
 
 def source(pod: Pod, name: str) -> str:

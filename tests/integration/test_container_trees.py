@@ -13,17 +13,17 @@ session check. The checkpoint now makes the tree lead its own session (_pstree).
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import threading
 import time
-from typing import Any, Dict, List
+from typing import Any, Dict, Iterator, List
 
 import pytest
 
 from ansible_collections.warmstart.snapshot.plugins.module_utils.store import _manifest as mf
 
-from .container_lab import Pod, wait_file
+from .container_lab import Pod, pod_for, wait_file
+from .process_lab import slow_criu
 
 pytestmark = pytest.mark.integration
 
@@ -91,13 +91,8 @@ def tree_restore(pod: Pod, name: str, cmd: List[str], roles: List[str]) -> Dict[
 
 
 @pytest.fixture(scope="module")
-def pod(tmp_path_factory: pytest.TempPathFactory):
-    world = Pod(tmp_path_factory.mktemp("trees"))
-    (world.app / "tree.py").write_text(TREE)
-    try:
-        yield world
-    finally:
-        world.cleanup()
+def pod(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pod]:
+    yield from pod_for(tmp_path_factory.mktemp("trees"), {"tree.py": TREE})
 
 
 @pytest.mark.parametrize("shape", ["python_tree", "shell_loop"])
@@ -134,10 +129,7 @@ def test_a_restored_tree_leads_its_session_and_can_be_checkpointed_again(pod: Po
 def test_two_restores_into_one_placeholder_start_one_copy(pod: Pod, tmp_path_factory: pytest.TempPathFactory) -> None:
     """Both see an inert placeholder; the placeholder's lock lets one restore, the other is refused (and the
     placeholder, with the first one's copy in it, is not killed as a failed restore would)."""
-    real = shutil.which("criu") or "/usr/local/bin/criu"
-    slow = tmp_path_factory.mktemp("slowcriu") / "criu"
-    slow.write_text(f"#!/bin/sh\nif [ \"$1\" = swrk ]; then sleep 2; fi\nexec {os.path.realpath(real)} \"$@\"\n")
-    slow.chmod(0o755)
+    slow = slow_criu(tmp_path_factory.mktemp("slowcriu"), 2)
     src = pod.run("twice", "python3", "/app/tree.py")
     wait_file(pod.control("twice") / "ready-for-snapshot", 60)
     ph = pod.placeholder("twice-ph")

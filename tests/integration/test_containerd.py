@@ -15,21 +15,15 @@ import subprocess
 import tarfile
 import uuid
 from pathlib import Path
-from typing import Any, Dict, Iterator, List
+from typing import Any, Dict, Iterator
 
 import pytest
 
-from .container_lab import wait_file
+from .container_lab import mounts_of, wait_file
 from .containerd_lab import POD_CONTAINER, POD_NAME, POD_NAMESPACE, Daemon, Lab, ask
 from .podman_lab import podman_env
 
 pytestmark = pytest.mark.integration
-
-
-def mounts_of(pid: int) -> List[str]:
-    """Mount table of a namespace, without the mount ids (which change when anything is remounted)."""
-    with open(f"/proc/{pid}/mountinfo", "r", encoding="utf-8") as handle:
-        return sorted(" ".join(line.split()[2:]) for line in handle)
 
 
 @pytest.fixture(scope="module")

@@ -10,18 +10,16 @@
 """
 from __future__ import annotations
 
-import shutil
-import subprocess
 from pathlib import Path
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Optional, Tuple
 
 import pytest
+
+from tests.support.fake_cuda import task_environment
 
 from .process_lab import Lab, free_port, query, running_free
 
 pytestmark = pytest.mark.integration
-
-FAKE_SOURCE = Path(__file__).resolve().parents[1] / "support" / "fake_libcuda.c"
 
 
 def no_real_driver() -> None:
@@ -30,16 +28,18 @@ def no_real_driver() -> None:
             pytest.skip(f"{path} exists: this node has an NVIDIA driver (the no-GPU case is for nodes without one)")
 
 
-def fake_lib(tmp: Path) -> Path:
-    gcc = shutil.which("gcc") or shutil.which("cc")
-    if gcc is None:
-        pytest.fail("gcc is needed to build the fake libcuda.so.1")
-    out = tmp / "fakecuda" / "libcuda.so.1"
-    out.parent.mkdir(parents=True)
-    done = subprocess.run([gcc, "-Wall", "-Werror", "-shared", "-fPIC", "-o", str(out), str(FAKE_SOURCE)],
-                          capture_output=True, text=True, check=False)
-    assert done.returncode == 0, done.stderr
-    return out
+def started(lab: Lab, name: str) -> Tuple[int, Optional[int], Dict[str, Any]]:
+    """Workload ``name`` (8 MiB of pattern memory) started on a free port: (its port, its pid, its first answer)."""
+    port = free_port()
+    lab.play([lab.start(name, port, 8, "--pattern")])
+    return port, lab.pidfile_pid(name), query(port)
+
+
+def assert_untouched(lab: Lab, pid: Optional[int], port: int, before: int) -> None:
+    """After a refusal: the workload still runs untraced and serves (its counter went on past ``before``), and
+    nothing was staged or published."""
+    assert pid is not None and running_free(pid) and query(port)["counter"] > before  # untouched, still serving
+    assert lab.published() == [] and lab.staging() == []
 
 
 def calls(log: Path) -> List[Dict[str, str]]:
@@ -56,10 +56,8 @@ def changes(log: Path) -> List[str]:
 
 def test_required_fails_cleanly_without_a_driver_and_auto_snapshots_cpu_only(lab: Lab) -> None:
     no_real_driver()
-    port = free_port()
-    lab.play([lab.start("plain", port, 8, "--pattern")])
-    pid = lab.pidfile_pid("plain")
-    before = query(port)["counter"]
+    port, pid, first = started(lab, "plain")
+    before = first["counter"]
     res = lab.play([
         lab.checkpoint("required", workload="plain", cuda="required", expect_fail=True),
         lab.checkpoint("check required", workload="plain", cuda="required", check=True, expect_fail=True),
@@ -69,8 +67,7 @@ def test_required_fails_cleanly_without_a_driver_and_auto_snapshots_cpu_only(lab
     assert failed["msg"].startswith("cuda: required, but this node cannot checkpoint GPU state: libcuda.so.1 not found")
     assert "NVIDIA driver >= 570" in failed["msg"] and "nothing was touched" in failed["msg"]
     assert res["check required"].get("failed") and "libcuda.so.1 not found" in res["check required"]["msg"]
-    assert running_free(pid) and query(port)["counter"] > before  # untouched, still serving
-    assert lab.published() == [] and lab.staging() == []
+    assert_untouched(lab, pid, port, before)
 
     res = lab.play([lab.checkpoint("auto", workload="plain", cuda="auto")])
     snap = res["auto"]["snapshot"]
@@ -84,16 +81,10 @@ def test_required_fails_cleanly_without_a_driver_and_auto_snapshots_cpu_only(lab
 
 
 def test_fake_cuda_process_is_locked_checkpointed_dumped_and_restored_in_order(lab: Lab) -> None:
-    lib = fake_lib(lab.tmp)
-    state, log = lab.tmp / "cuda.state", lab.tmp / "cuda.log"
-    state.write_text("")
+    env, state, log = task_environment(lab.tmp, lab.script)
     script = str(lab.script)
-    env: Dict[str, Any] = {"WARMSTART_LIBCUDA": str(lib), "FAKE_CUDA_STATE": str(state), "FAKE_CUDA_LOG": str(log),
-                           "FAKE_CUDA_ADOPT": f"{script}=running"}
-    port = free_port()
-    lab.play([lab.start("gpuish", port, 8, "--pattern")])
-    pid = lab.pidfile_pid("gpuish")
-    token = query(port)["token"]
+    port, pid, first = started(lab, "gpuish")
+    token = first["token"]
 
     task = lab.checkpoint("gpu checkpoint", workload="gpuish", cuda="required", cuda_lock_timeout=5000)
     task["environment"] = env
@@ -132,11 +123,7 @@ def test_fake_cuda_process_is_locked_checkpointed_dumped_and_restored_in_order(l
 
 
 def test_restore_failure_of_the_gpu_state_kills_the_copy(lab: Lab) -> None:
-    lib = fake_lib(lab.tmp)
-    state, log = lab.tmp / "cuda.state", lab.tmp / "cuda.log"
-    state.write_text("")
-    env: Dict[str, Any] = {"WARMSTART_LIBCUDA": str(lib), "FAKE_CUDA_STATE": str(state), "FAKE_CUDA_LOG": str(log),
-                           "FAKE_CUDA_ADOPT": f"{lab.script}=running"}
+    env, _state, _log = task_environment(lab.tmp, lab.script)
     port = free_port()
     lab.play([lab.start("gpufail", port, 8, "--pattern")])
     task = lab.checkpoint("gpu checkpoint", workload="gpufail", cuda="required", leave_running=False)
@@ -159,10 +146,8 @@ def test_accelerator_refusals_name_the_accelerator_asked_for_and_touch_nothing(l
     no_real_driver()
     if list(Path("/dev").glob("davinci[0-9]*")):
         pytest.skip("this node has an Ascend NPU (/dev/davinci*): the no-NPU case is for nodes without one")
-    port = free_port()
-    lab.play([lab.start("cpu", port, 8, "--pattern")])
-    pid = lab.pidfile_pid("cpu")
-    before = query(port)["counter"]
+    port, pid, first = started(lab, "cpu")
+    before = first["counter"]
     res = lab.play([
         lab.checkpoint("ascend", workload="cpu", accelerator="ascend", expect_fail=True),
         lab.checkpoint("check ascend", workload="cpu", accelerator="ascend", check=True, expect_fail=True),
@@ -174,8 +159,7 @@ def test_accelerator_refusals_name_the_accelerator_asked_for_and_touch_nothing(l
     assert "CUDA" not in ascend and "cuda" not in ascend
     assert res["check ascend"]["msg"] == ascend
     assert res["cuda"]["msg"].startswith("cuda: required, but this node cannot checkpoint GPU state")
-    assert running_free(pid) and query(port)["counter"] > before  # untouched, still serving
-    assert lab.published() == [] and lab.staging() == []
+    assert_untouched(lab, pid, port, before)
 
     snap = lab.play([lab.checkpoint("cpu only", workload="cpu", leave_running=False)])["cpu only"]["snapshot"]
     refused = lab.play([lab.restore("restore ascend", snapshot=snap["id"], accelerator="ascend", expect_fail=True),

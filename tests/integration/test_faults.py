@@ -22,7 +22,7 @@ import pytest
 
 from .ansible_run import REPO, VENV_BIN, ansible_env
 from .process_lab import (Lab, free_port, needs_root_and_criu, port_open, proc_state, query, running_free,
-                          tracer_pid)
+                          tracer_pid, wait_for_swrk)
 
 pytestmark = pytest.mark.integration
 
@@ -445,19 +445,9 @@ def test_snapshot_deleted_while_restore_reads_it(lab: Lab) -> None:
     removed = threading.Event()
 
     def remove_when_criu_restores() -> None:
-        end = time.monotonic() + 120
-        while time.monotonic() < end:
-            for entry in os.listdir("/proc"):
-                try:
-                    with open(f"/proc/{entry}/cmdline", "rb") as handle:
-                        argv = handle.read().split(b"\0")
-                except OSError:
-                    continue
-                if len(argv) > 1 and argv[0].endswith(b"criu") and argv[1] == b"swrk":
-                    shutil.rmtree(snap["path"])
-                    removed.set()
-                    return
-            time.sleep(0.005)
+        if wait_for_swrk():
+            shutil.rmtree(snap["path"])
+            removed.set()
 
     remover = threading.Thread(target=remove_when_criu_restores, daemon=True)
     remover.start()

@@ -12,21 +12,12 @@ from typing import Any, Dict, Iterator, List, Tuple
 import pytest
 
 from .ansible_run import VENV_BIN, Run, playbook
+from .process_lab import needs_root_and_criu
 
 pytestmark = pytest.mark.integration
 
 LOOP = ["/usr/bin/python3", "-c", "import time\nwhile True: time.sleep(0.2)"]
 HOUR = 3600
-
-
-def _needs_root_and_criu() -> None:
-    if os.geteuid() != 0:
-        pytest.fail("checkpoints need root")
-    if not any(os.access(p, os.X_OK) for p in ("/usr/local/bin/criu", "/opt/warmstart/criu/bin/criu")):
-        pytest.fail("no CRIU on this node although prepare_nodes ran")
-    probe = subprocess.run(["/usr/bin/python3", "-c", "import pycriu"], capture_output=True, check=False)
-    if probe.returncode != 0:
-        pytest.fail("/usr/bin/python3 cannot import pycriu although prepare_nodes ran")
 
 
 class Env:
@@ -98,12 +89,20 @@ class Env:
 
 @pytest.fixture()
 def env(tmp_path: Path) -> Iterator[Env]:
-    _needs_root_and_criu()
+    needs_root_and_criu()
     e = Env(tmp_path)
     try:
         yield e
     finally:
         e.stop_all()
+
+
+def embed_snapshots(env: Env, *snapshots: Tuple[str, str, str]) -> List[str]:
+    """Workload "embed" started, then checkpointed once per (task title, snapshot name, model label), in one
+    playbook: the snapshot ids, in that order."""
+    r = env.play([env.start("embed")] + [env.checkpoint(title, "embed", name, {"model": model})
+                                         for title, name, model in snapshots])
+    return [r[title]["snapshot"]["id"] for title, _name, _model in snapshots]
 
 
 def snapshot_files(store: Path, snapshot_id: str) -> List[Path]:
@@ -203,13 +202,8 @@ def test_info_lists_filters_queries_and_verifies(env: Env) -> None:
 
 
 def test_cleanup_keep_last_check_mode_then_real(env: Env) -> None:
-    r = env.play([
-        env.start("embed"),
-        env.checkpoint("old embed", "embed", "embed", {"model": "m1"}),
-        env.checkpoint("new embed", "embed", "embed", {"model": "m1"}),
-        env.checkpoint("chat", "embed", "chat", {"model": "m2"}),
-    ])
-    old_id, new_id, chat_id = (r[t]["snapshot"]["id"] for t in ("old embed", "new embed", "chat"))
+    old_id, new_id, chat_id = embed_snapshots(env, ("old embed", "embed", "m1"), ("new embed", "embed", "m1"),
+                                              ("chat", "chat", "m2"))
     old_size = sum(p.stat().st_size for p in snapshot_files(env.store, old_id))
 
     # Left-overs: a stale and a fresh staging dir, an unreadable snapshot dir, restore work dirs.
@@ -271,13 +265,7 @@ def test_cleanup_keep_last_check_mode_then_real(env: Env) -> None:
 
 
 def test_cleanup_by_label_group_max_age_and_bad_options(env: Env) -> None:
-    r = env.play([
-        env.start("embed"),
-        env.checkpoint("a1", "embed", "a", {"model": "m1"}),
-        env.checkpoint("b1", "embed", "b", {"model": "m1"}),
-        env.checkpoint("c1", "embed", "c", {"model": "m2"}),
-    ])
-    a1, b1, c1 = (r[t]["snapshot"]["id"] for t in ("a1", "b1", "c1"))
+    a1, b1, c1 = embed_snapshots(env, ("a1", "a", "m1"), ("b1", "b", "m1"), ("c1", "c", "m2"))
     r2 = env.play([
         dict(env.cleanup("bad duration", max_age="7x"), ignore_errors=True),
         dict(env.cleanup("bad keep_last", keep_last=-2), ignore_errors=True),

@@ -18,7 +18,10 @@ from typing import Any, Dict, Iterator, List
 
 import pytest
 
+from ansible_collections.warmstart.snapshot.plugins.module_utils.k8s import _podapi as podapi
 from ansible_collections.warmstart.snapshot.plugins.module_utils.k8s import _podcontract as pc
+from ansible_collections.warmstart.snapshot.plugins.module_utils.k8s import _selection as selection
+from ansible_collections.warmstart.snapshot.plugins.module_utils.k8s import _spechash as spechash
 
 from tests.support.fake_apiserver import FakeApiServer
 
@@ -64,7 +67,7 @@ def run_playbook(c: Dict[str, Any], name: str, extra: Dict[str, Any], ok: bool =
 
 
 def snapshots(c: Dict[str, Any]) -> List[Dict[str, Any]]:
-    return c["api"].store.list("podsnapshots", NS, group=pc.GROUP)
+    return c["api"].store.list("podsnapshots", NS, group=podapi.GROUP)
 
 
 @pytest.fixture(scope="module")
@@ -78,7 +81,7 @@ def captured(cluster: Dict[str, Any]) -> Dict[str, Any]:
     # What the run recorded, read now: later tests take newer snapshots and retention removes this one.
     recorded = snapshots(cluster)
     contents = [cluster["api"].store.get("podsnapshotcontents", s["status"]["boundSnapshotContentName"],
-                                         group=pc.GROUP) for s in recorded]
+                                         group=podapi.GROUP) for s in recorded]
     sid = res["rows"].get(f"{NS}/embed-0", {}).get("snapshot")
     manifest_path = cluster["lab"].store / "snapshots" / str(sid) / "manifest.json"
     manifest = json.loads(manifest_path.read_text()) if manifest_path.is_file() else None
@@ -100,12 +103,12 @@ def test_snapshot_playbook_records_a_bound_ready_podsnapshot(cluster: Dict[str, 
     assert rows[f"{NS}/embed-9"]["result"] == "skipped" and "gpu-far-away is not in the inventory" in \
         rows[f"{NS}/embed-9"]["detail"]
     (snap,) = captured["recorded"]
-    assert pc.is_ready(snap), snap["status"]
+    assert podapi.is_ready(snap), snap["status"]
     (content,) = captured["contents"]
     assert content["spec"]["snapshotRef"]["uid"] == snap["metadata"]["uid"]
-    assert pc.check_content_binding(snap, content) == []
+    assert selection.check_content_binding(snap, content) == []
     pod = captured["pod"]
-    assert snap["status"]["podSpecHash"] == pc.pod_spec_hash(pod)
+    assert snap["status"]["podSpecHash"] == spechash.pod_spec_hash(pod)
     sid = content["spec"]["store"]["snapshotId"]
     assert rows[f"{NS}/embed-0"]["snapshot"] == sid
     manifest = captured["manifest"]
@@ -126,9 +129,9 @@ def test_restore_playbook_starts_restored_pods_through_the_contract(
         assert res["rows"][f"{NS}/{name}"]["result"] == "restored", res["rows"]
         pod = cluster["api"].store.get("pods", name, NS, group="")
         assert pc.validate(pod) == [], "the created pod follows the contract"
-        cond = pc.get_condition(pod, pc.RESTORE_CONDITION)
-        assert (cond["status"], cond["reason"]) == ("True", pc.REASON_SUCCEEDED), cond
-        assert pc.FINALIZER not in (pod["metadata"].get("finalizers") or []), "the finalizer is released"
+        cond = podapi.get_condition(pod, podapi.RESTORE_CONDITION)
+        assert (cond["status"], cond["reason"]) == ("True", podapi.REASON_SUCCEEDED), cond
+        assert podapi.FINALIZER not in (pod["metadata"].get("finalizers") or []), "the finalizer is released"
         assert pc.classify(pod) == "Succeeded"
         full = cluster["kubelet"].started[name]
         answer = lab.ask(full)
@@ -156,7 +159,7 @@ def test_grouping_retention_keeps_the_newest_per_group(cluster: Dict[str, Any], 
     older = snapshots(cluster)  # the captured one, and whatever other tests of this module recorded
     assert older, "the captured snapshot's record is missing"
     older_contents = [cluster["api"].store.get("podsnapshotcontents", s["status"]["boundSnapshotContentName"],
-                                               group=pc.GROUP) for s in older]
+                                               group=podapi.GROUP) for s in older]
     older_ids = [c["spec"]["store"]["snapshotId"] for c in older_contents]
     time.sleep(1.1)  # snapshot ids and createdAt are to the second
     # the restored replicas carry the template's labels too: a JMESPath filter keeps the original only
@@ -169,7 +172,7 @@ def test_grouping_retention_keeps_the_newest_per_group(cluster: Dict[str, Any], 
     left = snapshots(cluster)
     assert len(left) == 1 and left[0]["metadata"]["name"] not in {s["metadata"]["name"] for s in older}, left
     for content, sid in zip(older_contents, older_ids):
-        assert cluster["api"].store.get("podsnapshotcontents", content["metadata"]["name"], group=pc.GROUP) is None
+        assert cluster["api"].store.get("podsnapshotcontents", content["metadata"]["name"], group=podapi.GROUP) is None
         assert not (cluster["lab"].store / "snapshots" / sid).exists(), "its store snapshot went too"
 
 
@@ -188,13 +191,13 @@ def test_a_restored_pod_is_found_and_snapshotted_like_any_pod(cluster: Dict[str,
 def test_a_podsnapshotpolicy_drives_the_snapshot_run(cluster: Dict[str, Any], captured: Dict[str, Any]) -> None:
     """Selector, store, manual trigger and grouping retention come from the policy; no variables for them."""
     cluster["api"].store.put("podsnapshotpolicies", {
-        "apiVersion": pc.API_VERSION, "kind": pc.KIND_POLICY, "metadata": {"name": "embed-policy", "namespace": NS},
+        "apiVersion": podapi.API_VERSION, "kind": podapi.KIND_POLICY, "metadata": {"name": "embed-policy", "namespace": NS},
         "spec": {"selector": {"matchLabels": {"app": "embed"},
                               "matchExpressions": [{"key": "role", "operator": "In", "values": ["source"]}]},
                  "storeUrl": str(cluster["lab"].store),
                  "triggerConfig": {"type": "manual", "postCheckpoint": "resume"},
                  "snapshotGroupingRules": {"groupByLabelValue": {"labels": ["model"]},
-                                           "groupRetentionPolicy": {"maxSnapshotCountPerGroup": 1}}}}, group=pc.GROUP)
+                                           "groupRetentionPolicy": {"maxSnapshotCountPerGroup": 1}}}}, group=podapi.GROUP)
     before = {s["metadata"]["name"] for s in snapshots(cluster)}
     time.sleep(1.1)
     res = run_playbook(cluster, "k8s_snapshot", {"warmstart_k8s_namespace": NS, "warmstart_k8s_policy": "embed-policy"},

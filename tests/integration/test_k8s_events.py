@@ -18,7 +18,7 @@ from typing import Any, Callable, Dict, Iterator, List, Optional
 import pytest
 import yaml
 
-from ansible_collections.warmstart.snapshot.plugins.module_utils.k8s import _podcontract as pc
+from ansible_collections.warmstart.snapshot.plugins.module_utils.k8s import _podapi as podapi
 
 from tests.support.fake_apiserver import FakeApiServer
 
@@ -35,7 +35,7 @@ PODS = "/api/v1/pods"
 
 
 def restore_pod(api: FakeApiServer, name: str, node: Optional[str] = NODE, **kw: Any) -> Dict[str, Any]:
-    return api.add_pod(name, namespace="ml", node=node or "", annotations={pc.ANN_RESTORE_FROM: "snap"}, **kw)
+    return api.add_pod(name, namespace="ml", node=node or "", annotations={podapi.ANN_RESTORE_FROM: "snap"}, **kw)
 
 
 @pytest.fixture
@@ -219,7 +219,7 @@ def test_node_filtering_and_every_event_type(api: FakeApiServer) -> None:
             f"spec.nodeName={NODE}"}
         restore_pod(api, "there", node="node-2")
         restore_pod(api, "later", node=None, phase="Pending")  # not scheduled yet
-        group = f"/apis/{pc.GROUP}/{pc.VERSION}/namespaces/ml"
+        group = f"/apis/{podapi.GROUP}/{podapi.VERSION}/namespaces/ml"
         for name, pod in (("req-here", "src-here"), ("req-there", "src-there"), ("req-orphan", "missing")):
             api.route("POST", f"{group}/podsnapshots", {}, {"metadata": {"name": name}, "spec": {
                 "source": {"podRef": {"name": pod}, "containers": ["main"]}}}, "application/json")

@@ -19,7 +19,7 @@ from typing import Any, Dict
 
 import pytest
 
-from ansible_collections.warmstart.snapshot.plugins.module_utils.store import _store as st
+from ansible_collections.warmstart.snapshot.plugins.module_utils.store import _checksums as ck
 
 from .ansible_run import REPO
 from .process_lab import Lab, checkpointed, free_port, gone, proc_state, query
@@ -218,7 +218,7 @@ def test_page_server_serves_a_lazy_restore(lab: Lab) -> None:
     assert gone(served["pid"], 15), "the page server did not exit after serving its restore"
     top = lab.store / "snapshots" / snap["id"]
     manifest = json.loads((top / "manifest.json").read_text())
-    assert st.verify_files(str(top), manifest, phase=False) == [], "serving the snapshot changed it"
+    assert ck.verify_files(str(top), manifest, phase=False) == [], "serving the snapshot changed it"
 
 
 def test_an_eager_page_corrupted_in_the_restoring_nodes_store_is_refused(lab: Lab) -> None:

@@ -10,22 +10,19 @@ rolled back (source unlocked and running, nothing published; the copy killed).
 """
 from __future__ import annotations
 
-import json
-import shutil
-import socket
-import subprocess
 import time
 from pathlib import Path
 from typing import Any, Dict, List
 
 import pytest
 
-from .process_lab import Lab, free_port, running_free
+from tests.support.fake_cuda import task_environment
+
+from .process_lab import Lab, free_port, json_line, running_free
 
 pytestmark = pytest.mark.integration
 
 ROOT = Path(__file__).resolve().parents[2]
-FAKE_SOURCE = ROOT / "tests" / "support" / "fake_libcuda.c"
 STAGES = ("lock_pre", "backup_pre", "backup_post", "restore_pre", "restore_post", "unlock_post")
 
 APP = r'''
@@ -81,28 +78,9 @@ while True:
 '''
 
 
-def fake_lib(tmp: Path) -> Path:
-    gcc = shutil.which("gcc") or shutil.which("cc")
-    if gcc is None:
-        pytest.fail("gcc is needed to build the fake libcuda.so.1")
-    out = tmp / "fakecuda" / "libcuda.so.1"
-    out.parent.mkdir(parents=True)
-    done = subprocess.run([gcc, "-Wall", "-Werror", "-shared", "-fPIC", "-o", str(out), str(FAKE_SOURCE)],
-                          capture_output=True, text=True, check=False)
-    assert done.returncode == 0, done.stderr
-    return out
-
-
 def ask(port: int, timeout: float = 10.0) -> Dict[str, Any]:
-    end = time.monotonic() + timeout
-    while True:
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=5) as conn:
-                return json.loads(conn.makefile().readline())
-        except (OSError, ValueError):
-            if time.monotonic() > end:
-                raise
-            time.sleep(0.1)
+    """The workload's answer on 127.0.0.1:``port`` (its pid, events and errors), retried until ``timeout``."""
+    return json_line(("127.0.0.1", port), timeout=timeout)
 
 
 def events_when(port: int, count: int, timeout: float = 10.0) -> List[str]:
@@ -124,11 +102,7 @@ class World:
         self.port = free_port()
         self.env: Dict[str, Any] = {}
         if cuda:
-            state = lab.tmp / "cuda.state"
-            state.write_text("")
-            self.state = state
-            self.env = {"WARMSTART_LIBCUDA": str(fake_lib(lab.tmp)), "FAKE_CUDA_STATE": str(state),
-                        "FAKE_CUDA_LOG": str(lab.tmp / "cuda.log"), "FAKE_CUDA_ADOPT": f"{lab.script}=running"}
+            self.env, self.state, _log = task_environment(lab.tmp, lab.script)
         self.cuda = "required" if cuda else "off"
 
     def start(self, name: str) -> int:

@@ -22,8 +22,8 @@ from typing import Any, Dict, Iterator, Optional, Tuple
 
 import pytest
 
-from .container_lab import Pod, wait_file
-from .process_lab import Lab, free_port, json_line, query
+from .container_lab import Pod, pod_for, wait_file
+from .process_lab import Lab, free_port, json_line, query, read_line
 
 pytestmark = pytest.mark.integration
 
@@ -109,13 +109,7 @@ def exchange(conn: socket.socket, line: bytes, timeout: float = 15.0) -> bytes:
     """Send ``line`` to the workload over the connection; what it answers (up to a newline)."""
     conn.settimeout(timeout)
     conn.sendall(line)
-    data = b""
-    while not data.endswith(b"\n"):
-        chunk = conn.recv(4096)
-        if not chunk:
-            break
-        data += chunk
-    return data
+    return read_line(conn)
 
 
 def warm_connection(lab: Lab, peer: socket.socket, name: str) -> Tuple[int, socket.socket]:
@@ -194,11 +188,7 @@ def test_close_the_workload_sees_its_connection_closed_and_the_peer_a_reset(lab:
 
 @pytest.fixture
 def pod(tmp_path: Path) -> Iterator[Pod]:
-    world = Pod(tmp_path)
-    try:
-        yield world
-    finally:
-        world.cleanup()
+    yield from pod_for(tmp_path)
 
 
 def test_into_a_placeholder_the_default_closes_the_connection(pod: Pod) -> None:

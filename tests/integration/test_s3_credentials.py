@@ -13,7 +13,7 @@ import yaml
 
 from ansible_collections.warmstart.snapshot.plugins.module_utils.k8s import _k8s_client as _k8s
 from ansible_collections.warmstart.snapshot.plugins.module_utils.k8s import _k8s_storage as storage
-from ansible_collections.warmstart.snapshot.plugins.module_utils.k8s import _podcontract as pc
+from ansible_collections.warmstart.snapshot.plugins.module_utils.k8s import _podapi as podapi
 from ansible_collections.warmstart.snapshot.plugins.module_utils.store._store import StoreError
 from ansible_collections.warmstart.snapshot.plugins.module_utils.store._stores import open_store
 from tests.support.fake_apiserver import FakeApiServer
@@ -62,7 +62,7 @@ def test_the_secrets_credentials_reach_the_bucket(server: FakeApiServer, endpoin
     options = {"endpointUrl": endpoint, "region": "us-east-1", "cacheDir": str(tmp_path / "cache")}
     server.store.put("podsnapshotstorageconfigs", {"metadata": {"name": "shared"}, "spec": {
         "storeUrl": f"s3://{bucket}/fleet", "options": options,
-        "credentialsSecretRef": {"name": "s3", "namespace": "warmstart"}}}, group=pc.GROUP)
+        "credentialsSecretRef": {"name": "s3", "namespace": "warmstart"}}}, group=podapi.GROUP)
     cluster = _k8s.cluster_from({"kubeconfig": str(server.kubeconfig)})
     where = storage.resolve_store(cluster, "ml", storage_config="shared")
 

@@ -16,6 +16,7 @@ from typing import Any, Dict, List
 
 import pytest
 
+from ansible_collections.warmstart.snapshot.plugins.module_utils.store import _checksums as ck
 from ansible_collections.warmstart.snapshot.plugins.module_utils.store import _digest as dg
 from ansible_collections.warmstart.snapshot.plugins.module_utils.store import _manifest as mf
 from ansible_collections.warmstart.snapshot.plugins.module_utils.store import _s3store as s3s
@@ -126,7 +127,7 @@ def test_download_resumes_where_it_stopped(s3: Dict[str, Any], lab: Lab, monkeyp
     blob = os.urandom(5 << 20)
     (Path(staging.path) / "data.bin").write_bytes(blob)
     manifest = mf.new_manifest(sid, "resume", {}, {"hostname": "x"})
-    manifest["files"] = st.record_files(staging.path)
+    manifest["files"] = ck.record_files(staging.path)
     staging.publish(manifest)
 
     reader = s3s.S3Store(s3["url"], endpoint_url=s3["opts"]["endpoint_url"], cache=str(lab.tmp / "c2"), concurrency=1)
@@ -269,7 +270,7 @@ def test_snapshot_deleted_while_a_node_downloads_it(s3: Dict[str, Any], lab: Lab
     staging = writer.stage(sid)
     (Path(staging.path) / "data.bin").write_bytes(os.urandom(4 << 20))
     manifest = mf.new_manifest(sid, "gone", {}, {"hostname": "x"})
-    manifest["files"] = st.record_files(staging.path)
+    manifest["files"] = ck.record_files(staging.path)
     staging.publish(manifest)
 
     reader = s3s.S3Store(s3["url"], endpoint_url=s3["opts"]["endpoint_url"], cache=str(lab.tmp / "r"), concurrency=1)

@@ -20,7 +20,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
 import threading
 import time
 from pathlib import Path
@@ -28,7 +27,7 @@ from typing import Any, Callable, Dict, Iterator, List
 
 import pytest
 
-from .process_lab import Lab, checkpointed, port_open, query
+from .process_lab import Lab, checkpointed, port_open, query, slow_criu, wait_for_swrk
 
 pytestmark = pytest.mark.integration
 
@@ -87,7 +86,7 @@ def settle(world: Dict[str, Any], res: Dict[str, Any]) -> str:
 
 def swap_at_criu_start(world: Dict[str, Any], wrapper: Path, stop: threading.Event) -> None:
     """Once CRIU's worker starts, every file the victim's restore could still read becomes evil's."""
-    if swrk_started(wrapper, stop):
+    if wait_for_swrk(wrapper, timeout=None, stop=stop):
         where = victim_dir(world)
         aside = where.with_name(where.name + ".aside")
         shutil.copytree(world["keep"] / "bad", aside)
@@ -105,20 +104,6 @@ def test_images_swapped_when_criu_starts_are_not_what_criu_reads(world: Dict[str
     assert settle(world, res) == "victim"
 
 
-def swrk_started(wrapper: Path, stop: threading.Event) -> bool:
-    """Wait until the CRIU wrapper's ``swrk`` runs (True), or ``stop`` (False)."""
-    while not stop.is_set():
-        for entry in [e for e in os.listdir("/proc") if e.isdigit()]:
-            try:
-                cmd = Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0")
-            except OSError:
-                continue
-            if str(wrapper).encode() in cmd and b"swrk" in cmd:
-                return True
-        time.sleep(0.005)
-    return False
-
-
 def restore_racing(world: Dict[str, Any], wrapper: Path, writer: Callable[[threading.Event], None]) -> Dict[str, Any]:
     """The victim's restore through the CRIU ``wrapper`` while ``writer(stop)`` runs on a thread; its result."""
     stop = threading.Event()
@@ -130,15 +115,6 @@ def restore_racing(world: Dict[str, Any], wrapper: Path, writer: Callable[[threa
     finally:
         stop.set()
         thread.join(30)
-
-
-def slow_criu(tmp_path: Path, seconds: int) -> Path:
-    """A CRIU wrapper whose worker starts ``seconds`` late: the window between verify and CRIU's reads."""
-    real = subprocess.run(["/bin/sh", "-c", "command -v criu"], capture_output=True, text=True, check=True).stdout.strip()
-    wrapper = tmp_path / "criu-slow"
-    wrapper.write_text(f"#!/bin/sh\nif [ \"$1\" = swrk ]; then sleep {seconds}; fi\nexec {os.path.realpath(real)} \"$@\"\n")
-    wrapper.chmod(0o755)
-    return wrapper
 
 
 def pinned_here(lab: Lab) -> bool:
@@ -162,7 +138,7 @@ def test_a_writer_who_outwaits_the_lease_after_the_hash_is_refused(world: Dict[s
     evil = (world["keep"] / "bad" / "criu" / "pages-1.img").read_bytes()[:size].ljust(size, b"\0")
 
     def rewrite(stop: threading.Event) -> None:
-        if swrk_started(wrapper, stop):
+        if wait_for_swrk(wrapper, timeout=None, stop=stop):
             with open(pages, "r+b") as handle:  # blocks until the kernel breaks the restore's lease (1 s)
                 handle.write(evil)
             got_in.append(time.monotonic())

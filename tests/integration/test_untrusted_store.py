@@ -22,7 +22,7 @@ import pytest
 from ansible_collections.warmstart.snapshot.plugins.module_utils.store import _manifest as mf
 
 from .ansible_run import REPO
-from .process_lab import Lab, free_port, query
+from .process_lab import Lab, free_port, query, slow_criu, wait_for_swrk
 
 pytestmark = pytest.mark.integration
 
@@ -179,27 +179,6 @@ def test_cleanup_keeps_foreign_entries_and_refuses_a_symlinked_tmp(world: Dict[s
 
 # --- 4. a restore is exclusive and never leaves an untracked copy -------------------------------
 
-def slow_criu(tmp_path: Path, seconds: float) -> Path:
-    """A CRIU wrapper whose RPC worker (criu swrk) starts ``seconds`` late: a window to act in."""
-    real = subprocess.run(["/bin/sh", "-c", "command -v criu"], capture_output=True, text=True, check=True).stdout.strip()
-    wrapper = tmp_path / "criu-slow"
-    wrapper.write_text(f"#!/bin/sh\nif [ \"$1\" = swrk ]; then sleep {seconds}; fi\nexec {os.path.realpath(real)} \"$@\"\n")
-    wrapper.chmod(0o755)
-    return wrapper
-
-
-def swrk_started(wrapper: Path) -> bool:
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                cmd = Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0")
-            except OSError:
-                continue
-            if str(wrapper).encode() in cmd and b"swrk" in cmd:
-                return True
-    return False
-
-
 def module_pids(marker: str) -> List[int]:
     out = []
     for entry in os.listdir("/proc"):
@@ -224,9 +203,7 @@ def test_killed_restore_module_leaves_a_tracked_copy_and_no_second_one(world: Di
         runner = threading.Thread(target=lambda: done.update(lab.play([lab.restore(
             "restore", snapshot=world["sid"], criu_path=str(wrapper), expect_fail=True)], timeout=120)))
         runner.start()
-        end = time.monotonic() + 60
-        while not swrk_started(wrapper) and time.monotonic() < end:  # the module is inside CRIU's restore
-            time.sleep(0.05)
+        wait_for_swrk(wrapper, timeout=60, poll=0.05)  # the module is inside CRIU's restore
         assert module_pids(marker), "no restore module process found"
         for pid in module_pids(marker):
             os.kill(pid, signal.SIGKILL)

@@ -222,28 +222,16 @@ def field_match(obj: JSON, selector: str, res: Resource) -> bool:
 
 # --- patches --------------------------------------------------------------------
 
-def merge_patch(target: Any, patch: Any) -> Any:
-    """RFC 7386 JSON merge patch."""
+def merge_patch(target: Any, patch: Any, strategic: bool = False) -> Any:
+    """RFC 7386 JSON merge patch; ``strategic``: a strategic merge patch, where the lists in SMP_LIST_KEYS merge
+    by key and SMP_SET_LISTS as sets (see module doc)."""
     if not isinstance(patch, dict):
         return copy.deepcopy(patch)
     result = copy.deepcopy(target) if isinstance(target, dict) else {}
     for key, value in patch.items():
         if value is None:
             result.pop(key, None)
-        else:
-            result[key] = merge_patch(result.get(key), value)
-    return result
-
-
-def strategic_merge_patch(target: Any, patch: Any) -> Any:
-    """Merge patch, but the lists in SMP_LIST_KEYS merge by key and SMP_SET_LISTS as sets (see module doc)."""
-    if not isinstance(patch, dict):
-        return copy.deepcopy(patch)
-    result = copy.deepcopy(target) if isinstance(target, dict) else {}
-    for key, value in patch.items():
-        if value is None:
-            result.pop(key, None)
-        elif key in SMP_LIST_KEYS and isinstance(value, list) and isinstance(result.get(key), list):
+        elif strategic and key in SMP_LIST_KEYS and isinstance(value, list) and isinstance(result.get(key), list):
             merge_key = SMP_LIST_KEYS[key]
             merged = [copy.deepcopy(x) for x in result[key]]
             for item in value:
@@ -252,13 +240,18 @@ def strategic_merge_patch(target: Any, patch: Any) -> Any:
                 if idx is None:
                     merged.append(copy.deepcopy(item))
                 else:
-                    merged[idx] = strategic_merge_patch(merged[idx], item)
+                    merged[idx] = merge_patch(merged[idx], item, strategic=True)
             result[key] = merged
-        elif key in SMP_SET_LISTS and isinstance(value, list) and isinstance(result.get(key), list):
+        elif strategic and key in SMP_SET_LISTS and isinstance(value, list) and isinstance(result.get(key), list):
             result[key] = result[key] + [v for v in value if v not in result[key]]
         else:
-            result[key] = strategic_merge_patch(result.get(key), value)
+            result[key] = merge_patch(result.get(key), value, strategic)
     return result
+
+
+def strategic_merge_patch(target: Any, patch: Any) -> Any:
+    """Merge patch, but the lists in SMP_LIST_KEYS merge by key and SMP_SET_LISTS as sets (see module doc)."""
+    return merge_patch(target, patch, strategic=True)
 
 
 def _pointer(path: str) -> List[str]:

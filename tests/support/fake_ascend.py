@@ -6,12 +6,12 @@ only) and logs every snapshot call. gcc is required: without it the tests fail.
 """
 from __future__ import annotations
 
-import shutil
-import subprocess
 from pathlib import Path
 from typing import Dict, List
 
 import pytest
+
+from tests.support.fake_build import compile_library
 
 FAKE_SOURCE = Path(__file__).resolve().parent / "fake_libascendcl.c"
 FAKE_ENV = ("FAKE_ACL_FAIL", "FAKE_ACL_LOG", "WARMSTART_LIBASCENDCL")
@@ -19,14 +19,7 @@ FAKE_ENV = ("FAKE_ACL_FAIL", "FAKE_ACL_LOG", "WARMSTART_LIBASCENDCL")
 
 def compile_fake(out: Path, *defines: str) -> Path:
     """Build the fake into ``out`` (a fresh path per test: one library state per path loaded)."""
-    gcc = shutil.which("gcc") or shutil.which("cc")
-    if gcc is None:
-        pytest.fail("gcc is needed to build the fake libascendcl.so for these tests (apt-get install gcc)")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    cmd = [gcc, "-Wall", "-Werror", "-shared", "-fPIC", *[f"-D{d}" for d in defines], "-o", str(out), str(FAKE_SOURCE)]
-    done = subprocess.run(cmd, capture_output=True, text=True, check=False)
-    assert done.returncode == 0, done.stderr
-    return out
+    return compile_library(FAKE_SOURCE, out, *defines)
 
 
 def calls(log: Path) -> List[Dict[str, str]]:

@@ -6,31 +6,24 @@ C side of the ABI receives. gcc is required: without it the tests fail.
 """
 from __future__ import annotations
 
-import shutil
-import subprocess
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 import pytest
 
-from ansible_collections.warmstart.snapshot.plugins.module_utils.accel import _cuda
+from ansible_collections.warmstart.snapshot.plugins.module_utils.accel import _cudaabi
+from tests.support.fake_build import compile_library
 
 FAKE_SOURCE = Path(__file__).resolve().parent / "fake_libcuda.c"
 
 
 def hexid(uuid: str) -> str:
-    return _cuda.uuid_bytes(uuid).hex()
+    return _cudaabi.uuid_bytes(uuid).hex()
 
 
 def compile_fake(out: Path, *defines: str) -> Path:
-    gcc = shutil.which("gcc") or shutil.which("cc")
-    if gcc is None:
-        pytest.fail("gcc is needed to build the fake libcuda.so.1 for these tests (apt-get install gcc)")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    cmd = [gcc, "-Wall", "-Werror", "-shared", "-fPIC", *[f"-D{d}" for d in defines], "-o", str(out), str(FAKE_SOURCE)]
-    done = subprocess.run(cmd, capture_output=True, text=True, check=False)
-    assert done.returncode == 0, done.stderr
-    return out
+    """Build the fake libcuda into ``out`` (``-D`` ``defines``: FAKE_WITHOUT_CHECKPOINT_API, ...)."""
+    return compile_library(FAKE_SOURCE, out, *defines)
 
 
 class Fake:
@@ -85,3 +78,13 @@ def install(root: Path, lib: Path, monkeypatch: pytest.MonkeyPatch, *unset: str)
     for name in FAKE_ENV + unset:
         monkeypatch.delenv(name, raising=False)
     return world
+
+
+def task_environment(root: Path, adopt: Path) -> Tuple[Dict[str, Any], Path, Path]:
+    """For tests that run the modules through playbooks: the fake built under ``root`` (fakecuda/libcuda.so.1)
+    with a fresh world there (empty state file, call log), and the task ``environment`` that points the modules
+    at it, every process running the script ``adopt`` adopted as a RUNNING CUDA process: (env, state, log)."""
+    world = Fake(root, compile_fake(root / "fakecuda" / "libcuda.so.1"))
+    env: Dict[str, Any] = {"WARMSTART_LIBCUDA": str(world.lib), "FAKE_CUDA_STATE": str(world.state_file),
+                           "FAKE_CUDA_LOG": str(world.log_file), "FAKE_CUDA_ADOPT": f"{adopt}=running"}
+    return env, world.state_file, world.log_file

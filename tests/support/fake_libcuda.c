@@ -3,7 +3,7 @@
  * GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
  * SPDX-License-Identifier: GPL-3.0-or-later
  *
- * A fake libcuda.so.1 for the unit tests of plugins/module_utils/accel/_cuda.py.
+ * A fake libcuda.so.1 for the unit tests of plugins/module_utils/accel/_cudabackends.py (DriverBackend).
  *
  * It exports the six CUDA checkpoint entry points with the driver's ABI (the
  * 64-byte argument structs of CUDA 13.0, checked below), plus cuInit,
@@ -426,7 +426,11 @@ CUresult cuCheckpointProcessUnlock(int pid, CUcheckpointUnlockArgs *args)
 	return transition("unlock", pid, LOCKED, RUNNING, args, sizeof(*args), "", NULL, 0);
 }
 
-CUresult cuCheckpointProcessGetState(int pid, CUprocessState *state)
+/*
+ * The checks both read-only queries make first, under the state lock: CUDA initialised, no failure injected
+ * for ``call``, a known ``pid`` and an ``out`` pointer. On SUCCESS *found is a copy of the pid's record.
+ */
+static CUresult query(const char *call, int pid, const void *out, struct proc *found)
 {
 	struct proc procs[MAX_PROCS], *p;
 	CUresult result;
@@ -437,39 +441,36 @@ CUresult cuCheckpointProcessGetState(int pid, CUprocessState *state)
 	p = find(procs, &n, pid);
 	if (need_init())
 		result = NOT_INITIALIZED;
-	else if ((code = injected("get_state", pid)) != 0)
+	else if ((code = injected(call, pid)) != 0)
 		result = code;
-	else if (!p || !state)
+	else if (!p || !out)
 		result = INVALID_VALUE;
 	else {
-		*state = p->state;
+		*found = *p;
 		result = SUCCESS;
 	}
 	unlock_state(fd);
+	return result;
+}
+
+CUresult cuCheckpointProcessGetState(int pid, CUprocessState *state)
+{
+	struct proc p;
+	CUresult result = query("get_state", pid, state, &p);
+
+	if (result == SUCCESS)
+		*state = p.state;
 	log_line("call=get_state pid=%d state=%d result=%d", pid, result == SUCCESS ? *state : -1, result);
 	return result;
 }
 
 CUresult cuCheckpointProcessGetRestoreThreadId(int pid, int *tid)
 {
-	struct proc procs[MAX_PROCS], *p;
-	CUresult result;
-	int fd, n, code;
+	struct proc p;
+	CUresult result = query("get_restore_tid", pid, tid, &p);
 
-	fd = lock_state();
-	n = load(procs);
-	p = find(procs, &n, pid);
-	if (need_init())
-		result = NOT_INITIALIZED;
-	else if ((code = injected("get_restore_tid", pid)) != 0)
-		result = code;
-	else if (!p || !tid)
-		result = INVALID_VALUE;
-	else {
+	if (result == SUCCESS)
 		*tid = pid + 1;
-		result = SUCCESS;
-	}
-	unlock_state(fd);
 	log_line("call=get_restore_tid pid=%d result=%d", pid, result);
 	return result;
 }

@@ -7,6 +7,7 @@ from typing import Any, Dict, Iterator, List, Tuple
 
 import pytest
 
+from ansible_collections.warmstart.snapshot.plugins.module_utils.store import _checksums as ck
 from ansible_collections.warmstart.snapshot.plugins.module_utils.store import _manifest as mf
 from ansible_collections.warmstart.snapshot.plugins.module_utils.store import _store as st
 
@@ -24,7 +25,7 @@ def make_snapshot(store: st.FsStore, name: str = "embed", labels: Dict[str, str]
         handle.write(b"core")
     os.chmod(os.path.join(images, "core-1.img"), 0o644)
     doc = mf.new_manifest(snapshot_id, name, labels or {}, {"hostname": "node-a"})
-    doc["files"] = st.record_files(staging.path)
+    doc["files"] = ck.record_files(staging.path)
     doc["size"] = sum(f["size"] for f in doc["files"])
     doc["targets"] = [{"name": name, "kind": "process", "path": f"containers/{name}"}]
     staging.publish(doc)
@@ -52,7 +53,7 @@ def publish_images(store: Any, images: Dict[str, bytes], name: str = "w") -> Dic
         with open(os.path.join(top, fname), "wb") as handle:
             handle.write(data)
     doc = mf.new_manifest(sid, name, {}, {"hostname": "node-a"})
-    doc["files"] = [{k: e[k] for k in ("path", "size", "sha256")} for e in st.record_files(staging.path)]
+    doc["files"] = [{k: e[k] for k in ("path", "size", "sha256")} for e in ck.record_files(staging.path)]
     doc["targets"] = [{"name": name, "kind": "process", "path": f"containers/{name}"}]
     staging.publish(doc)
     return store.load(sid)  # type: ignore[no-any-return]

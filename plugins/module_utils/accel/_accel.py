@@ -31,6 +31,8 @@ from typing import Dict, List, Optional, Protocol, Sequence, Tuple
 
 from ansible_collections.warmstart.snapshot.plugins.module_utils.accel import _ascend as asc
 from ansible_collections.warmstart.snapshot.plugins.module_utils.accel import _cuda as cu
+from ansible_collections.warmstart.snapshot.plugins.module_utils.accel import _cudaabi as cuabi
+from ansible_collections.warmstart.snapshot.plugins.module_utils.accel import _cudabackends as cubk
 from ansible_collections.warmstart.snapshot.plugins.module_utils.accel._gpunode import GpuNode
 from ansible_collections.warmstart.snapshot.plugins.module_utils.core._errors import WarmstartError
 
@@ -86,12 +88,23 @@ def resolve(accelerator: Optional[str], cuda: Optional[str]) -> Tuple[str, str]:
     return chosen, mode
 
 
+def choose(accelerator: Optional[str], cuda: Optional[str]) -> Tuple[str, str, Optional[GpuNode]]:
+    """``(accelerator, cuda mode, node)`` from the two options (``resolve``); node None = this node's CUDA.
+
+    V(ascend) runs the engine's accelerator path with the NPU agents' backend (``ascend_gpu_node``).
+    """
+    chosen, mode = resolve(accelerator, cuda)
+    if chosen == "ascend":
+        return chosen, "required", ascend_gpu_node()
+    return chosen, mode, None
+
+
 class CudaAccelerator:
     """NVIDIA GPUs through ``_cuda`` (driver API or cuda-checkpoint)."""
 
     name = "cuda"
 
-    def __init__(self, backend: cu.Backend) -> None:
+    def __init__(self, backend: cubk.Backend) -> None:
         self.backend = backend
 
     def describe(self) -> str:
@@ -222,11 +235,11 @@ class AscendAccelerator:
         return undone, problems
 
 
-_AS_CUDA = {asc.RUNNING: cu.RUNNING, asc.LOCKED: cu.LOCKED, asc.BACKED_UP: cu.CHECKPOINTED}
+_AS_CUDA = {asc.RUNNING: cuabi.RUNNING, asc.LOCKED: cuabi.LOCKED, asc.BACKED_UP: cuabi.CHECKPOINTED}
 
 
-class AscendBackend(cu.Backend):
-    """The NPU agents behind ``_cuda``'s per-process backend (LOCKED / BACKED_UP read as LOCKED / CHECKPOINTED).
+class AscendBackend(cubk.Backend):
+    """The NPU agents behind a ``_cudabackends.Backend`` (LOCKED / BACKED_UP read as LOCKED / CHECKPOINTED).
 
     So the engine's accelerator path - lock and checkpoint before the dump, rollback and guardian on
     failure, restore and unlock of the restored pids before restore-complete - drives NPU processes
@@ -245,18 +258,18 @@ class AscendBackend(cu.Backend):
         try:
             state = self.accel.ask(pid, action, timeout)
         except asc.AscendError as exc:
-            raise cu.CudaError(pid, action, "ascend", f"ascend: {exc}") from None
-        return _AS_CUDA.get(state, cu.FAILED)
+            raise cuabi.CudaError(pid, action, "ascend", f"ascend: {exc}") from None
+        return _AS_CUDA.get(state, cuabi.FAILED)
 
     def state(self, pid: int) -> int:
         if not self.accel.has_agent(pid):
-            raise cu.CudaError(pid, "state", cu.INVALID_VALUE, f"pid {pid}: no NPU snapshot agent")
+            raise cuabi.CudaError(pid, "state", cuabi.INVALID_VALUE, f"pid {pid}: no NPU snapshot agent")
         return self._ask(pid, "state")
 
     def restore_thread_id(self, pid: int) -> int:
         refused = self.accel.refusals([pid]) if _maps_library(pid, self.accel.proc_root) else []
         if refused:
-            raise cu.CudaError(pid, "find", "no agent", refused[0])
+            raise cuabi.CudaError(pid, "find", "no agent", refused[0])
         self.state(pid)  # INVALID_VALUE without an agent: not an NPU process
         return pid
 
@@ -266,11 +279,11 @@ class AscendBackend(cu.Backend):
     def _checkpoint(self, pid: int) -> None:
         self._ask(pid, "backup")
 
-    def _restore(self, pid: int, gpu_pairs: cu.GpuPairs) -> None:
+    def _restore(self, pid: int, gpu_pairs: cuabi.GpuPairs) -> None:
         moved = [f"{old} -> {new}" for old, new in gpu_pairs if old != new]
         if moved:
-            raise cu.CudaError(pid, "restore", "remap", f"ascend: pid {pid}: CANN restores onto the same device ids "
-                               f"only; asked to move {', '.join(moved)}")
+            raise cuabi.CudaError(pid, "restore", "remap", f"ascend: pid {pid}: CANN restores onto the same device ids "
+                                  f"only; asked to move {', '.join(moved)}")
         self._ask(pid, "restore")
 
     def _unlock(self, pid: int) -> None:

@@ -43,12 +43,13 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
+from ansible_collections.warmstart.snapshot.plugins.module_utils.core import _paths
 from ansible_collections.warmstart.snapshot.plugins.module_utils.core import _safefs as safefs
 from ansible_collections.warmstart.snapshot.plugins.module_utils.core._errors import WarmstartError
 
 LIBASCENDCL = "libascendcl.so"
 LIBASCENDCL_ENV = "WARMSTART_LIBASCENDCL"
-AGENT_ROOT = "/run/warmstart/ascend"
+AGENT_ROOT = _paths.ASCEND_AGENT_DIR
 AGENT_ROOT_ENV = "WARMSTART_ASCEND_AGENT_DIR"
 AGENT_ACTIONS = ("state", "lock", "backup", "restore", "unlock", "force_unlock")
 DRIVER_VERSION_FILE = "usr/local/Ascend/driver/version.info"

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
-from ansible_collections.warmstart.snapshot.plugins.module_utils.accel import _cuda as cu
+from ansible_collections.warmstart.snapshot.plugins.module_utils.accel import _cudabackends as cubk
 from ansible_collections.warmstart.snapshot.plugins.module_utils.accel import _gpu
 
 
@@ -20,12 +20,12 @@ class GpuNode:
     never ask). ``accelerator`` names the kind (cuda, ascend) in every refusal; ``absent`` says why this node may
     have no such device at all (None when it has one or cannot tell)."""
 
-    def __init__(self, availability: Optional[Callable[[], Tuple[Optional[cu.Backend], str]]] = None,
+    def __init__(self, availability: Optional[Callable[[], Tuple[Optional[cubk.Backend], str]]] = None,
                  inventory: Optional[Callable[[], Tuple[List[Dict[str, Any]], Optional[str]]]] = None,
                  accelerator: str = "cuda", absent: Optional[Callable[[], Optional[str]]] = None) -> None:
-        self._availability = availability or cu.availability
+        self._availability = availability or cubk.availability
         self._inventory = inventory or _gpu.node_gpus
-        self._backend: Optional[Tuple[Optional[cu.Backend], str]] = None
+        self._backend: Optional[Tuple[Optional[cubk.Backend], str]] = None
         self._gpus: Optional[Tuple[List[Dict[str, Any]], Optional[str]]] = None
         self.accelerator = accelerator
         self.absent = absent or (lambda: None)
@@ -42,7 +42,7 @@ class GpuNode:
     def device_word(self) -> str:
         return ACCELERATOR_WORDS.get(self.accelerator, ("", self.accelerator))[1]
 
-    def backend(self) -> Tuple[Optional[cu.Backend], str]:
+    def backend(self) -> Tuple[Optional[cubk.Backend], str]:
         if self._backend is None:
             self._backend = self._availability()
         return self._backend

@@ -28,6 +28,8 @@ import time
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from ansible_collections.warmstart.snapshot.plugins.module_utils.accel import _cuda as cu
+from ansible_collections.warmstart.snapshot.plugins.module_utils.accel import _cudaabi as cuabi
+from ansible_collections.warmstart.snapshot.plugins.module_utils.accel import _cudabackends as cubk
 from ansible_collections.warmstart.snapshot.plugins.module_utils.core import _proc as proc
 from ansible_collections.warmstart.snapshot.plugins.module_utils.core._errors import WarmstartError
 
@@ -110,7 +112,7 @@ def placeholder_pairs(pid: int, name: str, gpu: Dict[str, Any],
     problems = [f"gpu: placeholder {name}: {p}" for p in problems]
     try:
         pairs = cu.device_map(source, given)
-    except cu.GpuMismatch as exc:
+    except cuabi.GpuMismatch as exc:
         listed = "[" + ", ".join(f"{g.get('uuid')} {g.get('name')}" for g in given) + "]"
         problems.append(f"gpu: placeholder {name} was given {len(given)} GPU(s) {listed} ({how}), the snapshot "
                         f"used {len(source)}: {exc}")
@@ -133,7 +135,7 @@ def restored_cuda_pids(root: int, recorded: Sequence[Dict[str, Any]]) -> List[in
     return [by_ns[int(p["ns_pid"])] for p in recorded]
 
 
-def resume(root: int, gpu: Dict[str, Any], backend: Optional[cu.Backend], why: str,
+def resume(root: int, gpu: Dict[str, Any], backend: Optional[cubk.Backend], why: str,
            pairs: Optional[List[Tuple[str, str]]], timings: Dict[str, float]) -> Dict[str, Any]:
     """After CRIU restored a container's tree: every CUDA process restored (onto ``pairs``), then all unlocked."""
     if backend is None:

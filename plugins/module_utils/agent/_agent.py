@@ -37,16 +37,17 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Mapping, Optional, Protocol, Tuple
 
+from ansible_collections.warmstart.snapshot.plugins.module_utils.k8s import _k8s_restorepods as rpods
+from ansible_collections.warmstart.snapshot.plugins.module_utils.k8s import _podapi as podapi
 from ansible_collections.warmstart.snapshot.plugins.module_utils.k8s import _podcontract as pc
 from ansible_collections.warmstart.snapshot.plugins.module_utils.k8s._k8s_client import Cluster, K8sError, now
-from ansible_collections.warmstart.snapshot.plugins.module_utils.k8s import _k8s_records as rec
 
 JSON = Dict[str, Any]
 
-ANN_ATTEMPT = pc.GROUP + "/restore-attempt"
-ANN_FALLBACK = pc.ANN_RESTORE_FALLBACK
-FALLBACK_COLD_START = pc.FALLBACK_COLD_START
-FALLBACKS = pc.FALLBACKS
+ANN_ATTEMPT = podapi.GROUP + "/restore-attempt"
+ANN_FALLBACK = podapi.ANN_RESTORE_FALLBACK
+FALLBACK_COLD_START = podapi.FALLBACK_COLD_START
+FALLBACKS = podapi.FALLBACKS
 WAITING = "waiting: "
 CLAIM_TRIES = 3
 
@@ -56,7 +57,7 @@ COMPLETE, FAILED, RUNNING, UNFINISHED = "complete", "failed", "running", "unfini
 
 @dataclass
 class Work:
-    """What the node restores for one pod: the plan of ``_k8s_records.restore_plan`` plus where it is."""
+    """What the node restores for one pod: the plan of ``_k8s_restorepods.restore_plan`` plus where it is."""
 
     namespace: str
     name: str
@@ -84,7 +85,7 @@ class Work:
 
 @dataclass
 class NodeResult:
-    """A node's restore of one pod: the outcome name of ``_k8s_records.OUTCOMES`` and what to say about it."""
+    """A node's restore of one pod: the outcome name of ``_k8s_restorepods.OUTCOMES`` and what to say about it."""
 
     outcome: str
     message: str
@@ -126,7 +127,7 @@ def decide(pod: JSON, agent: str, node_name: Optional[str]) -> Tuple[str, str]:
     ``restore`` (the snapshot is looked at next). Pure."""
     meta = pod.get("metadata") or {}
     node = (pod.get("spec") or {}).get("nodeName")
-    if meta.get("deletionTimestamp") and pc.FINALIZER not in (meta.get("finalizers") or []):
+    if meta.get("deletionTimestamp") and podapi.FINALIZER not in (meta.get("finalizers") or []):
         return "skip", "the pod is being deleted"
     if node_name and node != node_name:
         return "skip", f"the pod runs on node {node or '(none yet)'}, not on this agent's node {node_name}"
@@ -154,14 +155,14 @@ def wait_reasons(cluster: Cluster, pod: JSON) -> Tuple[List[str], Optional[JSON]
     the rest)."""
     meta = pod.get("metadata") or {}
     namespace = str(meta.get("namespace") or "")
-    source = pc.restore_annotations(pod)[0].get(pc.ANN_RESTORE_FROM)
-    snap = cluster.find(pc.KIND_SNAPSHOT, str(source), namespace)
+    source = pc.restore_annotations(pod)[0].get(podapi.ANN_RESTORE_FROM)
+    snap = cluster.find(podapi.KIND_SNAPSHOT, str(source), namespace)
     if snap is None:
         return [f"PodSnapshot {namespace}/{source} does not exist yet"], None
-    failed = pc.get_condition(snap, pc.FAILED_CONDITION)
+    failed = podapi.get_condition(snap, podapi.FAILED_CONDITION)
     if failed and failed.get("status") == "True":
         return [], snap
-    ready = pc.get_condition(snap, pc.READY_CONDITION)
+    ready = podapi.get_condition(snap, podapi.READY_CONDITION)
     if not ready or ready.get("status") != "True":
         why = f"{ready.get('reason')}: {ready.get('message')}" if ready else "no Ready condition"
         return [f"PodSnapshot {namespace}/{source} is not Ready yet ({why})"], snap
@@ -191,8 +192,8 @@ def claim(cluster: Cluster, pod: JSON, agent: str) -> Optional[JSON]:
     None when it changed since it was read (another agent, or the kubelet: read it again and decide again)."""
     meta = pod.get("metadata") or {}
     finalizers = list(meta.get("finalizers") or [])
-    if pc.FINALIZER not in finalizers:
-        finalizers.append(pc.FINALIZER)
+    if podapi.FINALIZER not in finalizers:
+        finalizers.append(podapi.FINALIZER)
     patch = {"metadata": {"resourceVersion": meta.get("resourceVersion"), "finalizers": finalizers,
                           "annotations": {ANN_ATTEMPT: f"{agent} {now()}"}}}
     try:
@@ -207,20 +208,20 @@ def mark_waiting(cluster: Cluster, pod: JSON, reasons: List[str]) -> bool:
     """Say in the Restored condition why ``pod`` waits (RestoreInProgress, as the reference's Pending); changed?"""
     meta = pod.get("metadata") or {}
     changed, _pod = cluster.set_pod_condition(str(meta.get("namespace")), str(meta.get("name")),
-                                              pc.RESTORE_CONDITION, "False", pc.REASON_IN_PROGRESS,
+                                              podapi.RESTORE_CONDITION, "False", podapi.REASON_IN_PROGRESS,
                                               WAITING + "; ".join(reasons))
     return changed
 
 
 def _in_progress(cluster: Cluster, work: Work, node: str) -> None:
-    cluster.set_pod_condition(work.namespace, work.name, pc.RESTORE_CONDITION, "False", pc.REASON_IN_PROGRESS,
+    cluster.set_pod_condition(work.namespace, work.name, podapi.RESTORE_CONDITION, "False", podapi.REASON_IN_PROGRESS,
                               f"restoring from PodSnapshot {work.snapshot} on node {node or '?'}")
 
 
 def settle(cluster: Cluster, work: Work, outcome: str, message: str) -> JSON:
     """Record ``outcome`` (Restored condition, finalizer released: ``finish_restore``); the result fields."""
     try:
-        done = rec.finish_restore(cluster, work.namespace, work.name, outcome, message[:32000])
+        done = rpods.finish_restore(cluster, work.namespace, work.name, outcome, message[:32000])
     except K8sError as exc:
         return {"recorded": False, "record_error": str(exc)}
     return {"recorded": True, "pod_outcome": done.get("outcome")}
@@ -276,7 +277,7 @@ def _try_restore(cluster: Cluster, s: Settings, pod: JSON, node: Node, check_mod
     """Wait, refuse or restore ``pod``; None when the claim lost to a concurrent change (decide again)."""
     ref = f"{s.namespace}/{s.name}"
     try:  # a pod that selects its snapshot at restore gets the newest fitting one pinned first
-        pod, pinned, unfit = rec.pin_selected(cluster, pod, check_mode)
+        pod, pinned, unfit = rpods.pin_selected(cluster, pod, check_mode)
     except K8sError as exc:
         if exc.conflict:
             return None
@@ -287,7 +288,7 @@ def _try_restore(cluster: Cluster, s: Settings, pod: JSON, node: Node, check_mod
         return {"changed": changed, "action": "waiting", "pod": ref, "reasons": waiting, "outcome": "Pending"}
     fallback = fallback_of(pod, s.fallback)
     try:
-        plan: Optional[JSON] = rec.restore_plan(cluster, pod)
+        plan: Optional[JSON] = rpods.restore_plan(cluster, pod)
         refusal: List[str] = []
     except K8sError as exc:
         plan, refusal = None, exc.reasons or [exc.message]
@@ -335,7 +336,7 @@ def _restore(cluster: Cluster, s: Settings, work: Work, node: Node) -> JSON:
 def _recover(cluster: Cluster, s: Settings, pod: JSON, node: Node, check_mode: bool) -> JSON:
     """This agent's claimed, unrecorded attempt: record what the node shows; never restore it again."""
     try:
-        plan: Optional[JSON] = rec.restore_plan(cluster, pod)
+        plan: Optional[JSON] = rpods.restore_plan(cluster, pod)
     except K8sError:
         plan = None
     work = Work.of(pod, plan, fallback_of(pod, s.fallback))

@@ -29,7 +29,8 @@ from typing import Any, Dict, List, Mapping, Optional, Protocol, Tuple
 
 from ansible_collections.warmstart.snapshot.plugins.module_utils.k8s import _k8s_records as rec
 from ansible_collections.warmstart.snapshot.plugins.module_utils.k8s import _k8s_requests as req
-from ansible_collections.warmstart.snapshot.plugins.module_utils.k8s import _podcontract as pc
+from ansible_collections.warmstart.snapshot.plugins.module_utils.k8s import _k8s_summaries as summ
+from ansible_collections.warmstart.snapshot.plugins.module_utils.k8s import _podapi as podapi
 from ansible_collections.warmstart.snapshot.plugins.module_utils.core._errors import WarmstartError
 from ansible_collections.warmstart.snapshot.plugins.module_utils.k8s import _k8s_storage as stg
 from ansible_collections.warmstart.snapshot.plugins.module_utils.k8s._k8s_client import Cluster, K8sError
@@ -95,15 +96,15 @@ def ask_for(cluster: Cluster, namespace: str, pod: JSON, policy: JSON, check_mod
     meta = pod.get("metadata") or {}
     pname = str((policy.get("metadata") or {}).get("name") or "")
     name = request_name(str(meta.get("name")), pname, str(meta.get("uid") or ""))
-    if cluster.find(pc.KIND_SNAPSHOT, name, namespace) is not None:
+    if cluster.find(podapi.KIND_SNAPSHOT, name, namespace) is not None:
         return name, False
-    body = {"apiVersion": pc.API_VERSION, "kind": pc.KIND_SNAPSHOT,
+    body = {"apiVersion": podapi.API_VERSION, "kind": podapi.KIND_SNAPSHOT,
             "metadata": {"name": name, "namespace": namespace, "labels": dict(meta.get("labels") or {})},
             "spec": {"source": {"podRef": {"name": meta.get("name"), "uid": meta.get("uid")}}, "policyName": pname,
-                     "scope": (policy.get("spec") or {}).get("snapshotScope") or pc.SCOPE_WHOLE_POD}}
+                     "scope": (policy.get("spec") or {}).get("snapshotScope") or podapi.SCOPE_WHOLE_POD}}
     if not check_mode:
         try:
-            cluster.create(pc.KIND_SNAPSHOT, body, namespace)
+            cluster.create(podapi.KIND_SNAPSHOT, body, namespace)
         except K8sError as exc:
             if exc.status != 409:  # another agent asked first: the same request
                 raise
@@ -118,8 +119,8 @@ def settled(snapshot: JSON) -> Optional[str]:
     status = snapshot.get("status") or {}
     if status.get("boundSnapshotContentName"):
         return f"it is bound to {status['boundSnapshotContentName']}"
-    for ctype in (pc.READY_CONDITION, pc.FAILED_CONDITION):
-        cond = pc.get_condition(snapshot, ctype)
+    for ctype in (podapi.READY_CONDITION, podapi.FAILED_CONDITION):
+        cond = podapi.get_condition(snapshot, ctype)
         if cond and cond.get("status") == "True":
             return f"it is {ctype} ({cond.get('reason')})"
     return None
@@ -162,7 +163,7 @@ def _record(cluster: Cluster, s: CaptureSettings, snapshot: JSON, pod: JSON, **s
 def capture(cluster: Cluster, s: CaptureSettings, node: Capturer, check_mode: bool = False) -> JSON:
     """Handle one PodSnapshot request once (see the module docstring)."""
     ref = f"{s.namespace}/{s.name}"
-    snapshot = cluster.find(pc.KIND_SNAPSHOT, s.name, s.namespace)
+    snapshot = cluster.find(podapi.KIND_SNAPSHOT, s.name, s.namespace)
     if snapshot is None:
         return {"changed": False, "action": "skipped", "snapshot": ref, "reason": "the PodSnapshot no longer exists"}
     why = settled(snapshot)
@@ -191,8 +192,8 @@ def capture(cluster: Cluster, s: CaptureSettings, node: Capturer, check_mode: bo
 def _policy(cluster: Cluster, s: CaptureSettings, snapshot: JSON) -> JSON:
     """The request's policy settings (``policy_settings``), or {} without a policy."""
     pname = (snapshot.get("spec") or {}).get("policyName")
-    policy = cluster.find(pc.KIND_POLICY, str(pname), s.namespace) if pname else None
-    return rec.policy_settings(policy) if policy else {}
+    policy = cluster.find(podapi.KIND_POLICY, str(pname), s.namespace) if pname else None
+    return summ.policy_settings(policy) if policy else {}
 
 
 def _store(cluster: Cluster, s: CaptureSettings, policy: JSON) -> Tuple[str, JSON]:

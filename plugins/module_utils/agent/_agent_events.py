@@ -47,6 +47,7 @@ import copy
 import threading
 from typing import Any, Callable, Dict, Iterable, List, Optional, Set, Tuple
 
+from ansible_collections.warmstart.snapshot.plugins.module_utils.k8s import _podapi as podapi
 from ansible_collections.warmstart.snapshot.plugins.module_utils.k8s import _podcontract as pc
 from ansible_collections.warmstart.snapshot.plugins.module_utils.core._errors import WarmstartError
 
@@ -63,11 +64,11 @@ REASON_ADDED, REASON_MODIFIED, REASON_RESYNC = "added", "modified", "resync"
 REASON_SNAPSHOT_READY, REASON_RELIST, REASON_DELETED = "snapshot-ready", "relist", "deleted"
 
 KIND_POD = "Pod"
-KIND_SNAPSHOT = pc.KIND_SNAPSHOT
-KIND_TRIGGER = pc.KIND_TRIGGER
-KIND_POLICY = pc.KIND_POLICY
-ANN_RESTORE_SELECT = pc.ANN_RESTORE_SELECT  # a restore pod whose snapshot the agent selects when it runs
-TRIGGERED_CONDITION = pc.TRIGGERED_CONDITION
+KIND_SNAPSHOT = podapi.KIND_SNAPSHOT
+KIND_TRIGGER = podapi.KIND_TRIGGER
+KIND_POLICY = podapi.KIND_POLICY
+ANN_RESTORE_SELECT = podapi.ANN_RESTORE_SELECT  # a restore pod whose snapshot the agent selects when it runs
+TRIGGERED_CONDITION = podapi.TRIGGERED_CONDITION
 
 
 class EventsError(WarmstartError, ValueError):
@@ -101,14 +102,14 @@ def deleting(obj: JSON) -> bool:
 
 
 def _condition_true(obj: JSON, type_: str) -> bool:
-    return (pc.get_condition(obj, type_) or {}).get("status") == "True"
+    return (podapi.get_condition(obj, type_) or {}).get("status") == "True"
 
 
 def is_restore_pod(pod: JSON) -> bool:
     """Whether the pod asks for a restore: a restore-from (ours or nvidia.com's) or restore-select: "true"."""
     annotations, _conflicts = pc.restore_annotations(pod)
     select = str(annotations.get(ANN_RESTORE_SELECT, "")).strip().lower() == "true"
-    return bool(annotations.get(pc.ANN_RESTORE_FROM)) or select
+    return bool(annotations.get(podapi.ANN_RESTORE_FROM)) or select
 
 
 def containers_running(pod: JSON) -> bool:
@@ -127,7 +128,7 @@ def on_node(pod: JSON, node_name: Optional[str]) -> bool:
 def restore_ready(pod: JSON, node_name: Optional[str]) -> bool:
     """A restore pod of this node whose placeholder runs and whose restore has no outcome yet."""
     return (is_restore_pod(pod) and on_node(pod, node_name) and _part(pod, "status").get("phase") == "Running"
-            and containers_running(pod) and not deleting(pod) and pc.classify(pod) == pc.OUTCOME_PENDING)
+            and containers_running(pod) and not deleting(pod) and pc.classify(pod) == podapi.OUTCOME_PENDING)
 
 
 def running_and_ready(pod: JSON) -> bool:
@@ -136,12 +137,12 @@ def running_and_ready(pod: JSON) -> bool:
 
 def capture_pending(snapshot: JSON) -> bool:
     """A PodSnapshot that asks for a capture: not bound, neither Ready nor Failed, not being deleted."""
-    done = _condition_true(snapshot, pc.READY_CONDITION) or _condition_true(snapshot, pc.FAILED_CONDITION)
+    done = _condition_true(snapshot, podapi.READY_CONDITION) or _condition_true(snapshot, podapi.FAILED_CONDITION)
     return not _part(snapshot, "status").get("boundSnapshotContentName") and not deleting(snapshot) and not done
 
 
 def trigger_pending(trigger: JSON) -> bool:
-    return pc.get_condition(trigger, TRIGGERED_CONDITION) is None and not deleting(trigger)
+    return podapi.get_condition(trigger, TRIGGERED_CONDITION) is None and not deleting(trigger)
 
 
 def _expression_matches(expr: Any, labels: Dict[str, Any]) -> bool:
@@ -246,7 +247,7 @@ class AgentEvents:
         """From now on changes make events; the events of everything that holds now (reason ``added``)."""
         with self._lock:
             self.started = True
-            self.ready = {k for k, s in self.objects[KIND_SNAPSHOT].items() if pc.is_ready(s)}
+            self.ready = {k for k, s in self.objects[KIND_SNAPSHOT].items() if podapi.is_ready(s)}
             return self._everything(self.types & set(LEVEL_TYPES), REASON_ADDED)
 
     def resync(self) -> List[JSON]:
@@ -291,7 +292,7 @@ class AgentEvents:
     def _snapshot_changed(self, key: Key, reason: str) -> List[JSON]:
         out = self._pending_changed(CAPTURE_REQUEST, key, reason)
         snapshot = self.objects[KIND_SNAPSHOT].get(key)
-        now_ready = snapshot is not None and pc.is_ready(snapshot)
+        now_ready = snapshot is not None and podapi.is_ready(snapshot)
         if now_ready and key not in self.ready and RESTORE_POD in self.types:
             out += [make_event(RESTORE_POD, self.pods[k], node_of(self.pods[k]), REASON_SNAPSHOT_READY)
                     for k in sorted(self.holding[RESTORE_POD]) if k[0] == key[0] and k in self.pods]

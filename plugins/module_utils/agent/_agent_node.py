@@ -22,18 +22,17 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from ansible_collections.warmstart.snapshot.plugins.module_utils.agent import _agent as agent
 from ansible_collections.warmstart.snapshot.plugins.module_utils.agent import _agent_capture as capture
+from ansible_collections.warmstart.snapshot.plugins.module_utils.snapshot import _checkpoint as ckpt
 from ansible_collections.warmstart.snapshot.plugins.module_utils.snapshot import _container as ctr
 from ansible_collections.warmstart.snapshot.plugins.module_utils.core import _control as ctl
 from ansible_collections.warmstart.snapshot.plugins.module_utils.core import _proc as proc
-from ansible_collections.warmstart.snapshot.plugins.module_utils.k8s import _k8s_requests as requests
-from ansible_collections.warmstart.snapshot.plugins.module_utils.node import _metrics as metrics
-from ansible_collections.warmstart.snapshot.plugins.module_utils.k8s import _podcontract as pc
+from ansible_collections.warmstart.snapshot.plugins.module_utils.snapshot import _placeholder as ph
+from ansible_collections.warmstart.snapshot.plugins.module_utils.k8s import _spechash as spechash
+from ansible_collections.warmstart.snapshot.plugins.module_utils.snapshot import _restoreinto as rinto
 from ansible_collections.warmstart.snapshot.plugins.module_utils.core import _restorer as rst
-from ansible_collections.warmstart.snapshot.plugins.module_utils.snapshot import _snapshot as snap
 from ansible_collections.warmstart.snapshot.plugins.module_utils.criu._criu_rpc import CriuOptions
 from ansible_collections.warmstart.snapshot.plugins.module_utils.runtime._containerinfo import ContainerInfo
 from ansible_collections.warmstart.snapshot.plugins.module_utils.core._errors import WarmstartError
-from ansible_collections.warmstart.snapshot.plugins.module_utils.k8s._k8s_client import cluster_from
 from ansible_collections.warmstart.snapshot.plugins.module_utils.runtime._runtime import Runtime, get_runtime, pod_container
 from ansible_collections.warmstart.snapshot.plugins.module_utils.store._stores import open_store
 
@@ -79,7 +78,7 @@ class LocalNode:
     @staticmethod
     def _control(info: ContainerInfo) -> Optional[str]:
         inside = ctl.process_control_dir(info.pid) if info.pid > 0 else None
-        return ctr.control_host_path(info, inside) if inside else None
+        return ph.control_host_path(info, inside) if inside else None
 
     # the Node protocol ----------------------------------------------------------------------------
 
@@ -90,9 +89,9 @@ class LocalNode:
         try:
             spec = ",".join(f"{p['source']}={self._container_id(work, p)}" for p in work.pairs)
             store = open_store(self.store or work.store.get("url"), self.store_options)
-            result = ctr.restore_into(store, spec, snapshot_id=work.snapshot_id, skip_compat=work.skip_compat_check,
-                                      kill_on_failure=not work.cold_start, runtime_name=self.runtime_name,
-                                      criu_path=self.criu_path, **kwargs)
+            result = rinto.restore_into(store, spec, snapshot_id=work.snapshot_id, skip_compat=work.skip_compat_check,
+                                        kill_on_failure=not work.cold_start, runtime_name=self.runtime_name,
+                                        criu_path=self.criu_path, **kwargs)
         except WarmstartError as exc:
             outcome = str(exc.details.get("outcome") or "failed")
             return self._failed(work, outcome, exc.full_message(), {"criu_log_tail": (exc.log_tail or "").splitlines()})
@@ -141,11 +140,11 @@ class LocalNode:
         meta = c.pod.get("metadata") or {}
         ids = {s.get("name"): s.get("containerID") for s in (c.pod.get("status") or {}).get("containerStatuses") or []}
         pod = {"namespace": c.namespace, "name": meta.get("name"), "uid": meta.get("uid"), "container": c.container,
-               "container_id": ids.get(c.container), "spec_hash": pc.pod_spec_hash(c.pod)}
+               "container_id": ids.get(c.container), "spec_hash": spechash.pod_spec_hash(c.pod)}
         cid = pod_container(self.runtime, pod)
         target = ctr.resolve(self.runtime_name, cid, name=c.container)
         record = dict(pod, container_id=cid)
-        result = snap.checkpoint(open_store(c.store, c.store_options), target, str(meta.get("name")),
+        result = ckpt.checkpoint(open_store(c.store, c.store_options), target, str(meta.get("name")),
                                  dict(meta.get("labels") or {}), CriuOptions(), leave_running=c.leave_running,
                                  wait_ready=c.wait_ready, ready_timeout=c.ready_timeout, criu_path=self.criu_path,
                                  pod=record)
@@ -189,71 +188,3 @@ def _kill(pid: int) -> str:
         return "already gone"
     proc.wait_gone(pid, 10)
     return "killed"
-
-
-def run_agent_restore(params: Dict[str, Any], check_mode: bool) -> Dict[str, Any]:
-    """The ``agent_restore`` module: one restore pod, handled once by this node (``_agent.restore_pod``)."""
-    if params.get("fallback") not in agent.FALLBACKS:
-        raise WarmstartError(f"fallback must be one of {', '.join(agent.FALLBACKS)}, not {params.get('fallback')!r}")
-    node = LocalNode(runtime=params.get("runtime") or "auto", store=params.get("store"),
-                     store_options=params.get("store_options"), criu_path=params.get("criu_path"),
-                     restore_root=params.get("restore_root"))
-    settings = agent.Settings.of(params)
-    settings.running_timeout = float(params.get("running_timeout") or settings.running_timeout)
-    result = agent.restore_pod(cluster_from(params), settings, node, check_mode)
-    if not check_mode and result["action"] in ("restored", "refused", "recovered"):
-        warning = record_metrics(metrics.resolve_dir(params.get("metrics_dir")), result)
-        if warning:
-            result.setdefault("warnings", []).append(warning)
-    return result
-
-
-def record_metrics(directory: Optional[str], result: Dict[str, Any]) -> Optional[str]:
-    """Count the pod's restore in the node's metrics (outcome, phases, bytes, snapshot age, ready latency)."""
-    restore = result.get("restore") or {}
-    phases: Dict[str, Any] = {}
-    for dest in restore.get("destinations") or []:
-        for phase, seconds in (dest.get("timings") or {}).items():
-            phases[phase] = phases.get(phase, 0.0) + float(seconds)
-    size = int(result.get("snapshot_bytes") or 0) if result.get("outcome") == "succeeded" else 0
-    namespace = str(result.get("pod", "/")).split("/", 1)[0]
-    return metrics.record_restore(directory, str(result.get("outcome") or "failed"), phases, size,
-                                  result.get("snapshot_age_seconds"), namespace, str(result.get("snapshot") or ""),
-                                  result.get("ready_seconds"))
-
-
-def run_agent_capture(params: Dict[str, Any], check_mode: bool) -> Dict[str, Any]:
-    """The ``agent_capture`` module: one PodSnapshot request (or a policy's ready source pod), captured here."""
-    cluster = cluster_from(params)
-    settings = capture.CaptureSettings.of(params)
-    asked = None
-    if params.get("policy") and params.get("pod"):
-        pod = cluster.find("Pod", params["pod"], settings.namespace)
-        policy = cluster.find(pc.KIND_POLICY, params["policy"], settings.namespace)
-        if pod is None or policy is None:
-            gone = f"Pod {settings.namespace}/{params['pod']}" if pod is None else f"policy {params['policy']}"
-            return {"changed": False, "action": "skipped", "reason": f"{gone} no longer exists"}
-        settings.name, created = capture.ask_for(cluster, settings.namespace, pod, policy, check_mode)
-        asked = {"snapshot": settings.name, "created": created}
-    elif params.get("trigger"):
-        reconciled = requests.reconcile_trigger(cluster, settings.namespace, params["trigger"], check_mode)
-        if reconciled["phase"] != "pending" or not reconciled.get("snapshot_name"):
-            return {"changed": bool(reconciled["changed"]), "action": "skipped", "trigger": params["trigger"],
-                    "reason": f"the trigger is {reconciled['phase']}", "actions": reconciled["actions"]}
-        settings.name = str(reconciled["snapshot_name"])
-        asked = {"snapshot": settings.name, "trigger": params["trigger"]}
-    elif not params.get("name"):
-        raise WarmstartError("agent_capture needs name (a PodSnapshot), pod and policy, or trigger")
-    node = LocalNode(runtime=params.get("runtime") or "auto", criu_path=params.get("criu_path"))
-    result = capture.capture(cluster, settings, node, check_mode)
-    if asked:
-        result["requested"] = asked
-    if params.get("trigger") and not check_mode:  # Triggered Complete / Failed once the request settled
-        result["trigger_phase"] = requests.reconcile_trigger(cluster, settings.namespace, params["trigger"])["phase"]
-    if not check_mode and result["action"] in ("captured", "failed", "will retry"):
-        outcome = "succeeded" if result["action"] == "captured" else "failed"
-        warning = metrics.record_capture(metrics.resolve_dir(params.get("metrics_dir")), outcome,
-                                         result.get("timings"), int(result.get("size") or 0))
-        if warning:
-            result.setdefault("warnings", []).append(warning)
-    return result

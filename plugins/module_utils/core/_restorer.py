@@ -30,10 +30,11 @@ import os
 import signal
 from typing import Any, Callable, Dict, Optional, Tuple
 
+from ansible_collections.warmstart.snapshot.plugins.module_utils.core import _paths
 from ansible_collections.warmstart.snapshot.plugins.module_utils.core import _safefs as safefs
 from ansible_collections.warmstart.snapshot.plugins.module_utils.core._errors import WarmstartError
 
-LOCK_DIR = "/run/warmstart/locks"
+LOCK_DIR = _paths.LOCK_DIR
 
 
 class Busy(WarmstartError):

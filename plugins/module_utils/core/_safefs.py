@@ -24,11 +24,12 @@ Pure stdlib.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import stat
 import threading
-from typing import Iterable, Optional, Tuple
+from typing import Iterable, Iterator, Optional, Tuple
 
 from ansible_collections.warmstart.snapshot.plugins.module_utils.core._errors import WarmstartError
 
@@ -82,6 +83,25 @@ def open_source(src: str, within: Iterable[str] = ()) -> int:
     return os.open(src, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
 
 
+@contextlib.contextmanager
+def _fresh_temp(dfd: int, tmp: str) -> Iterator[int]:
+    """A new file ``tmp`` in the directory ``dfd`` (a stale one of this process's name removed first), created
+    ``O_EXCL|O_NOFOLLOW`` with mode 0600; the caller closes it. Removed again when the block fails."""
+    try:
+        os.unlink(tmp, dir_fd=dfd)
+    except FileNotFoundError:
+        pass
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=dfd)
+    try:
+        yield fd
+    except BaseException:
+        try:
+            os.unlink(tmp, dir_fd=dfd)
+        except OSError:
+            pass
+        raise
+
+
 def copy_into(base: str, rel: str, src: str, mode: int, keep_old_suffix: Optional[str] = None,
               src_within: Iterable[str] = ()) -> str:
     """Copy ``src`` (a regular file; a symlink only when it resolves inside ``src_within``) to ``base/rel``,
@@ -92,34 +112,25 @@ def copy_into(base: str, rel: str, src: str, mode: int, keep_old_suffix: Optiona
     """
     parent, name = os.path.split(rel)
     dfd = open_dir(base, parent)
-    tmp = f".{name}.restore-tmp-{os.getpid()}"
     try:
         sfd = open_source(src, src_within)
         with os.fdopen(sfd, "rb") as source:
             if not stat.S_ISREG(os.fstat(source.fileno()).st_mode):
                 raise UnsafePath(22, f"{src}: not a regular file")
-            try:
-                os.unlink(tmp, dir_fd=dfd)
-            except FileNotFoundError:
-                pass
-            out = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=dfd)
-            with os.fdopen(out, "wb") as dest:
-                shutil.copyfileobj(source, dest, 4 << 20)
-                os.fchmod(dest.fileno(), mode & 0o777)
-        if keep_old_suffix:
-            try:
-                info = os.lstat(name, dir_fd=dfd)
-                if stat.S_ISREG(info.st_mode):
-                    os.rename(name, name + keep_old_suffix, src_dir_fd=dfd, dst_dir_fd=dfd)
-            except FileNotFoundError:
-                pass
-        os.rename(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd)  # replaces a symlink named ``name`` itself, never its target
-    except BaseException:
-        try:
-            os.unlink(tmp, dir_fd=dfd)
-        except OSError:
-            pass
-        raise
+            tmp = f".{name}.restore-tmp-{os.getpid()}"
+            with _fresh_temp(dfd, tmp) as out:
+                with os.fdopen(out, "wb") as dest:
+                    shutil.copyfileobj(source, dest, 4 << 20)
+                    os.fchmod(dest.fileno(), mode & 0o777)
+                if keep_old_suffix:
+                    try:
+                        info = os.lstat(name, dir_fd=dfd)
+                        if stat.S_ISREG(info.st_mode):
+                            os.rename(name, name + keep_old_suffix, src_dir_fd=dfd, dst_dir_fd=dfd)
+                    except FileNotFoundError:
+                        pass
+                # replaces a symlink named ``name`` itself, never its target
+                os.rename(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd)
     finally:
         os.close(dfd)
     return os.path.join(base, rel)
@@ -155,29 +166,19 @@ def write_file(path: str, data: bytes, mode: int = 0o600, owner: Optional[Tuple[
     dfd = open_dir(base, create=False) if not create_dirs else open_dir("/", base.lstrip("/"), create=True)
     tmp = f".{name}.tmp-{os.getpid()}-{threading.get_ident()}"
     try:
-        try:
-            os.unlink(tmp, dir_fd=dfd)
-        except FileNotFoundError:
-            pass
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=dfd)
-        try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view):]
-            os.fchmod(fd, mode & 0o777)
-            if owner is not None:
-                os.fchown(fd, owner[0], owner[1])
-            if sync:
-                os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.rename(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd)
-    except BaseException:
-        try:
-            os.unlink(tmp, dir_fd=dfd)
-        except OSError:
-            pass
-        raise
+        with _fresh_temp(dfd, tmp) as fd:
+            try:
+                view = memoryview(data)
+                while view:
+                    view = view[os.write(fd, view):]
+                os.fchmod(fd, mode & 0o777)
+                if owner is not None:
+                    os.fchown(fd, owner[0], owner[1])
+                if sync:
+                    os.fsync(fd)
+            finally:
+                os.close(fd)
+            os.rename(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd)
     finally:
         os.close(dfd)
     return path

@@ -18,25 +18,26 @@ daemon) when memory is not complete within ``timeout`` seconds. A tree that
 was killed never ran on missing memory. The outcome is written to
 ``<work_dir>/lazy-state.json`` (and ``restore-failed`` into the workload's
 control directory on failure).
+
+The pages of a restore whose memory comes from a page server are prepared by
+``_lazyimages``; the page server on the node holding the images is ``_lazyserver``.
 """
 from __future__ import annotations
 
 import contextlib
 import ctypes
-import glob
 import json
 import os
 import select
 import shutil
 import signal
-import socket
-import struct
 import subprocess
 import threading
 import time
 from dataclasses import dataclass
 from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
+from ansible_collections.warmstart.snapshot.plugins.module_utils.core import _paths
 from ansible_collections.warmstart.snapshot.plugins.module_utils.core import _safefs as safefs
 from ansible_collections.warmstart.snapshot.plugins.module_utils.core import _control as ctl
 from ansible_collections.warmstart.snapshot.plugins.module_utils.core import _proc as proc
@@ -50,15 +51,7 @@ LOG = "lazy-pages.log"
 DEFAULT_TIMEOUT = 600.0
 START_TIMEOUT = 15.0
 REQUIRED_FEATURES = ("uffd", "uffd-noncoop")
-# CRIU's page server (serving images) tees up to PIPE_MAX_SIZE pages per request:
-# 8 pages' worth of 40-byte pipe buffers = 819 pages. Without CAP_SYS_RESOURCE
-# fs.pipe-max-size must allow that.
-PIPE_BYTES_NEEDED = 819 * 4096
-PIPE_MAX_SIZE = "/proc/sys/fs/pipe-max-size"
-PAGE = 4096
-PE_LAZY = 1 << 1
-PE_PRESENT = 1 << 2
-ACTIVE_DIR = "/run/warmstart/lazy"
+ACTIVE_DIR = _paths.LAZY_DIR
 _SYS_PIDFD_OPEN = 434
 _SYS_PIDFD_GETFD = 438
 
@@ -70,7 +63,7 @@ class LazyError(WarmstartError):
         super().__init__(message, log_tail=log_tail_text)
 
 
-SUPPORT_CACHE = "/run/warmstart/lazy-support.json"
+SUPPORT_CACHE = _paths.LAZY_SUPPORT_CACHE
 
 
 def _support_key(criu: str) -> str:
@@ -467,224 +460,3 @@ def _hold_uffds(pid: int) -> List[int]:  # pragma: no cover - forked
     finally:
         os.close(pidfd)
     return held
-
-
-# --- images for a restore whose pages come from a page server ------------------------
-
-def _entries(path: str) -> Tuple[int, List[Tuple[int, int, int]]]:
-    """pages_id and (vaddr, nr_pages, flags) of each entry of a CRIU pagemap image."""
-    try:
-        from pycriu.images import pagemap_pb2  # pylint: disable=import-outside-toplevel
-    except ImportError as exc:
-        raise LazyError(f"pycriu cannot be imported ({exc}); prepare the node with warmstart.snapshot.node_prep") from None
-    with open(path, "rb") as handle:
-        data = handle.read()
-    off, head, out = 8, None, []
-    while off + 4 <= len(data):
-        (size,) = struct.unpack_from("<I", data, off)
-        off += 4
-        msg = pagemap_pb2.pagemap_head() if head is None else pagemap_pb2.pagemap_entry()
-        msg.ParseFromString(data[off:off + size])
-        off += size
-        if head is None:
-            head = msg
-        else:
-            out.append((int(msg.vaddr), int(msg.nr_pages), int(msg.flags)))
-    if head is None:
-        raise LazyError(f"{path}: not a CRIU pagemap image")
-    return int(head.pages_id), out
-
-
-def eager_ranges(images: str) -> Dict[str, List[Tuple[int, int]]]:
-    """Per pages image, the (offset, length) ranges a lazy restore reads itself (pages CRIU cannot serve lazily)."""
-    out: Dict[str, List[Tuple[int, int]]] = {}
-    for pagemap in sorted(glob.glob(os.path.join(images, "pagemap-*.img"))):
-        pages_id, entries = _entries(pagemap)
-        off = 0
-        ranges: List[Tuple[int, int]] = []
-        for _vaddr, nr, flags in entries:
-            if not flags & PE_PRESENT:
-                continue
-            length = nr * PAGE
-            if not flags & PE_LAZY:
-                if ranges and ranges[-1][0] + ranges[-1][1] == off:
-                    ranges[-1] = (ranges[-1][0], ranges[-1][1] + length)
-                else:
-                    ranges.append((off, length))
-            off += length
-        out[f"pages-{pages_id}.img"] = ranges
-    return out
-
-
-def sparse_pages(images: str, sizes: Dict[str, int], read_range: Any) -> int:
-    """Write each pages image as a sparse file of its full size holding only its eager ranges; bytes fetched.
-
-    ``read_range(name, offset, length)`` returns those bytes of the snapshot's pages image ``name``.
-    """
-    fetched = 0
-    for name, ranges in eager_ranges(images).items():
-        if name not in sizes:
-            raise LazyError(f"{name}: the snapshot has no such pages image (its pagemap names it)")
-        path = os.path.join(images, name)
-        safefs.remove(path)
-        fd = safefs.create_file(path)
-        try:
-            os.ftruncate(fd, sizes[name])
-            for off, length in ranges:
-                data = read_range(name, off, length)
-                if len(data) != length:
-                    raise LazyError(f"{name}: short read at {off} ({len(data)} of {length} bytes)")
-                os.pwrite(fd, data, off)
-                fetched += length
-        finally:
-            os.close(fd)
-    return fetched
-
-
-# --- the page server on the node that holds the images ---------------------------------
-
-def pipe_limit_ok() -> Tuple[bool, int]:
-    try:
-        with open(PIPE_MAX_SIZE, "r", encoding="ascii") as handle:
-            have = int(handle.read())
-    except (OSError, ValueError):
-        return True, 0
-    return have >= PIPE_BYTES_NEEDED, have
-
-
-def raise_pipe_limit() -> None:
-    ok, have = pipe_limit_ok()
-    if ok:
-        return
-    try:
-        fd = safefs.open_file(PIPE_MAX_SIZE, os.O_WRONLY)
-        try:
-            os.write(fd, str(1 << 22).encode("ascii"))
-        finally:
-            os.close(fd)
-    except OSError as exc:
-        raise LazyError(f"fs.pipe-max-size is {have} bytes and cannot be raised to 4 MiB ({exc}); CRIU's page server "
-                        f"needs {PIPE_BYTES_NEEDED} bytes per request pipe") from None
-
-
-def _listen(address: str, port: int) -> socket.socket:
-    family = socket.AF_INET6 if ":" in address else socket.AF_INET
-    srv = socket.socket(family, socket.SOCK_STREAM)
-    try:
-        srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        srv.bind((address, port))
-        srv.listen(16)
-    except OSError as exc:
-        srv.close()
-        raise LazyError(f"page server: cannot listen on {address}:{port}: {exc.strerror or exc} "
-                        "(in use, or not an address of this node)") from None
-    return srv
-
-
-def _first_client(srv: socket.socket, deadline: float, note: Any) -> Optional[socket.socket]:
-    """The first connection that sends a request; connections closed before sending one (port probes,
-    health checks) are noted and dropped, and the listener goes on. None when ``deadline`` passes first."""
-    pending: Dict[socket.socket, Any] = {}
-    while time.monotonic() < deadline:
-        ready, _w, _x = select.select([srv, *pending], [], [], min(1.0, max(0.0, deadline - time.monotonic())))
-        for sock in ready:
-            if sock is srv:
-                conn, peer = srv.accept()
-                pending[conn] = peer
-                continue
-            try:
-                data = sock.recv(1, socket.MSG_PEEK)
-            except OSError:
-                data = b""
-            peer = pending.pop(sock)
-            if data:
-                for other in pending:
-                    other.close()
-                note(f"serving {peer[0]}:{peer[1]}")
-                return sock
-            note(f"ignored a connection from {peer[0]}:{peer[1]}: closed without a page request (a port probe?)")
-            sock.close()
-    for other in pending:
-        other.close()
-    return None
-
-
-def serve(criu: str, images: str, log_dir: str, address: str, port: int, timeout: float,
-          tls_args: Sequence[str] = ()) -> Dict[str, Any]:
-    """Serve ``images`` to one lazy restore on address:port, for at most ``timeout`` seconds.
-
-    A detached listener accepts connections; one that closes without sending a page request (a port probe,
-    a health check) is ignored and noted in ``page-server-<port>.connections.log``; the first that sends one is
-    handed to ``criu page-server --lazy-pages --ps-socket``, which serves that restore; then all exits.
-    With ``tls_args`` (CRIU's TLS options) a client that fails the TLS handshake or certificate check is
-    refused by CRIU before any page is sent; that is noted with CRIU's reason and the listener goes on.
-    """
-    raise_pipe_limit()
-    srv = _listen(address, port)
-    log = os.path.join(log_dir, f"page-server-{port}.log")
-    notes = os.path.join(log_dir, f"page-server-{port}.connections.log")
-    deadline = time.monotonic() + timeout
-    rfd, wfd = os.pipe()
-
-    def announce() -> None:  # pragma: no cover - runs in the detached supervisor
-        os.write(wfd, f"pid {os.getpid()}\n".encode())
-        os.close(wfd)
-        _serve_one(srv, [criu, "page-server", "--lazy-pages", "-D", images, "-o", log, "-v4", *tls_args], notes,
-                   deadline, timeout)
-
-    proc.detach(announce, keep=(wfd, srv.fileno()))
-    os.close(wfd)
-    srv.close()
-    said = os.read(rfd, 256).decode("utf-8", "replace").split()
-    os.close(rfd)
-    if not said or said[0] != "pid":
-        raise LazyError(f"page server did not start: {' '.join(said[1:]) or 'no answer'}")
-    return {"pid": int(said[1]), "supervisor_pid": int(said[1]), "address": address, "port": port, "log": log,
-            "connections_log": notes, "timeout": timeout}
-
-
-def tls_refusal(log: str) -> str:
-    """CRIU's TLS error in a page server's ``log`` (handshake or certificate check failed), else ""."""
-    try:
-        with open(log, "r", encoding="utf-8", errors="replace") as handle:
-            errs = [ln.split("): ", 1)[-1].strip() for ln in handle if "Error (" in ln and "tls: " in ln]
-    except OSError:
-        return ""
-    return " | ".join(dict.fromkeys(errs))
-
-
-def _serve_one(srv: socket.socket, argv: List[str], notes: str, deadline: float,
-               timeout: float) -> None:  # pragma: no cover - runs in the detached supervisor
-    """The first real client handed to ``argv`` (criu page-server) as its ``--ps-socket``; killed at ``deadline``.
-
-    A client CRIU refused in TLS (``tls_refusal``) is noted and the next one awaited; any other end is final.
-    """
-    def note(text: str) -> None:
-        fd = safefs.open_file(notes, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
-        with os.fdopen(fd, "a", encoding="utf-8") as handle:
-            handle.write(f"{time.strftime('%Y-%m-%dT%H:%M:%S')} {text}\n")
-
-    log = argv[argv.index("-o") + 1]
-    while True:
-        client = _first_client(srv, deadline, note)
-        if client is None:
-            srv.close()
-            note(f"no restore connected within {timeout:g} s; exiting")
-            return
-        peer = client.getpeername()
-        server = subprocess.Popen(argv + ["--ps-socket", str(client.fileno())], stdin=subprocess.DEVNULL,
-                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, pass_fds=(client.fileno(),))
-        client.close()
-        try:
-            server.wait(timeout=max(1.0, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            server.kill()
-            server.wait()
-            note(f"killed the page server after {timeout:g} s")
-            break
-        refused = tls_refusal(log) if server.returncode else ""
-        if not refused:
-            note(f"the page server exited with {server.returncode}")
-            break
-        note(f"refused {peer[0]}:{peer[1]}: TLS failed ({refused}); no page was sent; waiting for the restore")
-    srv.close()

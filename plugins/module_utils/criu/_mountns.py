@@ -30,6 +30,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Sequence, Set, Tuple
 
+from ansible_collections.warmstart.snapshot.plugins.module_utils.core import _paths
 from ansible_collections.warmstart.snapshot.plugins.module_utils.core import _namespaces as nsu
 from ansible_collections.warmstart.snapshot.plugins.module_utils.criu._criu_rpc import CriuOptions
 from ansible_collections.warmstart.snapshot.plugins.module_utils.core._errors import WarmstartError
@@ -38,7 +39,7 @@ from ansible_collections.warmstart.snapshot.plugins.module_utils.core._errors im
 # namespaces: node-local, and coming and going with the things they belong to.
 NODE_LOCAL_DIRS = (
     "/var/lib/containers", "/var/lib/docker", "/var/lib/containerd", "/var/lib/kubelet", "/var/lib/rancher",
-    "/var/lib/lxc", "/var/lib/lxd", "/var/lib/warmstart/restore", "/run/containers", "/run/containerd",
+    "/var/lib/lxc", "/var/lib/lxd", _paths.RESTORE_DIR, "/run/containers", "/run/containerd",
     "/run/docker", "/run/crio", "/run/k3s", "/run/netns", "/run/user", "/run/snapd", "/run/credentials",
     "/snap",
 )
@@ -88,27 +89,19 @@ def used_mounts(tree: Sequence[int]) -> Set[int]:
     used: Set[int] = set()
     for pid in tree:
         base = f"/proc/{pid}"
-        for link in ("cwd", "root", "exe"):
-            found = _mnt_id_of(f"{base}/{link}")
-            if found is not None:
-                used.add(found)
-        try:
-            fds = os.listdir(f"{base}/fdinfo")
-        except OSError:
-            fds = []
-        for fd in fds:
-            found = _fdinfo_mnt_id(f"{base}/fdinfo/{fd}")
-            if found is not None:
-                used.add(found)
-        try:
-            maps = os.listdir(f"{base}/map_files")
-        except OSError:
-            maps = []
-        for name in maps:
-            found = _mnt_id_of(f"{base}/map_files/{name}")
-            if found is not None:
-                used.add(found)
+        found = [_mnt_id_of(f"{base}/{link}") for link in ("cwd", "root", "exe")]
+        found += [_fdinfo_mnt_id(f"{base}/fdinfo/{fd}") for fd in _entries(f"{base}/fdinfo")]
+        found += [_mnt_id_of(f"{base}/map_files/{name}") for name in _entries(f"{base}/map_files")]
+        used.update(mnt for mnt in found if mnt is not None)
     return used
+
+
+def _entries(path: str) -> List[str]:
+    """The names in a /proc directory, none when it is gone or not ours to read."""
+    try:
+        return os.listdir(path)
+    except OSError:
+        return []
 
 
 @dataclass

@@ -20,8 +20,10 @@ Invariants:
   (resourceVersion or a JSON-patch test) and reads again on a conflict, at most ``RETRIES`` times.
 - ``check_mode`` methods read and report, and never write.
 
-The domain records built on it live in ``_k8s_records``, the modules' entry points in ``_k8s_runners``
-(imports go client <- records <- runners).
+The domain records built on it live in ``_k8s_records`` (PodSnapshot + PodSnapshotContent),
+``_k8s_restorepods`` and ``_k8s_summaries``, the modules' entry points in ``runners/_<module>.py`` and the
+auth options' argument spec in ``runners/_specs`` (imports go client <- records <- restore pods, then up a layer
+to the runners). The API's names come from ``_podapi``.
 """
 from __future__ import annotations
 
@@ -33,7 +35,7 @@ import time
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 from urllib.parse import quote
 
-from ansible_collections.warmstart.snapshot.plugins.module_utils.k8s import _podcontract as pc
+from ansible_collections.warmstart.snapshot.plugins.module_utils.k8s import _podapi as podapi
 from ansible_collections.warmstart.snapshot.plugins.module_utils.core._errors import WarmstartError
 
 JSON = Dict[str, Any]
@@ -53,17 +55,17 @@ CORE = ("", "v1")
 CRD_API = ("apiextensions.k8s.io", "v1", "customresourcedefinitions")
 # kind -> (plural, namespaced)
 KINDS: Dict[str, Tuple[str, bool]] = {
-    pc.KIND_SNAPSHOT: ("podsnapshots", True),
-    pc.KIND_CONTENT: ("podsnapshotcontents", False),
-    pc.KIND_POLICY: ("podsnapshotpolicies", True),
-    pc.KIND_TRIGGER: ("podsnapshotmanualtriggers", True),
-    pc.KIND_STORAGE_CONFIG: ("podsnapshotstorageconfigs", False),
+    podapi.KIND_SNAPSHOT: ("podsnapshots", True),
+    podapi.KIND_CONTENT: ("podsnapshotcontents", False),
+    podapi.KIND_POLICY: ("podsnapshotpolicies", True),
+    podapi.KIND_TRIGGER: ("podsnapshotmanualtriggers", True),
+    podapi.KIND_STORAGE_CONFIG: ("podsnapshotstorageconfigs", False),
     "Pod": ("pods", True),
     "Secret": ("secrets", True),
 }
 CORE_KINDS = ("Pod", "Secret")  # served under /api/v1
-LABEL_SNAPSHOT_NAMESPACE = pc.GROUP + "/snapshot-namespace"
-LABEL_SNAPSHOT_NAME = pc.GROUP + "/snapshot-name"
+LABEL_SNAPSHOT_NAMESPACE = podapi.GROUP + "/snapshot-namespace"
+LABEL_SNAPSHOT_NAME = podapi.GROUP + "/snapshot-name"
 MERGE_PATCH = "application/merge-patch+json"
 JSON_PATCH = "application/json-patch+json"
 RETRIES = 5
@@ -84,19 +86,6 @@ class K8sError(WarmstartError):
     @property
     def conflict(self) -> bool:
         return self.status == 409
-
-
-def auth_argument_spec() -> JSON:
-    """The auth options, as the doc fragment warmstart.snapshot.k8s_auth documents them."""
-    return dict(
-        kubeconfig=dict(type="path"),
-        context=dict(type="str"),
-        host=dict(type="str"),
-        api_key=dict(type="str", no_log=True),
-        validate_certs=dict(type="bool", aliases=["verify_ssl"]),
-        ca_cert=dict(type="path", aliases=["ssl_ca_cert"]),
-        request_timeout=dict(type="int", default=30),
-    )
 
 
 def _kubernetes() -> Any:
@@ -232,11 +221,11 @@ class Cluster:
         DNS subdomain, as the API server requires: a value from an annotation or an object never becomes '..', a
         '/' or a query in a URL (K8sError naming it); segments are quoted all the same."""
         plural, namespaced = KINDS[kind]
-        base = "/api/v1" if kind in CORE_KINDS else f"/apis/{pc.GROUP}/{pc.VERSION}"
-        if namespaced and namespace and not pc.is_dns_label(namespace):
+        base = "/api/v1" if kind in CORE_KINDS else f"/apis/{podapi.GROUP}/{podapi.VERSION}"
+        if namespaced and namespace and not podapi.is_dns_label(namespace):
             raise K8sError(f"{kind}: namespace {str(namespace)[:80]!r} is not a valid namespace name (a DNS label)",
                            kind)
-        if name and not (pc.is_dns_subdomain(name) and len(name) <= 253):
+        if name and not (podapi.is_dns_subdomain(name) and len(name) <= 253):
             raise K8sError(f"{kind}: name {str(name)[:80]!r} is not a valid object name (a DNS subdomain)", kind)
         out = base + (f"/namespaces/{quote(namespace, safe='')}" if namespaced and namespace else "") + f"/{plural}"
         if name:
@@ -335,7 +324,7 @@ class Cluster:
         for _attempt in range(RETRIES):
             pod = self.get_pod(namespace, name)
             conditions = (pod.get("status") or {}).get("conditions") or []
-            new = pc.set_condition(conditions, type_, status, reason, message, now())
+            new = podapi.set_condition(conditions, type_, status, reason, message, now())
             if new == conditions:
                 return False, pod
             if check_mode:
@@ -470,7 +459,7 @@ class Cluster:
         deadline = time.monotonic() + timeout
         while True:
             crd = self.get_crd(name)
-            if crd is not None and (pc.get_condition(crd, "Established") or {}).get("status") == "True":
+            if crd is not None and (podapi.get_condition(crd, "Established") or {}).get("status") == "True":
                 return crd
             if time.monotonic() >= deadline:
                 raise K8sError(f"{ref('CustomResourceDefinition', name)} is not Established after {timeout:g} s",

@@ -30,7 +30,7 @@ from __future__ import annotations
 import datetime
 from typing import List, Optional, Tuple
 
-from ansible_collections.warmstart.snapshot.plugins.module_utils.k8s import _podcontract as pc
+from ansible_collections.warmstart.snapshot.plugins.module_utils.k8s import _podapi as podapi
 from ansible_collections.warmstart.snapshot.plugins.module_utils.k8s._k8s_client import (
     JSON, Cluster, K8sError, now, ref)
 
@@ -39,15 +39,15 @@ REASON_WILL_RETRY = "WillRetry"
 REASON_TIMED_OUT = "CaptureTimedOut"
 REASON_COMPLETE = "Complete"
 REASON_FAILED = "Failed"
-ANN_TRIGGER = pc.GROUP + "/trigger"
-ANN_TRIGGER_UID = pc.GROUP + "/trigger-uid"
+ANN_TRIGGER = podapi.GROUP + "/trigger"
+ANN_TRIGGER_UID = podapi.GROUP + "/trigger-uid"
 DEFAULT_ATTEMPT_TIMEOUT = 3600.0
 
 
 # --- capture attempts of a request --------------------------------------------------------------
 
 def _condition(snap: JSON, type_: str) -> JSON:
-    return pc.get_condition(snap, type_) or {}
+    return podapi.get_condition(snap, type_) or {}
 
 
 def _age(stamp: Optional[str], at: str) -> Optional[float]:
@@ -62,9 +62,9 @@ def _age(stamp: Optional[str], at: str) -> Optional[float]:
 
 def _done(snap: JSON) -> Optional[str]:
     """Why a PodSnapshot needs no capture any more (Ready, or Failed for good); None when it does."""
-    if _condition(snap, pc.READY_CONDITION).get("status") == "True":
+    if _condition(snap, podapi.READY_CONDITION).get("status") == "True":
         return "it is Ready"
-    failed = _condition(snap, pc.FAILED_CONDITION)
+    failed = _condition(snap, podapi.FAILED_CONDITION)
     if failed.get("status") == "True":
         return f"it has failed ({failed.get('reason')}: {failed.get('message')})"
     return None
@@ -75,7 +75,7 @@ def _record(cluster: Cluster, snap: JSON, status: JSON, check_mode: bool) -> JSO
     meta = snap["metadata"]
     if check_mode:
         return dict(snap, status=dict(snap.get("status") or {}, **status))
-    return cluster.patch_status(pc.KIND_SNAPSHOT, meta["name"], status, meta["namespace"], meta["resourceVersion"])
+    return cluster.patch_status(podapi.KIND_SNAPSHOT, meta["name"], status, meta["namespace"], meta["resourceVersion"])
 
 
 def _failed_status(snap: JSON, attempts: int, max_attempts: int, reason: str, message: str, stamp: str) -> JSON:
@@ -84,12 +84,12 @@ def _failed_status(snap: JSON, attempts: int, max_attempts: int, reason: str, me
     counted = f"attempt {attempts} of {max_attempts}"
     if attempts >= max_attempts:
         text = f"{message} ({counted}; no attempt left)"
-        conds = pc.set_condition(conds, pc.READY_CONDITION, False, reason, text, stamp)
-        conds = pc.set_condition(conds, pc.FAILED_CONDITION, True, reason, text, stamp)
+        conds = podapi.set_condition(conds, podapi.READY_CONDITION, False, reason, text, stamp)
+        conds = podapi.set_condition(conds, podapi.FAILED_CONDITION, True, reason, text, stamp)
     else:
-        conds = pc.set_condition(conds, pc.READY_CONDITION, False, reason, f"{counted} failed: {message}", stamp)
-        conds = pc.set_condition(conds, pc.FAILED_CONDITION, False, REASON_WILL_RETRY,
-                                 f"{counted} failed ({reason}); the capture is tried again", stamp)
+        conds = podapi.set_condition(conds, podapi.READY_CONDITION, False, reason, f"{counted} failed: {message}", stamp)
+        conds = podapi.set_condition(conds, podapi.FAILED_CONDITION, False, REASON_WILL_RETRY,
+                                     f"{counted} failed ({reason}); the capture is tried again", stamp)
     return {"attempts": attempts, "lastError": f"{reason}: {message}", "conditions": conds}
 
 
@@ -100,17 +100,17 @@ def begin_capture(cluster: Cluster, namespace: str, name: str, max_attempts: int
     Returns ``{"changed", "claimed", "attempt", "max_attempts", "reason", "snapshot"}``: ``claimed`` True means
     this caller captures now (attempt ``attempt``); False says in ``reason`` why not (nothing was claimed).
     """
-    sref = ref(pc.KIND_SNAPSHOT, name, namespace)
+    sref = ref(podapi.KIND_SNAPSHOT, name, namespace)
     if max_attempts < 1:
         raise K8sError(f"{sref}: max_attempts must be at least 1, not {max_attempts}", sref)
-    snap = cluster.get(pc.KIND_SNAPSHOT, name, namespace)
+    snap = cluster.get(podapi.KIND_SNAPSHOT, name, namespace)
     status, stamp = snap.get("status") or {}, now()
     attempts = int(status.get("attempts") or 0)
     out: JSON = {"changed": False, "claimed": False, "attempt": attempts, "max_attempts": max_attempts,
                  "reason": _done(snap), "snapshot": snap}
     if out["reason"]:
         return out
-    ready = _condition(snap, pc.READY_CONDITION)
+    ready = _condition(snap, podapi.READY_CONDITION)
     if ready.get("reason") == REASON_CAPTURING and attempts:
         age = _age(status.get("lastAttemptTime"), stamp)
         if age is None or age < attempt_timeout:
@@ -141,10 +141,10 @@ def _settle_lapsed(cluster: Cluster, snap: JSON, status: JSON, out: JSON, check_
 def _claim(cluster: Cluster, snap: JSON, attempt: int, max_attempts: int, stamp: str, out: JSON,
            check_mode: bool) -> JSON:
     conds = (snap.get("status") or {}).get("conditions") or []
-    conds = pc.set_condition(conds, pc.READY_CONDITION, False, REASON_CAPTURING,
-                             f"capture attempt {attempt} of {max_attempts}", stamp)
-    if _condition(snap, pc.FAILED_CONDITION).get("reason") != REASON_WILL_RETRY:
-        conds = pc.set_condition(conds, pc.FAILED_CONDITION, False, "NoFailure", "", stamp)
+    conds = podapi.set_condition(conds, podapi.READY_CONDITION, False, REASON_CAPTURING,
+                                 f"capture attempt {attempt} of {max_attempts}", stamp)
+    if _condition(snap, podapi.FAILED_CONDITION).get("reason") != REASON_WILL_RETRY:
+        conds = podapi.set_condition(conds, podapi.FAILED_CONDITION, False, "NoFailure", "", stamp)
     status = dict(snap.get("status") or {})
     update = {"attempts": attempt, "lastAttemptTime": stamp, "conditions": conds,
               "lastError": status.get("lastError")}
@@ -166,11 +166,11 @@ def fail_capture(cluster: Cluster, namespace: str, name: str, reason: str, messa
     Returns ``{"changed", "final", "attempts", "max_attempts", "snapshot"}``; ``final`` True when the request is
     Failed now (no attempt left). A failure with no attempt begun counts as attempt 1. Refused: a Ready PodSnapshot.
     """
-    sref = ref(pc.KIND_SNAPSHOT, name, namespace)
+    sref = ref(podapi.KIND_SNAPSHOT, name, namespace)
     if max_attempts < 1:
         raise K8sError(f"{sref}: max_attempts must be at least 1, not {max_attempts}", sref)
-    snap = cluster.get(pc.KIND_SNAPSHOT, name, namespace)
-    if _condition(snap, pc.READY_CONDITION).get("status") == "True":
+    snap = cluster.get(podapi.KIND_SNAPSHOT, name, namespace)
+    if _condition(snap, podapi.READY_CONDITION).get("status") == "True":
         raise K8sError(f"{sref} is Ready: a failed capture cannot be recorded over it", sref)
     status = snap.get("status") or {}
     attempts = max(int(status.get("attempts") or 0), 1)
@@ -181,7 +181,7 @@ def fail_capture(cluster: Cluster, namespace: str, name: str, reason: str, messa
     if changes:
         meta = snap["metadata"]
         out["snapshot"] = (dict(snap, status=dict(status, **changes)) if check_mode else
-                           cluster.patch_status(pc.KIND_SNAPSHOT, meta["name"], changes, meta["namespace"]))
+                           cluster.patch_status(podapi.KIND_SNAPSHOT, meta["name"], changes, meta["namespace"]))
     return out
 
 
@@ -201,15 +201,15 @@ def reconcile_trigger(cluster: Cluster, namespace: str, name: str, check_mode: b
     Returns ``{"changed", "actions", "phase", "snapshot_name", "trigger", "snapshot"}``; ``phase`` is
     ``pending`` (the PodSnapshot is not Ready yet), ``complete`` or ``failed``.
     """
-    tref = ref(pc.KIND_TRIGGER, name, namespace)
-    trigger = cluster.get(pc.KIND_TRIGGER, name, namespace)
+    tref = ref(podapi.KIND_TRIGGER, name, namespace)
+    trigger = cluster.get(podapi.KIND_TRIGGER, name, namespace)
     actions: List[str] = []
     out: JSON = {"changed": False, "actions": actions, "trigger": trigger, "snapshot": None,
                  "snapshot_name": ((trigger.get("status") or {}).get("snapshotCreated") or {}).get("name")}
-    triggered = pc.get_condition(trigger, pc.TRIGGERED_CONDITION)
+    triggered = podapi.get_condition(trigger, podapi.TRIGGERED_CONDITION)
     if triggered:
         out["phase"] = "complete" if triggered.get("status") == "True" else "failed"
-        out["snapshot"] = cluster.find(pc.KIND_SNAPSHOT, out["snapshot_name"], namespace) if out["snapshot_name"] else None
+        out["snapshot"] = cluster.find(podapi.KIND_SNAPSHOT, out["snapshot_name"], namespace) if out["snapshot_name"] else None
         return out
     recorded = out["snapshot_name"]
     sname = recorded or trigger_snapshot_name(trigger)
@@ -221,14 +221,14 @@ def reconcile_trigger(cluster: Cluster, namespace: str, name: str, check_mode: b
     phase, cond = _trigger_outcome(snap, sname, namespace, problem)
     out["phase"] = phase
     if cond is not None:
-        status["conditions"] = pc.set_condition((trigger.get("status") or {}).get("conditions"),
-                                                pc.TRIGGERED_CONDITION, cond[0], cond[1], cond[2], now())
-        actions.append(f"set {pc.TRIGGERED_CONDITION} {cond[0]} ({cond[1]}) on {tref}")
+        status["conditions"] = podapi.set_condition((trigger.get("status") or {}).get("conditions"),
+                                                    podapi.TRIGGERED_CONDITION, cond[0], cond[1], cond[2], now())
+        actions.append(f"set {podapi.TRIGGERED_CONDITION} {cond[0]} ({cond[1]}) on {tref}")
     if status:
         if "snapshotCreated" in status:
             actions.append(f"recorded snapshotCreated {sname} on {tref}")
         out["trigger"] = (dict(trigger, status=dict(trigger.get("status") or {}, **status)) if check_mode else
-                          cluster.patch_status(pc.KIND_TRIGGER, name, status, namespace))
+                          cluster.patch_status(podapi.KIND_TRIGGER, name, status, namespace))
     out["changed"] = bool(actions)
     return out
 
@@ -239,7 +239,7 @@ def _trigger_snapshot(cluster: Cluster, trigger: JSON, sname: str, actions: List
     or policy missing, a PodSnapshot of that name that is not this trigger's, one deleted since) fails the trigger."""
     meta, spec = trigger.get("metadata") or {}, trigger.get("spec") or {}
     namespace, uid = str(meta.get("namespace")), str(meta.get("uid") or "")
-    snap = cluster.find(pc.KIND_SNAPSHOT, sname, namespace)
+    snap = cluster.find(podapi.KIND_SNAPSHOT, sname, namespace)
     if snap is not None:
         owner = ((snap.get("metadata") or {}).get("annotations") or {}).get(ANN_TRIGGER_UID)
         if owner != uid:
@@ -250,19 +250,19 @@ def _trigger_snapshot(cluster: Cluster, trigger: JSON, sname: str, actions: List
     pod = cluster.find("Pod", str(spec.get("targetPod")), namespace)
     if pod is None:
         return None, f"Pod {namespace}/{spec.get('targetPod')} not found"
-    if spec.get("policyName") and cluster.find(pc.KIND_POLICY, str(spec["policyName"]), namespace) is None:
+    if spec.get("policyName") and cluster.find(podapi.KIND_POLICY, str(spec["policyName"]), namespace) is None:
         return None, f"PodSnapshotPolicy {namespace}/{spec['policyName']} not found"
     source: JSON = {"podRef": {"name": spec["targetPod"], "uid": pod["metadata"]["uid"]}}
     if spec.get("containers"):
         source["containers"] = list(spec["containers"])
-    body: JSON = {"apiVersion": pc.API_VERSION, "kind": pc.KIND_SNAPSHOT,
+    body: JSON = {"apiVersion": podapi.API_VERSION, "kind": podapi.KIND_SNAPSHOT,
                   "metadata": {"name": sname, "namespace": namespace,
                                "labels": dict((pod.get("metadata") or {}).get("labels") or {}),
                                "annotations": {ANN_TRIGGER: str(meta.get("name")), ANN_TRIGGER_UID: uid}},
                   "spec": dict({"source": source}, **({"policyName": spec["policyName"]} if spec.get("policyName")
                                                       else {}))}
-    actions.append(f"created {ref(pc.KIND_SNAPSHOT, sname, namespace)} (a request)")
-    return (body if check_mode else cluster.create(pc.KIND_SNAPSHOT, body, namespace)), None
+    actions.append(f"created {ref(podapi.KIND_SNAPSHOT, sname, namespace)} (a request)")
+    return (body if check_mode else cluster.create(podapi.KIND_SNAPSHOT, body, namespace)), None
 
 
 def _trigger_outcome(snap: Optional[JSON], sname: str, namespace: str, problem: Optional[str]
@@ -270,8 +270,8 @@ def _trigger_outcome(snap: Optional[JSON], sname: str, namespace: str, problem: 
     """``(phase, (status, reason, message) of the Triggered condition to set, or None while pending)``."""
     if problem is not None:
         return "failed", (False, REASON_FAILED, problem)
-    ready = _condition(snap or {}, pc.READY_CONDITION)
-    failed = _condition(snap or {}, pc.FAILED_CONDITION)
+    ready = _condition(snap or {}, podapi.READY_CONDITION)
+    failed = _condition(snap or {}, podapi.FAILED_CONDITION)
     if ready.get("status") == "True":
         return "complete", (True, REASON_COMPLETE, f"PodSnapshot {namespace}/{sname} is Ready")
     if failed.get("status") == "True":

@@ -27,7 +27,7 @@ import base64
 import binascii
 from typing import Dict, List, Optional, Tuple
 
-from ansible_collections.warmstart.snapshot.plugins.module_utils.k8s import _podcontract as pc
+from ansible_collections.warmstart.snapshot.plugins.module_utils.k8s import _podapi as podapi
 from ansible_collections.warmstart.snapshot.plugins.module_utils.k8s._k8s_client import JSON, Cluster, K8sError, ref
 
 # storage config spec.options (camelCase) -> store_options (the modules' names)
@@ -59,7 +59,7 @@ def store_url(url: str, what: str) -> str:
 def policy_store_source(policy: JSON) -> Tuple[Optional[str], Optional[str]]:
     """``(storeUrl, storageConfigName)`` of a PodSnapshotPolicy: exactly one is set, else refused naming both."""
     spec = policy.get("spec") or {}
-    what = pc.object_ref(policy, pc.KIND_POLICY)
+    what = podapi.object_ref(policy, podapi.KIND_POLICY)
     url, config = spec.get("storeUrl") or None, spec.get("storageConfigName") or None
     if url and config:
         raise K8sError(f"{what} sets both storeUrl ({url!r}) and storageConfigName ({config!r}): set only one of "
@@ -81,11 +81,11 @@ def resolve_store(cluster: Cluster, namespace: str, policy: Optional[str] = None
     """
     if not policy and not storage_config:
         raise K8sError("resolve a store from a PodSnapshotPolicy (policy) or a PodSnapshotStorageConfig "
-                       "(storage_config): neither was given", pc.KIND_STORAGE_CONFIG)
+                       "(storage_config): neither was given", podapi.KIND_STORAGE_CONFIG)
     named_by = None
     if policy:
-        doc = cluster.get(pc.KIND_POLICY, policy, namespace)
-        named_by = pc.object_ref(doc, pc.KIND_POLICY)
+        doc = cluster.get(podapi.KIND_POLICY, policy, namespace)
+        named_by = podapi.object_ref(doc, podapi.KIND_POLICY)
         url, config = policy_store_source(doc)
         if storage_config and config != storage_config:
             raise K8sError(f"{named_by} uses {'storageConfigName ' + repr(config) if config else 'storeUrl ' + repr(url)}"
@@ -99,8 +99,8 @@ def resolve_store(cluster: Cluster, namespace: str, policy: Optional[str] = None
 
 def storage_config_store(cluster: Cluster, name: str, namespace: str, named_by: Optional[str] = None) -> JSON:
     """``resolve_store`` of one PodSnapshotStorageConfig; the Secret's namespace defaults to ``namespace``."""
-    what = ref(pc.KIND_STORAGE_CONFIG, name)
-    config = cluster.find(pc.KIND_STORAGE_CONFIG, name)
+    what = ref(podapi.KIND_STORAGE_CONFIG, name)
+    config = cluster.find(podapi.KIND_STORAGE_CONFIG, name)
     if config is None:
         raise K8sError(f"{what} not found" + (f" (named by {named_by} in storageConfigName)" if named_by else ""),
                        what, 404)

@@ -36,7 +36,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, Iterator, List, Optional, Protocol, Tuple
 
-from ansible_collections.warmstart.snapshot.plugins.module_utils.k8s import _podcontract as pc
+from ansible_collections.warmstart.snapshot.plugins.module_utils.k8s import _podapi as podapi
 from ansible_collections.warmstart.snapshot.plugins.module_utils.core._errors import WarmstartError
 
 JSON = Dict[str, Any]
@@ -69,9 +69,9 @@ class Resource:
 
 
 PODS = Resource("", "v1", "pods", "Pod")
-POD_SNAPSHOTS = Resource(pc.GROUP, pc.VERSION, "podsnapshots", pc.KIND_SNAPSHOT)
-MANUAL_TRIGGERS = Resource(pc.GROUP, pc.VERSION, "podsnapshotmanualtriggers", pc.KIND_TRIGGER)
-POLICIES = Resource(pc.GROUP, pc.VERSION, "podsnapshotpolicies", pc.KIND_POLICY)
+POD_SNAPSHOTS = Resource(podapi.GROUP, podapi.VERSION, "podsnapshots", podapi.KIND_SNAPSHOT)
+MANUAL_TRIGGERS = Resource(podapi.GROUP, podapi.VERSION, "podsnapshotmanualtriggers", podapi.KIND_TRIGGER)
+POLICIES = Resource(podapi.GROUP, podapi.VERSION, "podsnapshotpolicies", podapi.KIND_POLICY)
 
 
 @dataclass(frozen=True)

@@ -2,39 +2,17 @@
 # Copyright (c) warmstart developers
 # GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
-"""Node description recorded in snapshots, and the restore compatibility check."""
+"""The restore compatibility check: two node descriptions (``_node.describe_node``), and a snapshot's GPU state
+against this node's GPUs."""
 from __future__ import annotations
 
-import os
-import socket
 from typing import Any, Dict, List, Optional
 
 from ansible_collections.warmstart.snapshot.plugins.module_utils.accel import _cuda as cu
+from ansible_collections.warmstart.snapshot.plugins.module_utils.accel import _cudaabi as cuabi
 from ansible_collections.warmstart.snapshot.plugins.module_utils.accel import _gpu
 from ansible_collections.warmstart.snapshot.plugins.module_utils.accel._gpunode import GpuNode
-from ansible_collections.warmstart.snapshot.plugins.module_utils.criu._criu import criu_version, find_criu
-from ansible_collections.warmstart.snapshot.plugins.module_utils.node._node import read_cpuinfo, read_os_release
 from ansible_collections.warmstart.snapshot.plugins.module_utils.core._version import compare_versions
-
-
-def describe_node(criu_path: Optional[str] = None) -> Dict[str, Any]:
-    """What a snapshot records about its source node (and what a target offers)."""
-    uname = os.uname()
-    cpu = read_cpuinfo()
-    path = find_criu(criu_path)
-    os_info = read_os_release()
-    return {
-        "hostname": socket.gethostname(),
-        "arch": uname.machine,
-        "kernel": uname.release,
-        "cpu_vendor": cpu.vendor,
-        "cpu_model": cpu.model,
-        "cpu_flags": list(cpu.flags),
-        "cpu_flags_hash": cpu.flags_hash,
-        "criu_version": criu_version(path)["version"] if path else None,
-        "os_id": os_info.get("id"),
-        "os_version_id": os_info.get("version_id"),
-    }
 
 
 def _older(have: Optional[str], need: Optional[str]) -> bool:
@@ -117,11 +95,11 @@ def gpu_incompatibilities(gpu: Optional[Dict[str, Any]], node: GpuNode, cuda: st
         return reasons
     try:
         pairs = cu.device_map(source, target)
-    except cu.GpuMismatch as exc:
+    except cuabi.GpuMismatch as exc:
         reasons.append(f"gpu: {exc}")
         return reasons
     moved = [f"{old} -> {new}" for old, new in pairs if old != new]
-    if moved and have and int(have) < cu.REMAP_CUDA_VERSION:
-        reasons.append(f"gpu: restoring onto other GPUs ({', '.join(moved)}) needs {cu.REMAP_DRIVER}; this node's "
+    if moved and have and int(have) < cuabi.REMAP_CUDA_VERSION:
+        reasons.append(f"gpu: restoring onto other GPUs ({', '.join(moved)}) needs {cuabi.REMAP_DRIVER}; this node's "
                        f"CUDA driver is {_gpu.cuda_version_string(int(have))}")
     return reasons

@@ -51,10 +51,11 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
 
+from ansible_collections.warmstart.snapshot.plugins.module_utils.core import _paths
 from ansible_collections.warmstart.snapshot.plugins.module_utils.core import _safefs as safefs
 from ansible_collections.warmstart.snapshot.plugins.module_utils.core._errors import WarmstartError
 
-DEFAULT_DIR = "/var/lib/warmstart/metrics"
+DEFAULT_DIR = _paths.METRICS_DIR
 DEFAULT_PORT = 9479
 ENV_DIR = "WARMSTART_METRICS_DIR"
 PROM_FILE = "warmstart.prom"
@@ -279,14 +280,7 @@ def restore_update(outcome: str, phases: Optional[Mapping[str, Any]] = None, byt
                    snapshot_age_s: Optional[float] = None, namespace: str = "", snapshot: str = "",
                    ready_seconds: Optional[float] = None, now: Optional[float] = None) -> Update:
     """What one restore adds (MetricsError for a bad ``outcome`` or phase name)."""
-    now = time.time() if now is None else now
-    out = Update()
-    label = {"outcome": _check("outcome", outcome)}
-    out.counters.append(("warmstart_restores_total", label, 1))
-    out.gauges.append(("warmstart_last_restore_timestamp_seconds", label, now))
-    out.observations += _phases("warmstart_restore_phase_seconds", phases)
-    if bytes_ > 0:
-        out.counters.append(("warmstart_restore_bytes_total", {}, bytes_))
+    out = _outcome_update("restore", outcome, phases, bytes_, now)
     if snapshot_age_s is not None and snapshot and snapshot_age_s >= 0:
         out.gauges.append(("warmstart_snapshot_age_seconds", {"namespace": namespace, "snapshot": snapshot},
                            snapshot_age_s))
@@ -298,14 +292,20 @@ def restore_update(outcome: str, phases: Optional[Mapping[str, Any]] = None, byt
 def capture_update(outcome: str, phases: Optional[Mapping[str, Any]] = None, bytes_: int = 0,
                    now: Optional[float] = None) -> Update:
     """What one capture adds (MetricsError for a bad ``outcome`` or phase name)."""
+    return _outcome_update("capture", outcome, phases, bytes_, now)
+
+
+def _outcome_update(what: str, outcome: str, phases: Optional[Mapping[str, Any]], bytes_: int,
+                    now: Optional[float]) -> Update:
+    """What every restore or capture adds: its count and time by outcome, its phases, its bytes."""
     now = time.time() if now is None else now
     out = Update()
     label = {"outcome": _check("outcome", outcome)}
-    out.counters.append(("warmstart_captures_total", label, 1))
-    out.gauges.append(("warmstart_last_capture_timestamp_seconds", label, now))
-    out.observations += _phases("warmstart_capture_phase_seconds", phases)
+    out.counters.append((f"warmstart_{what}s_total", label, 1))
+    out.gauges.append((f"warmstart_last_{what}_timestamp_seconds", label, now))
+    out.observations += _phases(f"warmstart_{what}_phase_seconds", phases)
     if bytes_ > 0:
-        out.counters.append(("warmstart_capture_bytes_total", {}, bytes_))
+        out.counters.append((f"warmstart_{what}_bytes_total", {}, bytes_))
     return out
 
 

@@ -7,7 +7,8 @@
 Plain Python (stdlib only). File locations hang off ``root`` (default "/") so
 tests can feed fake /proc/cpuinfo, /proc/mounts and /etc/os-release.
 ``collect()`` is the single entry point of the node_info module;
-``fingerprint()`` is what restore-compat code compares between nodes.
+``describe_node()`` is the node description a snapshot records and a restore compares
+(``_compat.incompatibilities``); node_info shows its ``fingerprint()``.
 """
 from __future__ import annotations
 
@@ -22,13 +23,14 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Dict, Iterable, List, Optional, Sequence, Union
 
+from ansible_collections.warmstart.snapshot.plugins.module_utils.core import _paths
 from ansible_collections.warmstart.snapshot.plugins.module_utils.accel._ascend import npu_inventory
 from ansible_collections.warmstart.snapshot.plugins.module_utils.criu._criu import criu_info, criu_version, find_criu
 from ansible_collections.warmstart.snapshot.plugins.module_utils.accel._gpu import gpu_inventory
 from ansible_collections.warmstart.snapshot.plugins.module_utils.core._version import parse_version, version_at_least
 
 DEFAULT_KERNEL_MIN = "5.12"
-DEFAULT_SNAPSHOT_ROOT = "/var/lib/warmstart"
+DEFAULT_SNAPSHOT_ROOT = _paths.STATE_DIR
 CGROUP_ROOT = "/sys/fs/cgroup"
 RUNTIMES = ("podman", "docker", "containerd", "ctr", "crictl", "runc", "crun", "crio")
 RUNTIME_VERSION_TIMEOUT = 5.0
@@ -270,18 +272,24 @@ def read_os_release(root: Path = Path("/")) -> Dict[str, Optional[str]]:
     return parse_os_release("")
 
 
-# --- fingerprint ----------------------------------------------------------
+# --- the node description ---------------------------------------------------
 
 
-def make_fingerprint(
-    arch: str, kernel: str, cpu: CpuInfo, criu_version_str: Optional[str], os_info: Dict[str, Optional[str]]
+def make_description(
+    arch: str, kernel: str, cpu: CpuInfo, criu_version_str: Optional[str], os_info: Dict[str, Optional[str]],
+    hostname: Optional[str] = None,
 ) -> Dict[str, Any]:
-    """The node identity a snapshot records and a restore target is checked against."""
+    """The one description of a node: what a snapshot records about its source and what a restore target offers.
+
+    ``_compat.incompatibilities`` compares two of them; node_info's ``fingerprint`` is ``fingerprint(it)``.
+    """
     return {
+        "hostname": hostname,
         "arch": arch,
         "kernel": kernel,
         "cpu_vendor": cpu.vendor,
         "cpu_model": cpu.model,
+        "cpu_flags": list(cpu.flags),
         "cpu_flags_hash": cpu.flags_hash,
         "criu_version": criu_version_str,
         "os_id": os_info.get("id"),
@@ -289,20 +297,23 @@ def make_fingerprint(
     }
 
 
-def fingerprint(root: Path = Path("/"), criu_path: Optional[str] = None) -> Dict[str, Any]:
-    """Fingerprint of this node, collected on its own (cheap: no ``criu check``).
+def fingerprint(description: Dict[str, Any]) -> Dict[str, Any]:
+    """A description without what differs between identical nodes (hostname) or is long (the CPU flags: their hash
+    stays)."""
+    return {k: v for k, v in description.items() if k not in ("hostname", "cpu_flags")}
+
+
+def describe_node(criu_path: Optional[str] = None, root: Path = Path("/")) -> Dict[str, Any]:
+    """This node's description (cheap: no ``criu check``).
 
     ``criu_version`` is None when no CRIU is installed; raises CriuError when
     ``criu_path`` is not executable or CRIU cannot report its version.
     """
     uname = os.uname()
-    version: Optional[str] = None
     path = find_criu(criu_path)
-    if path:
-        version = criu_version(path)["version"]
-    return make_fingerprint(
-        uname.machine, uname.release, read_cpuinfo(root / "proc/cpuinfo"), version, read_os_release(root)
-    )
+    version = criu_version(path)["version"] if path else None
+    return make_description(uname.machine, uname.release, read_cpuinfo(root / "proc/cpuinfo"), version,
+                            read_os_release(root), socket.gethostname())
 
 
 # --- everything -----------------------------------------------------------
@@ -347,5 +358,5 @@ def collect(
         "npu_reason": npu_facts["reason"],
         "snapshot_root": disk_space(snapshot_root),
         "os": os_info,
-        "fingerprint": make_fingerprint(uname.machine, uname.release, cpu, criu["version"], os_info),
+        "fingerprint": fingerprint(make_description(uname.machine, uname.release, cpu, criu["version"], os_info)),
     }

@@ -22,6 +22,7 @@ import os
 import signal
 from typing import Any, Dict, List, Optional
 
+from ansible_collections.warmstart.snapshot.plugins.module_utils.core import _paths
 from ansible_collections.warmstart.snapshot.plugins.module_utils.core import _safefs as safefs
 from ansible_collections.warmstart.snapshot.plugins.module_utils.core import _control as ctl
 from ansible_collections.warmstart.snapshot.plugins.module_utils.core import _iouring as iou
@@ -30,7 +31,7 @@ from ansible_collections.warmstart.snapshot.plugins.module_utils.core import _pr
 from ansible_collections.warmstart.snapshot.plugins.module_utils.core._errors import WarmstartError
 from ansible_collections.warmstart.snapshot.plugins.module_utils.store._manifest import check_name
 
-DEFAULT_ROOT = "/var/lib/warmstart/workloads"
+DEFAULT_ROOT = _paths.WORKLOADS_DIR
 CLONE_NEWPID = 0x20000000
 
 

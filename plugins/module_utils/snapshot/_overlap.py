@@ -12,9 +12,9 @@ cores (``_digest``), and the tree runs only once every digest matched.
 Invariants:
 
 - restored code never runs on unverified bytes: the tree stays SIGSTOPped until ``Overlap.finish`` returned
-  no problem; on a problem (or any failure before) the caller kills it (``_snapshot._kill_copy``);
+  no problem; on a problem (or any failure before) the caller kills it (``_restore._kill_copy``);
 - CRIU failing meanwhile does not end the hashing: bytes a store writer changed are the failure's cause,
-  and the error names the mismatch rather than CRIU's stumble on them (``_snapshot._mismatch_first``);
+  and the error names the mismatch rather than CRIU's stumble on them (``_restore._mismatch_first``);
 - nothing but the target's ``pages-*.img`` is deferred: every file the restore writes onto the node or
   CRIU parses (images, the workload's files) is verified before anything is touched, as without overlap;
 - what is hashed is what CRIU reads: the node's own private copy (``_storecopy`` copies the deferred page
@@ -31,9 +31,9 @@ import threading
 import time
 from typing import Any, Dict, List, Optional, Set, Tuple
 
+from ansible_collections.warmstart.snapshot.plugins.module_utils.store import _checksums as ck
 from ansible_collections.warmstart.snapshot.plugins.module_utils.store import _digest as dg
 from ansible_collections.warmstart.snapshot.plugins.module_utils.core import _progress as prog
-from ansible_collections.warmstart.snapshot.plugins.module_utils.store import _store as st
 
 Items = List[Tuple[str, Dict[str, Any]]]
 
@@ -67,7 +67,7 @@ def usable(doc: Dict[str, Any], verify: bool, reads_in_place: bool, lazy: bool) 
 class Overlap:
     """The deferred page images hashed on a thread of their own; ``finish`` waits and says what did not match."""
 
-    def __init__(self, items: Items, cache: Optional[st.VerifiedFiles] = None, pins: Optional[Any] = None) -> None:
+    def __init__(self, items: Items, cache: Optional[ck.VerifiedFiles] = None, pins: Optional[Any] = None) -> None:
         self.items = items
         self.cache = cache
         self.pins = pins  # _storecopy.Pins of the items read in place, or None
@@ -81,7 +81,7 @@ class Overlap:
     def _run(self) -> None:
         try:
             # one core left to CRIU, which restores the tree meanwhile
-            self._problems = st.hash_problems(self.items, self.cache, threads=max(1, dg.workers() - 1))
+            self._problems = ck.hash_problems(self.items, self.cache, threads=max(1, dg.workers() - 1))
         except BaseException as exc:  # reported by finish(): the tree is then killed, never resumed
             self._error = exc
 

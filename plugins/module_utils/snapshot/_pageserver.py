@@ -20,6 +20,7 @@ import os
 from typing import Any, Dict, Optional
 
 from ansible_collections.warmstart.snapshot.plugins.module_utils.criu import _lazy as lz
+from ansible_collections.warmstart.snapshot.plugins.module_utils.criu import _lazyserver as lzs
 from ansible_collections.warmstart.snapshot.plugins.module_utils.store import _manifest as mf
 from ansible_collections.warmstart.snapshot.plugins.module_utils.snapshot import _snapshot as snap
 from ansible_collections.warmstart.snapshot.plugins.module_utils.core import _tls
@@ -55,7 +56,7 @@ def serve(store: Store, snapshot_id: str, address: str, port: int, timeout: floa
     ``address`` is refused unless ``insecure``.
 
     Returns the page_server result: ``snapshot``, ``address``, ``port``, ``tls`` and, when serving, what
-    ``_lazy.serve`` reports (pid, logs, deadline).
+    ``_lazyserver.serve`` reports (pid, logs, deadline).
     """
     criu = _criu(criu_path, port)
     _tls.check_listen(address, tls, insecure)
@@ -70,6 +71,6 @@ def serve(store: Store, snapshot_id: str, address: str, port: int, timeout: floa
         raise snap.SnapshotError(f"refusing to serve snapshot {doc['id']}: it is not intact", reasons=problems)
     images = os.path.join(store.local_dir(doc["id"]), doc["targets"][0]["path"], "criu")
     os.makedirs(log_dir, mode=0o700, exist_ok=True)
-    served = lz.serve(criu, images, log_dir, address, port, float(timeout), tls.criu_args() if tls else [])
+    served = lzs.serve(criu, images, log_dir, address, port, float(timeout), tls.criu_args() if tls else [])
     served.update(snapshot=doc["id"], tls=tls is not None)
     return served

@@ -4,7 +4,7 @@
 # SPDX-License-Identifier: GPL-3.0-or-later
 """Ranges of a snapshot's page images read from its store, checked, for a restore whose pages come from a page server.
 
-Such a restore fetches of each pages image only the ranges CRIU restores itself (``_lazy.sparse_pages``);
+Such a restore fetches of each pages image only the ranges CRIU restores itself (``_lazyimages.sparse_pages``);
 the page server sends the rest. The store is input, so those ranges are handed out only from checked bytes.
 
 Invariants:

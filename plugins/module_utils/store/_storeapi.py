@@ -6,7 +6,7 @@
 
 Two implementations: ``_store.FsStore`` (a local dir or shared mount, read in place) and
 ``_s3store.S3Store`` (a bucket, read through a node-local cache); ``_stores.open_store`` picks one.
-The engine (``_snapshot``, ``_container``, ``_module``) only uses the members named here, never
+The engine (``_snapshot``, ``_container``, the runners) only uses the members named here, never
 the class or its ``kind``: a new backend implements this and nothing else.
 
 Invariants every implementation keeps:

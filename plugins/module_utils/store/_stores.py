@@ -12,8 +12,8 @@ from __future__ import annotations
 from typing import Any, Dict, Optional
 
 from ansible_collections.warmstart.snapshot.plugins.module_utils.store._peers import PeerConfig
-from ansible_collections.warmstart.snapshot.plugins.module_utils.store._s3store import (
-    CREDENTIAL_OPTIONS, DEFAULT_CACHE, S3Store, sse_settings)
+from ansible_collections.warmstart.snapshot.plugins.module_utils.store._s3bucket import CREDENTIAL_OPTIONS, sse_settings
+from ansible_collections.warmstart.snapshot.plugins.module_utils.store._s3store import DEFAULT_CACHE, S3Store
 from ansible_collections.warmstart.snapshot.plugins.module_utils.store.security._securestore import SecureStore, SecurityConfig
 from ansible_collections.warmstart.snapshot.plugins.module_utils.store._store import FsStore, StoreError
 from ansible_collections.warmstart.snapshot.plugins.module_utils.store._storeapi import Store

@@ -17,6 +17,8 @@ import pytest
 from ansible_collections.warmstart.snapshot.plugins.module_utils.accel import _accel
 
 from ansible_collections.warmstart.snapshot.plugins.module_utils.accel import _cuda
+from ansible_collections.warmstart.snapshot.plugins.module_utils.accel import _cudaabi
+from ansible_collections.warmstart.snapshot.plugins.module_utils.accel import _cudabackends
 from ansible_collections.warmstart.snapshot.plugins.module_utils.accel._accel import (
     AcceleratorError,
     AscendAccelerator,
@@ -49,16 +51,16 @@ def test_resolve_refuses_disagreement_naming_both() -> None:
         resolve(None, "yes")
 
 
-class StubBackend(_cuda.Backend):
+class StubBackend(_cudabackends.Backend):
     name = "stub"
 
     def __init__(self) -> None:
-        self.states = {10: _cuda.RUNNING}
+        self.states = {10: _cudaabi.RUNNING}
         self.log: List[str] = []
 
     def state(self, pid: int) -> int:
         if pid not in self.states:
-            raise _cuda.CudaError(pid, "state", _cuda.INVALID_VALUE, "not cuda")
+            raise _cudaabi.CudaError(pid, "state", _cudaabi.INVALID_VALUE, "not cuda")
         return self.states[pid]
 
     def restore_thread_id(self, pid: int) -> int:
@@ -67,19 +69,19 @@ class StubBackend(_cuda.Backend):
 
     def _lock(self, pid: int, timeout_ms: int) -> None:
         self.log.append(f"lock:{pid}")
-        self.states[pid] = _cuda.LOCKED
+        self.states[pid] = _cudaabi.LOCKED
 
     def _checkpoint(self, pid: int) -> None:
         self.log.append(f"checkpoint:{pid}")
-        self.states[pid] = _cuda.CHECKPOINTED
+        self.states[pid] = _cudaabi.CHECKPOINTED
 
-    def _restore(self, pid: int, gpu_pairs: _cuda.GpuPairs) -> None:
+    def _restore(self, pid: int, gpu_pairs: _cudaabi.GpuPairs) -> None:
         self.log.append(f"restore:{pid}")
-        self.states[pid] = _cuda.LOCKED
+        self.states[pid] = _cudaabi.LOCKED
 
     def _unlock(self, pid: int) -> None:
         self.log.append(f"unlock:{pid}")
-        self.states[pid] = _cuda.RUNNING
+        self.states[pid] = _cudaabi.RUNNING
 
 
 def test_cuda_adapter_delegates_to_the_cuda_functions() -> None:
@@ -200,14 +202,14 @@ def test_ascend_backend_runs_the_engine_s_cuda_functions(npu: Tuple[Path, Path, 
     plain = spawn(npu, agent=False)
     backend = _accel.AscendBackend(AscendAccelerator(str(npu[1])))
     assert _cuda.find_cuda_pids([1, a, b], backend, nvml=_NoNvml()) == [a, b]
-    with pytest.raises(_cuda.CudaError, match=f"pid {plain} loads libascendcl.so but serves no warmstart snapshot agent"):
+    with pytest.raises(_cudaabi.CudaError, match=f"pid {plain} loads libascendcl.so but serves no warmstart snapshot agent"):
         _cuda.find_cuda_pids([a, plain], backend, nvml=_NoNvml())
     _cuda.lock_and_checkpoint([a, b], 1000, backend)
-    assert backend.state(a) == _cuda.CHECKPOINTED
+    assert backend.state(a) == _cudaabi.CHECKPOINTED
     # what the checkpoint guardian runs when the module dies: every pid back to RUNNING
     assert _cuda.rollback([a, b], backend) == ([a, b], [])
-    assert backend.state(a) == backend.state(b) == _cuda.RUNNING
-    with pytest.raises(_cuda.CudaError, match="same device ids only"):
+    assert backend.state(a) == backend.state(b) == _cudaabi.RUNNING
+    with pytest.raises(_cudaabi.CudaError, match="same device ids only"):
         backend.lock(a)
         backend.checkpoint(a)
         backend.restore(a, [("0", "1")])
@@ -219,9 +221,9 @@ def test_ascend_backend_runs_the_engine_s_cuda_functions(npu: Tuple[Path, Path, 
 def test_ascend_backend_failure_in_one_rolls_back_all_through_cuda(npu: Tuple[Path, Path, list], tmp_path: Path) -> None:
     a, b = spawn(npu), spawn(npu, fail="backup=507899")
     backend = _accel.AscendBackend(AscendAccelerator(str(npu[1])))
-    with pytest.raises(_cuda.CudaError, match=rf"aclrtSnapShotProcessBackup failed.*rolled back: pid\(s\) {a}, {b}"):
+    with pytest.raises(_cudaabi.CudaError, match=rf"aclrtSnapShotProcessBackup failed.*rolled back: pid\(s\) {a}, {b}"):
         _cuda.lock_and_checkpoint([a, b], 1000, backend)
-    assert backend.state(a) == backend.state(b) == _cuda.RUNNING
+    assert backend.state(a) == backend.state(b) == _cudaabi.RUNNING
 
 
 def test_ascend_gpu_node_has_the_agent_backend_and_no_gpus(tmp_path: Path) -> None:

@@ -17,6 +17,8 @@ import yaml
 from ansible_collections.warmstart.snapshot.plugins.module_utils.agent import _agent as agent
 from ansible_collections.warmstart.snapshot.plugins.module_utils.k8s import _k8s_client as k8s
 from ansible_collections.warmstart.snapshot.plugins.module_utils.k8s import _k8s_records as rec
+from ansible_collections.warmstart.snapshot.plugins.module_utils.k8s import _podapi as podapi
+from ansible_collections.warmstart.snapshot.plugins.module_utils.k8s import _podbuild as podbuild
 from ansible_collections.warmstart.snapshot.plugins.module_utils.k8s import _podcontract as pc
 from tests.support import fake_apiserver as fake_server_module
 from tests.support.fake_apiserver import FakeApiServer
@@ -73,7 +75,7 @@ def _snapshot(server: FakeApiServer, ready: bool = True) -> None:
 def _restore_pod(server: FakeApiServer, name: str, image: str = SOURCE[0]["image"], node: str = "node-1",
                  annotations: Optional[Dict[str, str]] = None, running: bool = True) -> Dict[str, Any]:
     template = {"metadata": {"labels": {"app": "embed"}}, "spec": {"containers": [dict(SOURCE[0], image=image)]}}
-    built = pc.build(template, "snap-a")
+    built = podbuild.build(template, "snap-a")
     built["metadata"]["annotations"].update(annotations or {})
     return server.add_pod(name, containers=built["spec"]["containers"], spec=dict(built["spec"]), node=node,
                           labels={"app": "embed"}, annotations=built["metadata"]["annotations"],
@@ -86,7 +88,7 @@ def _settings(name: str, **kw: Any) -> agent.Settings:
 
 
 def _condition(server: FakeApiServer, name: str) -> Dict[str, Any]:
-    return pc.get_condition(server.store.get("pods", name, "default"), pc.RESTORE_CONDITION) or {}
+    return podapi.get_condition(server.store.get("pods", name, "default"), podapi.RESTORE_CONDITION) or {}
 
 
 def test_a_ready_snapshot_is_restored_once_and_recorded(fake_apiserver: FakeApiServer) -> None:
@@ -100,9 +102,9 @@ def test_a_ready_snapshot_is_restored_once_and_recorded(fake_apiserver: FakeApiS
     assert [(w.snapshot, w.snapshot_id, [p["container"] for p in w.pairs]) for w in node.restored] == [
         ("snap-a", "20261202T120000Z-1a2b3c4d", ["main"])]
     cond = _condition(fake_apiserver, "r-0")
-    assert (cond["status"], cond["reason"]) == ("True", pc.REASON_SUCCEEDED)
+    assert (cond["status"], cond["reason"]) == ("True", podapi.REASON_SUCCEEDED)
     pod = fake_apiserver.store.get("pods", "r-0", "default")
-    assert pc.FINALIZER not in (pod["metadata"].get("finalizers") or [])
+    assert podapi.FINALIZER not in (pod["metadata"].get("finalizers") or [])
     assert pod["metadata"]["annotations"][agent.ANN_ATTEMPT].startswith("node-1 ")
     again = agent.restore_pod(_cluster(fake_apiserver), _settings("r-0"), node)
     assert (again["action"], again["reason"]) == ("skipped", "its restore already ran (Succeeded)")
@@ -119,7 +121,7 @@ def test_a_missing_or_unready_snapshot_makes_the_pod_wait_without_spending_its_a
     assert (out["action"], out["outcome"]) == ("waiting", "Pending")
     assert out["reasons"] == ["PodSnapshot default/snap-a does not exist yet"]
     cond = _condition(fake_apiserver, "r-w")
-    assert (cond["status"], cond["reason"]) == ("False", pc.REASON_IN_PROGRESS)
+    assert (cond["status"], cond["reason"]) == ("False", podapi.REASON_IN_PROGRESS)
     assert cond["message"] == "waiting: PodSnapshot default/snap-a does not exist yet"
     assert agent.ANN_ATTEMPT not in fake_apiserver.store.get("pods", "r-w", "default")["metadata"]["annotations"]
     _snapshot(fake_apiserver, ready=False)
@@ -141,7 +143,7 @@ def test_a_snapshot_of_another_pod_spec_is_refused_with_the_reasons_and_nothing_
     assert any("image" in r for r in out["reasons"]), out["reasons"]
     assert not node.restored and not node.given_up
     cond = _condition(fake_apiserver, "r-x")
-    assert (cond["status"], cond["reason"]) == ("False", pc.REASON_INCOMPATIBLE)
+    assert (cond["status"], cond["reason"]) == ("False", podapi.REASON_INCOMPATIBLE)
 
 
 def test_cold_start_fallback_on_refusal_and_on_failure(fake_apiserver: FakeApiServer) -> None:
@@ -158,7 +160,7 @@ def test_cold_start_fallback_on_refusal_and_on_failure(fake_apiserver: FakeApiSe
     assert (out["action"], out["outcome"]) == ("restored", "failed")
     assert [w.cold_start for w in failing.restored] == [True] and len(failing.given_up) == 1
     cond = _condition(fake_apiserver, "r-fail")
-    assert (cond["reason"], cond["message"]) == (pc.REASON_FAILED, "CRIU failed; started cold")
+    assert (cond["reason"], cond["message"]) == (podapi.REASON_FAILED, "CRIU failed; started cold")
 
 
 def test_pods_of_other_nodes_unscheduled_or_not_running_are_skipped(fake_apiserver: FakeApiServer) -> None:
@@ -208,7 +210,7 @@ def test_an_attempt_the_agent_did_not_record_is_recovered_never_replayed(fake_ap
     done = FakeNode(state=agent.COMPLETE)
     out = agent.restore_pod(_cluster(fake_apiserver), _settings("r-done"), done)
     assert (out["action"], out["outcome"]) == ("recovered", "succeeded")
-    assert _condition(fake_apiserver, "r-done")["reason"] == pc.REASON_SUCCEEDED
+    assert _condition(fake_apiserver, "r-done")["reason"] == podapi.REASON_SUCCEEDED
     half = FakeNode(state=agent.UNFINISHED)
     out = agent.restore_pod(_cluster(fake_apiserver), _settings("r-half"), half)
     assert (out["action"], out["outcome"]) == ("recovered", "failed")
@@ -251,7 +253,7 @@ def test_the_pod_annotation_decides_the_fallback_before_the_agent_default(
 
 def test_a_pod_that_selects_at_restore_gets_the_newest_fitting_snapshot_pinned(fake_apiserver: FakeApiServer) -> None:
     template = {"metadata": {"labels": {"app": "embed"}}, "spec": {"containers": copy.deepcopy(SOURCE)}}
-    built = pc.build(template, None)
+    built = podbuild.build(template, None)
     assert pc.restore_mode(built)["select"] and not pc.restore_mode(built)["restore_from"]
     for crd in yaml.safe_load(CRDS.read_text())["items"]:
         fake_apiserver.store.put("customresourcedefinitions", crd, group="apiextensions.k8s.io")
@@ -264,4 +266,4 @@ def test_a_pod_that_selects_at_restore_gets_the_newest_fitting_snapshot_pinned(f
     out = agent.restore_pod(_cluster(fake_apiserver), _settings("r-sel"), node)
     assert (out["action"], out["outcome"], out["snapshot"]) == ("restored", "succeeded", "snap-a")
     pod = fake_apiserver.store.get("pods", "r-sel", "default")
-    assert pod["metadata"]["annotations"][pc.ANN_RESTORE_FROM] == "snap-a"
+    assert pod["metadata"]["annotations"][podapi.ANN_RESTORE_FROM] == "snap-a"

@@ -11,7 +11,7 @@ import yaml
 
 from ansible_collections.warmstart.snapshot.plugins.module_utils.agent import _agent_capture as cap
 from ansible_collections.warmstart.snapshot.plugins.module_utils.k8s import _k8s_client as k8s
-from ansible_collections.warmstart.snapshot.plugins.module_utils.k8s import _podcontract as pc
+from ansible_collections.warmstart.snapshot.plugins.module_utils.k8s import _podapi as podapi
 from ansible_collections.warmstart.snapshot.plugins.module_utils.core._errors import WarmstartError
 from tests.support import fake_apiserver as fake_server_module
 from tests.support.fake_apiserver import FakeApiServer
@@ -49,9 +49,9 @@ def _setup(server: FakeApiServer, name: str = "warm", uid: str = "") -> None:
     ref: Dict[str, Any] = {"name": "embed-0"}
     if uid:
         ref["uid"] = uid
-    _cluster(server).create(pc.KIND_SNAPSHOT, {"apiVersion": pc.API_VERSION, "kind": pc.KIND_SNAPSHOT,
-                                               "metadata": {"name": name, "namespace": "default"},
-                                               "spec": {"source": {"podRef": ref}}}, "default")
+    _cluster(server).create(podapi.KIND_SNAPSHOT, {"apiVersion": podapi.API_VERSION, "kind": podapi.KIND_SNAPSHOT,
+                                                   "metadata": {"name": name, "namespace": "default"},
+                                                   "spec": {"source": {"podRef": ref}}}, "default")
 
 
 def _settings(name: str = "warm", **kw: Any) -> cap.CaptureSettings:
@@ -60,7 +60,7 @@ def _settings(name: str = "warm", **kw: Any) -> cap.CaptureSettings:
 
 
 def _snap(server: FakeApiServer, name: str = "warm") -> Dict[str, Any]:
-    return server.store.get("podsnapshots", name, "default", group=pc.GROUP)
+    return server.store.get("podsnapshots", name, "default", group=podapi.GROUP)
 
 
 def test_a_request_is_captured_bound_and_ready(fake_apiserver: FakeApiServer) -> None:
@@ -69,9 +69,9 @@ def test_a_request_is_captured_bound_and_ready(fake_apiserver: FakeApiServer) ->
     out = cap.capture(_cluster(fake_apiserver), _settings(), node)
     assert (out["action"], out["attempts"], out["container"]) == ("captured", 1, "main")
     snap = _snap(fake_apiserver)
-    assert pc.is_ready(snap)
+    assert podapi.is_ready(snap)
     content = fake_apiserver.store.get("podsnapshotcontents", snap["status"]["boundSnapshotContentName"],
-                                       group=pc.GROUP)
+                                       group=podapi.GROUP)
     assert content["spec"]["store"] == {"url": "/mnt/snapshots", "snapshotId": out["snapshot_id"], "path": "snapshots/x"}
     assert content["spec"]["snapshotRef"]["uid"] == snap["metadata"]["uid"]
     again = cap.capture(_cluster(fake_apiserver), _settings(), node)
@@ -85,14 +85,14 @@ def test_a_failed_capture_is_retried_then_failed_after_the_last_attempt(fake_api
     first = cap.capture(_cluster(fake_apiserver), _settings(max_attempts=2), node)
     assert (first["action"], first["attempts"]) == ("will retry", 1)
     snap = _snap(fake_apiserver)
-    ready, failed = pc.get_condition(snap, pc.READY_CONDITION), pc.get_condition(snap, pc.FAILED_CONDITION)
+    ready, failed = podapi.get_condition(snap, podapi.READY_CONDITION), podapi.get_condition(snap, podapi.FAILED_CONDITION)
     assert (ready["status"], ready["reason"]) == ("False", cap.REASON_FAILED)
     assert "attempt 1 of 2 failed: container main: CRIU dump failed (try 1)" in ready["message"]
     assert (failed["status"], failed["reason"]) == ("False", "WillRetry")
     assert snap["status"]["attempts"] == 1
     second = cap.capture(_cluster(fake_apiserver), _settings(max_attempts=2), node)
     assert (second["action"], second["attempts"]) == ("failed", 2)
-    failed = pc.get_condition(_snap(fake_apiserver), pc.FAILED_CONDITION)
+    failed = podapi.get_condition(_snap(fake_apiserver), podapi.FAILED_CONDITION)
     assert (failed["status"], failed["reason"]) == ("True", cap.REASON_FAILED)
     assert "(try 2)" in failed["message"] and "attempt 2 of 2; no attempt left" in failed["message"]
     third = cap.capture(_cluster(fake_apiserver), _settings(max_attempts=2), node)
@@ -102,15 +102,15 @@ def test_a_failed_capture_is_retried_then_failed_after_the_last_attempt(fake_api
 def test_a_missing_storage_secret_fails_the_attempt_naming_it(fake_apiserver: FakeApiServer) -> None:
     _setup(fake_apiserver)
     k8s_cluster = _cluster(fake_apiserver)
-    k8s_cluster.create(pc.KIND_STORAGE_CONFIG, {
-        "apiVersion": pc.API_VERSION, "kind": pc.KIND_STORAGE_CONFIG, "metadata": {"name": "s3-store"},
+    k8s_cluster.create(podapi.KIND_STORAGE_CONFIG, {
+        "apiVersion": podapi.API_VERSION, "kind": podapi.KIND_STORAGE_CONFIG, "metadata": {"name": "s3-store"},
         "spec": {"storeUrl": "s3://snapshots/ml", "credentialsSecretRef": {"name": "s3-creds"}}})
-    k8s_cluster.create(pc.KIND_POLICY, {
-        "apiVersion": pc.API_VERSION, "kind": pc.KIND_POLICY, "metadata": {"name": "p", "namespace": "default"},
+    k8s_cluster.create(podapi.KIND_POLICY, {
+        "apiVersion": podapi.API_VERSION, "kind": podapi.KIND_POLICY, "metadata": {"name": "p", "namespace": "default"},
         "spec": {"selector": {}, "storageConfigName": "s3-store"}}, "default")
-    k8s_cluster.create(pc.KIND_SNAPSHOT, {"apiVersion": pc.API_VERSION, "kind": pc.KIND_SNAPSHOT,
-                                          "metadata": {"name": "via-policy", "namespace": "default"},
-                                          "spec": {"source": {"podRef": {"name": "embed-0"}}, "policyName": "p"}},
+    k8s_cluster.create(podapi.KIND_SNAPSHOT, {"apiVersion": podapi.API_VERSION, "kind": podapi.KIND_SNAPSHOT,
+                                              "metadata": {"name": "via-policy", "namespace": "default"},
+                                              "spec": {"source": {"podRef": {"name": "embed-0"}}, "policyName": "p"}},
                        "default")
     node = FakeCapturer()
     out = cap.capture(k8s_cluster, _settings("via-policy", store=None, max_attempts=1), node)
@@ -123,7 +123,7 @@ def test_a_request_whose_source_is_gone_or_replaced_fails_at_once(fake_apiserver
     node = FakeCapturer()
     out = cap.capture(_cluster(fake_apiserver), _settings("old"), node)
     assert out["action"] == "failed" and "was deleted and created again" in out["reasons"][0]
-    assert pc.get_condition(_snap(fake_apiserver, "old"), pc.FAILED_CONDITION)["reason"] == cap.REASON_SOURCE_GONE
+    assert podapi.get_condition(_snap(fake_apiserver, "old"), podapi.FAILED_CONDITION)["reason"] == cap.REASON_SOURCE_GONE
     assert not node.calls
 
 

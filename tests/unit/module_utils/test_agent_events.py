@@ -8,7 +8,7 @@ from typing import Any, Dict, List, Optional, Tuple
 import pytest
 
 from ansible_collections.warmstart.snapshot.plugins.module_utils.agent import _agent_events as ae
-from ansible_collections.warmstart.snapshot.plugins.module_utils.k8s import _podcontract as pc
+from ansible_collections.warmstart.snapshot.plugins.module_utils.k8s import _podapi as podapi
 from ansible_collections.warmstart.snapshot.plugins.module_utils.core._errors import WarmstartError
 
 JSON = Dict[str, Any]
@@ -22,7 +22,7 @@ def pod(name: str, ns: str = "ml", node: Optional[str] = NODE, phase: str = "Run
     meta: JSON = {"name": name, "namespace": ns, "uid": uid or f"uid-{name}", "labels": dict(labels or {}),
                   "annotations": dict(annotations or {}), "resourceVersion": "1"}
     if restore:
-        meta["annotations"][pc.ANN_RESTORE_FROM] = restore
+        meta["annotations"][podapi.ANN_RESTORE_FROM] = restore
     if deleting:
         meta["deletionTimestamp"] = "2026-01-01T00:00:00Z"
     spec: JSON = {"containers": [{"name": c, "image": "i"} for c in containers]}
@@ -40,7 +40,7 @@ def source(name: str = "src", **kw: Any) -> JSON:
     return pod(name, **kw)
 
 
-def restored(status: str, reason: str, condition: str = pc.RESTORE_CONDITION) -> List[JSON]:
+def restored(status: str, reason: str, condition: str = podapi.RESTORE_CONDITION) -> List[JSON]:
     return [{"type": condition, "status": status, "reason": reason}]
 
 
@@ -57,7 +57,7 @@ def snapshot(name: str, ns: str = "ml", src: str = "src", uid: str = "uid-src", 
     meta: JSON = {"name": name, "namespace": ns, "uid": f"uid-{name}"}
     if deleting:
         meta["deletionTimestamp"] = "2026-01-01T00:00:00Z"
-    return {"apiVersion": pc.API_VERSION, "kind": "PodSnapshot", "metadata": meta, "spec": spec, "status": status}
+    return {"apiVersion": podapi.API_VERSION, "kind": "PodSnapshot", "metadata": meta, "spec": spec, "status": status}
 
 
 def ready_snapshot(name: str, ns: str = "ml", **kw: Any) -> JSON:
@@ -65,7 +65,7 @@ def ready_snapshot(name: str, ns: str = "ml", **kw: Any) -> JSON:
     snap = snapshot(name, ns, bound=f"{ns}-{name}", **kw)
     snap["status"]["conditions"] = [{"type": "Ready", "status": "True", "reason": "Ready", "message": "",
                                      "lastTransitionTime": "2026-01-01T00:00:00Z"}]
-    assert pc.is_ready(snap), pc.readiness_problems(snap)
+    assert podapi.is_ready(snap), podapi.readiness_problems(snap)
     return snap
 
 
@@ -76,7 +76,7 @@ def trigger(name: str, ns: str = "ml", target: str = "src", triggered: Optional[
         meta["deletionTimestamp"] = "2026-01-01T00:00:00Z"
     status: JSON = {"conditions": [{"type": "Triggered", "status": triggered, "reason": "Complete"}]} if triggered \
         else {}
-    return {"apiVersion": pc.API_VERSION, "kind": ae.KIND_TRIGGER, "metadata": meta, "spec": {"targetPod": target},
+    return {"apiVersion": podapi.API_VERSION, "kind": ae.KIND_TRIGGER, "metadata": meta, "spec": {"targetPod": target},
             "status": status}
 
 
@@ -85,7 +85,7 @@ def policy(name: str, ns: str = "ml", selector: Any = None, trigger_type: Option
     if trigger_type:
         spec["triggerConfig"] = {"type": trigger_type}
     meta = {"name": name, "namespace": ns, "uid": f"uid-{name}"}
-    return {"apiVersion": pc.API_VERSION, "kind": "PodSnapshotPolicy", "metadata": meta, "spec": spec}
+    return {"apiVersion": podapi.API_VERSION, "kind": "PodSnapshotPolicy", "metadata": meta, "spec": spec}
 
 
 def brief(events: List[JSON]) -> List[Tuple[str, str, Optional[str], str]]:
@@ -121,7 +121,7 @@ def agent(*pods: JSON, node: Optional[str] = NODE, **kw: Any) -> Tuple[ae.AgentE
 
 def test_restore_pods_by_any_of_the_restore_annotations() -> None:
     assert ae.is_restore_pod(pod("a"))
-    assert ae.is_restore_pod(pod("a", restore=None, annotations={pc.REF_ANN_RESTORE_FROM: "snap"}))
+    assert ae.is_restore_pod(pod("a", restore=None, annotations={podapi.REF_ANN_RESTORE_FROM: "snap"}))
     assert ae.is_restore_pod(pod("a", restore=None, annotations={ae.ANN_RESTORE_SELECT: "True"}))
     assert not ae.is_restore_pod(pod("a", restore=None, annotations={ae.ANN_RESTORE_SELECT: "false"}))
     assert not ae.is_restore_pod(pod("a", restore=""))
@@ -151,14 +151,14 @@ def test_containers_running_counts_every_spec_container_and_no_init_container() 
     (pod("a", running=False), NODE, False),
     (pod("a", deleting=True), NODE, False),
     (pod("a", restore=None), NODE, False),
-    (pod("a", conditions=restored("False", pc.REASON_IN_PROGRESS)), NODE, True),
-    (pod("a", conditions=restored("Unknown", pc.REASON_IN_PROGRESS)), NODE, True),
-    (pod("a", conditions=restored("True", pc.REASON_SUCCEEDED)), NODE, False),
-    (pod("a", conditions=restored("False", pc.REASON_FAILED)), NODE, False),
-    (pod("a", conditions=restored("False", pc.REASON_INCOMPATIBLE)), NODE, False),
-    (pod("a", conditions=restored("False", pc.REASON_PARTIAL)), NODE, False),
+    (pod("a", conditions=restored("False", podapi.REASON_IN_PROGRESS)), NODE, True),
+    (pod("a", conditions=restored("Unknown", podapi.REASON_IN_PROGRESS)), NODE, True),
+    (pod("a", conditions=restored("True", podapi.REASON_SUCCEEDED)), NODE, False),
+    (pod("a", conditions=restored("False", podapi.REASON_FAILED)), NODE, False),
+    (pod("a", conditions=restored("False", podapi.REASON_INCOMPATIBLE)), NODE, False),
+    (pod("a", conditions=restored("False", podapi.REASON_PARTIAL)), NODE, False),
     (pod("a", conditions=restored("False", "Other")), NODE, False),
-    (pod("a", conditions=restored("True", pc.REASON_SUCCEEDED, pc.REF_RESTORE_CONDITION)), NODE, False),
+    (pod("a", conditions=restored("True", podapi.REASON_SUCCEEDED, podapi.REF_RESTORE_CONDITION)), NODE, False),
 ], ids=["pending", "any-node", "other-node", "unscheduled", "phase-pending", "container-waiting", "deleting",
         "no-annotation", "in-progress", "in-progress-unknown", "succeeded", "failed", "incompatible", "partial",
         "other-reason", "reference-condition"])
@@ -239,10 +239,10 @@ def test_restore_pod_when_it_becomes_so_then_on_every_resync_while_it_stays_so()
     events, _cluster, _p = agent()
     assert events.observe("Pod", "ADDED", pod("r", phase="Pending", running=False)) == []
     assert brief(events.observe("Pod", "MODIFIED", pod("r"))) == [("restore_pod", "ml/r", NODE, "modified")]
-    in_progress = pod("r", conditions=restored("False", pc.REASON_IN_PROGRESS))
+    in_progress = pod("r", conditions=restored("False", podapi.REASON_IN_PROGRESS))
     assert events.observe("Pod", "MODIFIED", in_progress) == []  # still the same restore pod: no new event
     assert brief(events.resync()) == [("restore_pod", "ml/r", NODE, "resync")]
-    assert events.observe("Pod", "MODIFIED", pod("r", conditions=restored("True", pc.REASON_SUCCEEDED))) == []
+    assert events.observe("Pod", "MODIFIED", pod("r", conditions=restored("True", podapi.REASON_SUCCEEDED))) == []
     assert events.resync() == []
     assert brief(events.observe("Pod", "ADDED", pod("s"))) == [("restore_pod", "ml/s", NODE, "added")]
     assert brief(events.observe("Pod", "MODIFIED", pod("t"), origin="relist")) == [
@@ -260,9 +260,9 @@ def test_restore_pods_of_other_nodes_are_not_this_agents() -> None:
 def test_a_snapshot_becoming_ready_re_emits_the_restore_pods_of_its_namespace() -> None:
     events, _c, _p = agent()
     events.observe("Pod", "ADDED", pod("r1"))
-    events.observe("Pod", "ADDED", pod("r2", conditions=restored("False", pc.REASON_IN_PROGRESS)))
+    events.observe("Pod", "ADDED", pod("r2", conditions=restored("False", podapi.REASON_IN_PROGRESS)))
     events.observe("Pod", "ADDED", pod("other", ns="web"))
-    events.observe("Pod", "ADDED", pod("done", conditions=restored("True", pc.REASON_SUCCEEDED)))
+    events.observe("Pod", "ADDED", pod("done", conditions=restored("True", podapi.REASON_SUCCEEDED)))
     assert events.observe("PodSnapshot", "ADDED", snapshot("snap", bound="c")) == []
     ready = ready_snapshot("snap")
     assert brief(events.observe("PodSnapshot", "MODIFIED", ready)) == [

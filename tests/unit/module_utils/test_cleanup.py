@@ -9,7 +9,7 @@ from typing import Any, Dict
 import pytest
 
 from ansible_collections.warmstart.snapshot.plugins.module_utils.catalog import _cleanup as cln
-from ansible_collections.warmstart.snapshot.plugins.module_utils.runners import _module
+from ansible_collections.warmstart.snapshot.plugins.module_utils.runners import _cleanup as cleanup_runner
 from ansible_collections.warmstart.snapshot.plugins.module_utils.core import _progress as prog
 from ansible_collections.warmstart.snapshot.plugins.module_utils.catalog import _retention as ret
 from ansible_collections.warmstart.snapshot.plugins.module_utils.store import _store as st
@@ -51,7 +51,7 @@ def test_check_mode_removes_nothing_and_reports_what_would_go(store: st.FsStore,
     docs = [make_snapshot(store, "embed") for index in range(3)]
     paths = leftovers(store, tmp_path)
     before = tree(tmp_path)
-    result = _module.cleanup(params(store, tmp_path, keep_last=1), True)
+    result = cleanup_runner.run(params(store, tmp_path, keep_last=1), True)
     assert tree(tmp_path) == before
     assert result["changed"] is True and len(result["removed"]) == 2
     assert set(result["removed"]) | set(result["kept"]) == {d["id"] for d in docs}
@@ -67,20 +67,20 @@ def test_real_run_removes_what_check_mode_listed(store: st.FsStore, tmp_path: Pa
     for index in range(3):
         make_snapshot(store, "embed")
     paths = leftovers(store, tmp_path)
-    plan = _module.cleanup(params(store, tmp_path, keep_last=1), True)
-    done = _module.cleanup(params(store, tmp_path, keep_last=1), False)
+    plan = cleanup_runner.run(params(store, tmp_path, keep_last=1), True)
+    done = cleanup_runner.run(params(store, tmp_path, keep_last=1), False)
     assert done["removed"] == plan["removed"] and done["kept"] == plan["kept"]
     assert done["msg"].startswith("removed 2 snapshot(s), 1 staging dir(s) and 1 restore work dir(s)")
     assert not os.path.lexists(paths["staging"]) and not os.path.lexists(paths["restore"])
     assert [d["id"] for d in store.list()] == done["kept"]
-    again = _module.cleanup(params(store, tmp_path, keep_last=1), False)
+    again = cleanup_runner.run(params(store, tmp_path, keep_last=1), False)
     assert again["changed"] is False and again["removed"] == []
 
 
 def test_snapshot_ids_named_and_missing(store: st.FsStore, tmp_path: Path) -> None:
     doc = make_snapshot(store)
     absent = "20200101T000000Z-0a1b2c3d"
-    result = _module.cleanup(params(store, tmp_path, snapshot_ids=[doc["id"], absent]), False)
+    result = cleanup_runner.run(params(store, tmp_path, snapshot_ids=[doc["id"], absent]), False)
     assert result["removed"] == [doc["id"]] and result["missing"] == [absent]
     assert result["removed_snapshots"][0]["reason"] == "named in snapshot_ids"
 
@@ -88,7 +88,7 @@ def test_snapshot_ids_named_and_missing(store: st.FsStore, tmp_path: Path) -> No
 def test_bad_policy_is_refused_before_the_store_is_read(tmp_path: Path) -> None:
     store = st.FsStore(str(tmp_path / "never"))
     with pytest.raises(ret.RetentionError) as raised:
-        _module.cleanup(params(store, tmp_path, max_age="7x"), False)
+        cleanup_runner.run(params(store, tmp_path, max_age="7x"), False)
     assert failure(raised.value)["msg"].startswith("max_age: unknown unit 'x' in '7x'")
     assert not (tmp_path / "never").exists()
 
@@ -119,7 +119,7 @@ def test_a_failed_removal_fails_with_the_whole_result_and_errors(store: st.FsSto
 
 def test_prune_node_cache_is_a_no_op_for_a_filesystem_store(store: st.FsStore, tmp_path: Path) -> None:
     make_snapshot(store)
-    result = _module.cleanup(params(store, tmp_path, prune_node_cache=True), False)
+    result = cleanup_runner.run(params(store, tmp_path, prune_node_cache=True), False)
     assert result["removed_cache"] == [] and result["changed"] is False
 
 

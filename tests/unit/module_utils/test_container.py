@@ -1,4 +1,4 @@
-"""_container.restore_into: the outcome of a raised refusal or failure, check mode; restore_one's rollback."""
+"""_restoreinto.restore_into: the outcome of a raised refusal or failure, check mode; restore_one's rollback."""
 from __future__ import annotations
 
 from typing import Any, Dict, List
@@ -6,6 +6,9 @@ from typing import Any, Dict, List
 import pytest
 
 from ansible_collections.warmstart.snapshot.plugins.module_utils.snapshot import _container as ctr
+from ansible_collections.warmstart.snapshot.plugins.module_utils.snapshot import _placeholder as ph
+from ansible_collections.warmstart.snapshot.plugins.module_utils.snapshot import _preflight as pf
+from ansible_collections.warmstart.snapshot.plugins.module_utils.snapshot import _restoreinto as rinto
 from ansible_collections.warmstart.snapshot.plugins.module_utils.core._errors import WarmstartError
 from ansible_collections.warmstart.snapshot.plugins.module_utils.runtime._runtime import ContainerInfo
 
@@ -17,21 +20,21 @@ DOC = {"id": "20261203T000000Z-abcdef01", "name": "embed", "source": {},
 def engine(monkeypatch: pytest.MonkeyPatch) -> Dict[str, Any]:
     """restore_into with CRIU, the node, the store and the runtime faked; ``calls`` records what was asked."""
     calls: Dict[str, Any] = {"incompatible": [], "checksums": [], "fetch": []}
-    monkeypatch.setattr(ctr, "find_criu", lambda path: "/usr/local/bin/criu")
-    monkeypatch.setattr(ctr, "describe_node", lambda criu: {"arch": "x86_64"})
-    monkeypatch.setattr(ctr.snap, "select", lambda *a, **kw: DOC)
-    monkeypatch.setattr(ctr, "incompatibilities", lambda source, node: list(calls["incompatible"]))
+    monkeypatch.setattr(rinto, "find_criu", lambda path: "/usr/local/bin/criu")
+    monkeypatch.setattr(rinto, "describe_node", lambda criu: {"arch": "x86_64"})
+    monkeypatch.setattr(pf, "select", lambda *a, **kw: DOC)
+    monkeypatch.setattr(rinto, "incompatibilities", lambda source, node: list(calls["incompatible"]))
 
     def verify_local(store: Any, doc: Dict[str, Any], fetch: bool, cached: bool) -> List[str]:
         calls["fetch"].append(fetch)
         return list(calls["checksums"])
 
-    monkeypatch.setattr(ctr.st, "verify_local", verify_local)
-    monkeypatch.setattr(ctr, "get_runtime", lambda name: object())
+    monkeypatch.setattr(rinto.ck, "verify_local", verify_local)
+    monkeypatch.setattr(rinto, "get_runtime", lambda name: object())
     info = ContainerInfo(id="c" * 64, name="ph", runtime="podman", image="i", image_id="x", running=True,
                          status="running", pid=4242, cgroup_path="/cg", rootfs="/r", upper_dir=None, hostname="h")
-    monkeypatch.setattr(ctr, "check_destination",
-                        lambda runtime, target, dest, skip: (ctr.Destination(source=target, name=dest, info=info), []))
+    monkeypatch.setattr(ph, "check_destination",
+                        lambda runtime, target, dest, skip: (ph.Destination(source=target, name=dest, info=info), []))
     return calls
 
 
@@ -39,7 +42,7 @@ def test_a_snapshot_that_does_not_fit_is_refused_as_incompatible(engine: Dict[st
     engine["incompatible"] = ["arch: the snapshot is aarch64, this node x86_64"]
     engine["checksums"] = ["app/criu/pages-1.img: sha256 mismatch"]
     with pytest.raises(WarmstartError) as err:
-        ctr.restore_into(object(), "app=ph", snapshot_id=DOC["id"])
+        rinto.restore_into(object(), "app=ph", snapshot_id=DOC["id"])
     assert err.value.details == {"outcome": "incompatible"}
     assert err.value.reasons == ["arch: the snapshot is aarch64, this node x86_64",
                                  "checksum: app/criu/pages-1.img: sha256 mismatch"]
@@ -50,33 +53,33 @@ def test_no_compatible_snapshot_is_incompatible_and_none_at_all_failed(engine: D
     def none_fits(*args: Any, **kwargs: Any) -> Dict[str, Any]:
         raise ctr.snap.SnapshotError("no snapshot matching name='embed' is compatible", reasons=["x: arch"])
 
-    monkeypatch.setattr(ctr.snap, "select", none_fits)
+    monkeypatch.setattr(pf, "select", none_fits)
     with pytest.raises(WarmstartError) as err:
-        ctr.restore_into(object(), "app=ph", name="embed")
+        rinto.restore_into(object(), "app=ph", name="embed")
     assert err.value.details["outcome"] == "incompatible"
 
     def none_found(*args: Any, **kwargs: Any) -> Dict[str, Any]:
         raise ctr.snap.SnapshotError("no published snapshot matches name='embed'")
 
-    monkeypatch.setattr(ctr.snap, "select", none_found)
+    monkeypatch.setattr(pf, "select", none_found)
     with pytest.raises(WarmstartError) as err:
-        ctr.restore_into(object(), "app=ph", name="embed")
+        rinto.restore_into(object(), "app=ph", name="embed")
     assert err.value.details["outcome"] == "failed"
 
 
 def test_other_raised_failures_are_failed(engine: Dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> None:
-    with pytest.raises(WarmstartError, match="appears twice") as err:
-        ctr.restore_into(object(), "app=ph,app=ph", snapshot_id=DOC["id"])
+    with pytest.raises(WarmstartError, match="destination 'ph' already receives 'app'") as err:
+        rinto.restore_into(object(), "app=ph,app=ph", snapshot_id=DOC["id"])
     assert err.value.details["outcome"] == "failed"
-    monkeypatch.setattr(ctr, "find_criu", lambda path: None)
+    monkeypatch.setattr(rinto, "find_criu", lambda path: None)
     with pytest.raises(WarmstartError, match="no CRIU found") as err:
-        ctr.restore_into(object(), "app=ph", snapshot_id=DOC["id"])
+        rinto.restore_into(object(), "app=ph", snapshot_id=DOC["id"])
     assert err.value.details["outcome"] == "failed"
 
 
 def test_check_mode_fetches_and_touches_nothing(engine: Dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(ctr, "_restore_exclusive", lambda *a: pytest.fail("check mode restored"))
-    result = ctr.restore_into(object(), "app=ph", snapshot_id=DOC["id"], check_mode=True)
+    monkeypatch.setattr(rinto, "_restore_exclusive", lambda *a: pytest.fail("check mode restored"))
+    result = rinto.restore_into(object(), "app=ph", snapshot_id=DOC["id"], check_mode=True)
     assert engine["fetch"] == [False]
     assert result["outcome"] == "succeeded"
     closed = {"mode": "close", "reason": "restored into placeholder ph's network namespace, not the one the "
@@ -90,16 +93,16 @@ def test_a_failed_restore_kills_what_it_restored_and_the_placeholder(tmp_path: A
     """The rollback path: CRIU restored the tree, the placeholder died meanwhile -> tree and placeholder killed."""
     info = ContainerInfo(id="c" * 64, name="ph", runtime="podman", image="i", image_id="x", running=True,
                          status="running", pid=4242, cgroup_path="/cg", rootfs="/r", upper_dir=None, hostname="h")
-    d = ctr.Destination(source=DOC["targets"][0], name="ph", info=info)
+    d = ph.Destination(source=DOC["targets"][0], name="ph", info=info)
     killed: List[Any] = []
-    monkeypatch.setattr(ctr, "_pin", lambda r: r.pinned.update({ns: 60000 + n for n, ns in enumerate(ctr.PINNED)}))
-    monkeypatch.setattr(ctr, "_prepare", lambda r: None)
-    monkeypatch.setattr(ctr, "criu_restore", lambda criu, images, work, options: 777)
+    monkeypatch.setattr(rinto, "_pin", lambda r: r.pinned.update({ns: 60000 + n for n, ns in enumerate(rinto.PINNED)}))
+    monkeypatch.setattr(rinto, "_prepare", lambda r: None)
+    monkeypatch.setattr(rinto, "criu_restore", lambda criu, images, work, options: 777)
     monkeypatch.setattr(ctr.nsu, "set_hostname", lambda pid, name: None)
     monkeypatch.setattr(ctr.proc, "alive", lambda pid: pid == 777)
     monkeypatch.setattr(ctr.proc, "signal_tree", lambda pid, sig: killed.append(("tree", pid)))
-    monkeypatch.setattr(ctr, "_kill_placeholder", lambda i: killed.append(("placeholder", i.pid)) or "killed")
-    out = ctr.restore_one("/criu", str(tmp_path), DOC, d, ctr.CriuOptions(), str(tmp_path / "restore"), True)
+    monkeypatch.setattr(rinto, "_kill_placeholder", lambda i: killed.append(("placeholder", i.pid)) or "killed")
+    out = rinto.restore_one("/criu", str(tmp_path), DOC, d, ctr.CriuOptions(), str(tmp_path / "restore"), True)
     assert out["result"] == "failed" and out["error"] == "container ph: placeholder ph exited during the restore"
     assert killed == [("tree", 777), ("placeholder", 4242)] and out["placeholder"] == "killed"
 
@@ -173,16 +176,16 @@ def test_restored_copies_are_found_beside_or_nested(world: Dict[str, Any]) -> No
 
 def test_an_inert_placeholder_and_its_pids(world: Dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> None:
     own = {1: (100, "sleep")}
-    assert ctr._pid_problems(_info(), {"ns_pids": [2, 3]}, own) == []
-    busy = ctr._pid_problems(_info(), {"ns_pids": [2]}, {1: (100, "sleep"), 2: (150, "sh")})
+    assert ph._pid_problems(_info(), {"ns_pids": [2, 3]}, own) == []
+    busy = ph._pid_problems(_info(), {"ns_pids": [2]}, {1: (100, "sleep"), 2: (150, "sh")})
     assert "is not inert" in busy[0] and "2 (sh)" in busy[0] and "PID 2" in busy[1] and "taken by sh" in busy[1]
     world["nested"] = [400]
-    nested = ctr._pid_problems(_info(), {"pid_namespace": True, "ns_pids": [1, 2]}, own)
+    nested = ph._pid_problems(_info(), {"pid_namespace": True, "ns_pids": [1, 2]}, own)
     assert len(nested) == 1 and "nested PID namespace" in nested[0], "a nested restore needs no PID of the placeholder"
     world["nested"] = []
     # a pod sharing its PID namespace: pause is PID 1; a sidecar (other cgroup) is fine, the pod's PIDs count
-    monkeypatch.setattr(ctr, "_same_cgroup", lambda pid, other: pid == 160)
+    monkeypatch.setattr(ph, "_same_cgroup", lambda pid, other: pid == 160)
     pod = {1: (90, "pause"), 2: (100, "sleep"), 3: (120, "sidecar"), 4: (160, "leftover")}
-    shared = ctr._pid_problems(_info(), {"ns_pids": [2]}, pod)
+    shared = ph._pid_problems(_info(), {"ns_pids": [2]}, pod)
     assert "not inert" in shared[0] and "4 (leftover)" in shared[0] and "sidecar" not in shared[0]
     assert "PID 2" in shared[1] and "taken by sleep" in shared[1] and "init container" in shared[1]

@@ -1,4 +1,5 @@
-"""The CUDA checkpoint binding (_cuda) against a fake libcuda.so.1 compiled here from tests/support/fake_libcuda.c.
+"""The CUDA checkpoint binding (_cudaabi, _cudabackends, _cuda) against a fake libcuda.so.1 compiled here from
+tests/support/fake_libcuda.c.
 
 The fake keeps per-PID state in a file and logs every call with its decoded
 arguments and the raw 64 bytes of each argument struct, so these tests see
@@ -16,23 +17,23 @@ from typing import Dict, Iterator, List, Optional
 
 import pytest
 
-from ansible_collections.warmstart.snapshot.plugins.module_utils.accel import _cuda
+from ansible_collections.warmstart.snapshot.plugins.module_utils.accel import _cudaabi
 from ansible_collections.warmstart.snapshot.plugins.module_utils.accel._cuda import (
-    CHECKPOINTED,
-    LOCKED,
-    RUNNING,
-    CliBackend,
-    CudaError,
-    CudaStateError,
-    CudaUnavailable,
-    DriverBackend,
-    GpuMismatch,
-    availability,
     device_map,
     find_cuda_pids,
     lock_and_checkpoint,
     restore_and_unlock,
 )
+from ansible_collections.warmstart.snapshot.plugins.module_utils.accel._cudaabi import (
+    CHECKPOINTED,
+    LOCKED,
+    RUNNING,
+    CudaError,
+    CudaStateError,
+    CudaUnavailable,
+    GpuMismatch,
+)
+from ansible_collections.warmstart.snapshot.plugins.module_utils.accel._cudabackends import CliBackend, DriverBackend, availability
 from tests.support.fake_cuda import Fake, compile_fake, hexid, install
 
 UUID_A = "GPU-aaaaaaaa-1111-2222-3333-444444444444"
@@ -67,15 +68,15 @@ def drv(fake: Fake) -> DriverBackend:
 
 
 def test_struct_sizes_and_offsets() -> None:
-    for struct_type in (_cuda.CUcheckpointLockArgs, _cuda.CUcheckpointCheckpointArgs,
-                        _cuda.CUcheckpointUnlockArgs, _cuda.CUcheckpointRestoreArgs):
+    for struct_type in (_cudaabi.CUcheckpointLockArgs, _cudaabi.CUcheckpointCheckpointArgs,
+                        _cudaabi.CUcheckpointUnlockArgs, _cudaabi.CUcheckpointRestoreArgs):
         assert ctypes.sizeof(struct_type) == 64, struct_type.__name__
-    assert ctypes.sizeof(_cuda.CUcheckpointGpuPair) == 32 and ctypes.sizeof(_cuda.CUuuid) == 16
-    lock = _cuda.CUcheckpointLockArgs
+    assert ctypes.sizeof(_cudaabi.CUcheckpointGpuPair) == 32 and ctypes.sizeof(_cudaabi.CUuuid) == 16
+    lock = _cudaabi.CUcheckpointLockArgs
     assert (lock.timeoutMs.offset, lock.reserved0.offset, lock.reserved1.offset) == (0, 4, 8)
-    restore = _cuda.CUcheckpointRestoreArgs
+    restore = _cudaabi.CUcheckpointRestoreArgs
     assert (restore.gpuPairs.offset, restore.gpuPairsCount.offset, restore.reserved1.offset) == (0, 8, 56)
-    assert _cuda.CUcheckpointGpuPair.newUuid.offset == 16
+    assert _cudaabi.CUcheckpointGpuPair.newUuid.offset == 16
 
 
 def test_lock_timeout_is_the_first_four_bytes_the_driver_sees(fake: Fake, drv: DriverBackend) -> None:
@@ -185,7 +186,7 @@ def test_the_fake_driver_itself_enforces_transitions(fake: Fake) -> None:
     fake.add(101)
     lib = ctypes.CDLL(str(fake.lib))
     assert lib.cuCheckpointProcessCheckpoint(101, None) == 401
-    assert _cuda.result_name(401, lib) == "CUDA_ERROR_ILLEGAL_STATE"
+    assert _cudaabi.result_name(401, lib) == "CUDA_ERROR_ILLEGAL_STATE"
 
 
 def test_unknown_pid_is_not_a_cuda_process(fake: Fake, drv: DriverBackend) -> None:
@@ -217,12 +218,12 @@ def test_result_codes_are_named(fake: Fake, drv: DriverBackend, monkeypatch: pyt
 def test_result_names_without_cu_get_error_name(libs: Dict[str, Path]) -> None:
     lib = ctypes.CDLL(str(libs["noname"]))
     assert not hasattr(lib, "cuGetErrorName")
-    assert _cuda.result_name(401, lib) == "CUDA_ERROR_ILLEGAL_STATE"
-    assert _cuda.result_name(909) == "CUDA_ERROR_TIMEOUT"
-    assert _cuda.result_name(777, lib) == "CUDA_ERROR_777"
+    assert _cudaabi.result_name(401, lib) == "CUDA_ERROR_ILLEGAL_STATE"
+    assert _cudaabi.result_name(909) == "CUDA_ERROR_TIMEOUT"
+    assert _cudaabi.result_name(777, lib) == "CUDA_ERROR_777"
     full = ctypes.CDLL(str(libs["full"]))
-    assert _cuda.result_name(600, full) == "CUDA_ERROR_NOT_READY"
-    assert _cuda.result_name(777, full) == "CUDA_ERROR_777", "cuGetErrorName refusing a code falls back"
+    assert _cudaabi.result_name(600, full) == "CUDA_ERROR_NOT_READY"
+    assert _cudaabi.result_name(777, full) == "CUDA_ERROR_777", "cuGetErrorName refusing a code falls back"
 
 
 def test_lock_timeout_on_a_busy_process_leaves_it_running(fake: Fake, drv: DriverBackend) -> None:
@@ -424,10 +425,10 @@ def test_device_map_refuses_fewer_gpus_with_both_lists() -> None:
 
 
 def test_uuid_conversion() -> None:
-    raw = _cuda.uuid_bytes(UUID_A)
-    assert len(raw) == 16 and _cuda.uuid_text(raw) == UUID_A
+    raw = _cudaabi.uuid_bytes(UUID_A)
+    assert len(raw) == 16 and _cudaabi.uuid_text(raw) == UUID_A
     with pytest.raises(ValueError, match="MIG"):
-        _cuda.uuid_bytes("MIG-aaaaaaaa-1111-2222-3333-444444444444/1/0")
+        _cudaabi.uuid_bytes("MIG-aaaaaaaa-1111-2222-3333-444444444444/1/0")
 
 
 # --- availability -------------------------------------------------------------------------------------------------

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
+from ansible_collections.warmstart.snapshot.plugins.module_utils.store import _checksums as ck
 from ansible_collections.warmstart.snapshot.plugins.module_utils.store import _digest as dg
 from ansible_collections.warmstart.snapshot.plugins.module_utils.store import _schema as schema
-from ansible_collections.warmstart.snapshot.plugins.module_utils.store import _store as st
 
 MIB = 1 << 20
 
@@ -107,12 +107,12 @@ def test_verify_files_finds_a_corrupt_chunk_and_defers_what_it_is_asked_to(tmp_p
     top.mkdir()
     for name, size in (("core-1.img", 100), ("pages-1.img", 3 * MIB + 5)):
         (top / name).write_bytes(os.urandom(size))
-    doc = {"files": st.record_files(str(top))}
+    doc = {"files": ck.record_files(str(top))}
     deferred: list = []
-    assert st.verify_files(str(top), doc, phase=False, defer={"pages-1.img"}, deferred=deferred) == []
+    assert ck.verify_files(str(top), doc, phase=False, defer={"pages-1.img"}, deferred=deferred) == []
     assert [e["path"] for _p, e in deferred] == ["pages-1.img"]
     with open(top / "pages-1.img", "r+b") as handle:
         handle.seek(3 * MIB)
         handle.write(b"\0" * 5)
-    assert st.hash_problems(deferred) == ["pages-1.img: SHA256 mismatch (corrupted)"]
-    assert st.verify_files(str(top), doc, phase=False) == ["pages-1.img: SHA256 mismatch (corrupted)"]
+    assert ck.hash_problems(deferred) == ["pages-1.img: SHA256 mismatch (corrupted)"]
+    assert ck.verify_files(str(top), doc, phase=False) == ["pages-1.img: SHA256 mismatch (corrupted)"]

@@ -18,7 +18,7 @@ import pytest
 
 from ansible_collections.warmstart.snapshot.plugins.module_utils.store.security import _crypt as cr
 from ansible_collections.warmstart.snapshot.plugins.module_utils.store import _manifest as mf
-from ansible_collections.warmstart.snapshot.plugins.module_utils.store import _s3store as s3s
+from ansible_collections.warmstart.snapshot.plugins.module_utils.store import _s3bucket as s3b
 from ansible_collections.warmstart.snapshot.plugins.module_utils.store import _store as st
 from ansible_collections.warmstart.snapshot.plugins.module_utils.store import _stores as stores
 from ansible_collections.warmstart.snapshot.plugins.module_utils.core._errors import WarmstartError
@@ -304,18 +304,18 @@ def test_s3_round_trip_and_sse(tmp_path: Path, keys: Path, bucket: Any) -> None:
 
 
 def test_sse_settings() -> None:
-    assert s3s.sse_settings() == ({}, {})
-    assert s3s.sse_settings("AES256") == ({"ServerSideEncryption": "AES256"}, {})
-    assert s3s.sse_settings("aws:kms", "k") == ({"ServerSideEncryption": "aws:kms", "SSEKMSKeyId": "k"}, {})
+    assert s3b.sse_settings() == ({}, {})
+    assert s3b.sse_settings("AES256") == ({"ServerSideEncryption": "AES256"}, {})
+    assert s3b.sse_settings("aws:kms", "k") == ({"ServerSideEncryption": "aws:kms", "SSEKMSKeyId": "k"}, {})
     raw = os.urandom(32)
     for given in (base64.b64encode(raw).decode(), ):
-        up, read = s3s.sse_settings(customer_key=given)
+        up, read = s3b.sse_settings(customer_key=given)
         assert up == read == {"SSECustomerAlgorithm": "AES256", "SSECustomerKey": raw}
-    assert s3s.sse_settings(customer_key="k" * 32)[1]["SSECustomerKey"] == b"k" * 32
+    assert s3b.sse_settings(customer_key="k" * 32)[1]["SSECustomerKey"] == b"k" * 32
     for args, why in ((("DES",), "use one of AES256, aws:kms"), (("AES256", None, "k" * 32), "exclude each other"),
                       (("AES256", "k"), "goes with sse: aws:kms"), ((None, None, "short"), "5 bytes")):
         with pytest.raises(st.StoreError, match=why) as err:
-            s3s.sse_settings(*args)
+            s3b.sse_settings(*args)
         assert "short" not in str(err.value) and "k" * 32 not in str(err.value)
     with pytest.raises(st.StoreError, match="s3:// stores only"):
         stores.open_store("/tmp/x", {"sse": "AES256"})

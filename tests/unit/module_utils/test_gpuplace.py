@@ -13,9 +13,10 @@ from typing import Any, Dict, Iterator, List, Tuple
 
 import pytest
 
-from ansible_collections.warmstart.snapshot.plugins.module_utils.snapshot import _container as ctr
-from ansible_collections.warmstart.snapshot.plugins.module_utils.accel import _cuda as cu
+from ansible_collections.warmstart.snapshot.plugins.module_utils.accel import _cudaabi as cuabi
+from ansible_collections.warmstart.snapshot.plugins.module_utils.accel import _cudabackends as cubk
 from ansible_collections.warmstart.snapshot.plugins.module_utils.accel import _gpuplace as gpl
+from ansible_collections.warmstart.snapshot.plugins.module_utils.snapshot import _placeholder as ph
 from ansible_collections.warmstart.snapshot.plugins.module_utils.accel._gpunode import GpuNode
 from ansible_collections.warmstart.snapshot.plugins.module_utils.runtime._containerinfo import ContainerInfo
 
@@ -95,7 +96,7 @@ def test_snapshot_without_a_gpu_list_needs_no_mapping(monkeypatch: pytest.Monkey
     assert gpl.placeholder_pairs(42, "ph", {"gpus": []}, NODE) == (None, [])
 
 
-class Recorder(cu.Backend):
+class Recorder(cubk.Backend):
     name = "recorder"
 
     def __init__(self, states: Dict[int, int], fail: Tuple[str, int] = ("", 0)) -> None:
@@ -112,19 +113,19 @@ class Recorder(cu.Backend):
     def _do(self, call: str, pid: int, to: int) -> None:
         self.calls.append(f"{call}:{pid}")
         if self.fail == (call, pid):
-            raise cu.CudaError.failed(pid, call, 999, "CUDA_ERROR_UNKNOWN")
+            raise cuabi.CudaError.failed(pid, call, 999, "CUDA_ERROR_UNKNOWN")
         self.states[pid] = to
 
-    def _restore(self, pid: int, gpu_pairs: cu.GpuPairs) -> None:
-        self._do("restore", pid, cu.LOCKED)
+    def _restore(self, pid: int, gpu_pairs: cuabi.GpuPairs) -> None:
+        self._do("restore", pid, cuabi.LOCKED)
 
     def _unlock(self, pid: int) -> None:
-        self._do("unlock", pid, cu.RUNNING)
+        self._do("unlock", pid, cuabi.RUNNING)
 
 
 def test_resume_restores_every_process_then_unlocks_every_process(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(gpl, "restored_cuda_pids", lambda root, recorded: [11, 12, 13])
-    backend = Recorder({11: cu.CHECKPOINTED, 12: cu.CHECKPOINTED, 13: cu.CHECKPOINTED})
+    backend = Recorder({11: cuabi.CHECKPOINTED, 12: cuabi.CHECKPOINTED, 13: cuabi.CHECKPOINTED})
     timings: Dict[str, float] = {}
     out = gpl.resume(10, {"pids": [{"ns_pid": 1}]}, backend, "", [(UUID_A, UUID_B)], timings)
     assert backend.calls == ["restore:11", "restore:12", "restore:13", "unlock:11", "unlock:12", "unlock:13"]
@@ -134,8 +135,8 @@ def test_resume_restores_every_process_then_unlocks_every_process(monkeypatch: p
 
 def test_resume_failure_in_one_process_unlocks_none(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(gpl, "restored_cuda_pids", lambda root, recorded: [11, 12])
-    backend = Recorder({11: cu.CHECKPOINTED, 12: cu.CHECKPOINTED}, fail=("restore", 12))
-    with pytest.raises(cu.CudaError, match="pid 12: restore failed"):
+    backend = Recorder({11: cuabi.CHECKPOINTED, 12: cuabi.CHECKPOINTED}, fail=("restore", 12))
+    with pytest.raises(cuabi.CudaError, match="pid 12: restore failed"):
         gpl.resume(10, {"pids": []}, backend, "", None, {})
     assert backend.calls == ["restore:11", "restore:12"]  # nothing runs CUDA work before all are back
 
@@ -204,25 +205,25 @@ def _destination(pid: int = 42) -> Any:
     info = ContainerInfo.__new__(ContainerInfo)
     object.__setattr__(info, "pid", pid)
     object.__setattr__(info, "name", "ph")
-    return ctr.Destination(source={"name": "src"}, name="ph", info=info)
+    return ph.Destination(source={"name": "src"}, name="ph", info=info)
 
 
 def test_the_container_restore_refuses_a_placeholder_with_other_gpus(monkeypatch: pytest.MonkeyPatch) -> None:
     node = GpuNode(availability=lambda: (None, "unused"), inventory=lambda: (NODE, None))
     gpu = {"gpus": [{"uuid": UUID_A, "name": H100}, {"uuid": UUID_B, "name": H100}]}
     _placeholder(monkeypatch, {"NVIDIA_VISIBLE_DEVICES": "2"}, [2])
-    d, problems = ctr._GpuCheck(gpu, node, False).check(_destination(), ["earlier"])  # pylint: disable=protected-access
+    d, problems = ph.GpuCheck(gpu, node, False).check(_destination(), ["earlier"])
     assert problems[0] == "earlier" and len(problems) == 2 and "placeholder ph was given 1 GPU(s)" in problems[1]
     assert d.gpu_pairs is None
     _placeholder(monkeypatch, {"NVIDIA_VISIBLE_DEVICES": "0,2"}, [0, 2])
-    d, problems = ctr._GpuCheck(gpu, node, False).check(_destination(), [])  # pylint: disable=protected-access
+    d, problems = ph.GpuCheck(gpu, node, False).check(_destination(), [])
     assert problems == [] and d.gpu_pairs == [(UUID_A, UUID_A), (UUID_B, UUID_C)]
 
 
 def test_the_container_restore_without_an_inventory_refuses_a_snapshot_that_listed_gpus() -> None:
     node = GpuNode(availability=lambda: (None, "unused"), inventory=lambda: ([], "NVML unavailable"))
     gpu = {"gpus": [{"uuid": UUID_A, "name": H100}]}
-    _d, problems = ctr._GpuCheck(gpu, node, False).check(_destination(), [])  # pylint: disable=protected-access
+    _d, problems = ph.GpuCheck(gpu, node, False).check(_destination(), [])
     assert problems and UUID_A in problems[0] and "NVML unavailable" in problems[0]
-    assert ctr._GpuCheck(gpu, node, True).check(_destination(), [])[1] == []  # pylint: disable=protected-access
-    assert ctr._GpuCheck(None, node, False).check(_destination(), ["x"])[1] == ["x"]  # pylint: disable=protected-access
+    assert ph.GpuCheck(gpu, node, True).check(_destination(), [])[1] == []
+    assert ph.GpuCheck(None, node, False).check(_destination(), ["x"])[1] == ["x"]

@@ -9,9 +9,9 @@ import pytest
 import yaml
 
 from ansible_collections.warmstart.snapshot.plugins.module_utils.k8s import _k8s_client as _k8s
-from ansible_collections.warmstart.snapshot.plugins.module_utils.k8s import _k8s_records as kp
+from ansible_collections.warmstart.snapshot.plugins.module_utils.k8s import _k8s_records as rec
 from ansible_collections.warmstart.snapshot.plugins.module_utils.k8s import _k8s_requests as req
-from ansible_collections.warmstart.snapshot.plugins.module_utils.k8s import _podcontract as pc
+from ansible_collections.warmstart.snapshot.plugins.module_utils.k8s import _podapi as podapi
 from tests.support import fake_apiserver as fake_server_module
 from tests.support.fake_apiserver import FakeApiServer
 
@@ -34,22 +34,32 @@ def cluster(server: FakeApiServer) -> _k8s.Cluster:
     return _k8s.cluster_from({"kubeconfig": str(server.kubeconfig)})
 
 
-def request(server: FakeApiServer, name: str = "req-1", pod: str = "embed-0", **spec: Any) -> Dict[str, Any]:
-    """A PodSnapshot request as a user creates it: source podRef (name only) and no status."""
-    body = {"apiVersion": pc.API_VERSION, "kind": pc.KIND_SNAPSHOT, "metadata": {"name": name, "namespace": "default"},
-            "spec": dict({"source": {"podRef": {"name": pod}}}, **spec)}
-    created: Dict[str, Any] = cluster(server).create(pc.KIND_SNAPSHOT, body, "default")
+def create(server: FakeApiServer, kind: str, name: str, spec: Dict[str, Any]) -> Dict[str, Any]:
+    """A ``kind`` object ``name`` in namespace default with ``spec``, created as a user creates it: no status."""
+    body = {"apiVersion": podapi.API_VERSION, "kind": kind, "metadata": {"name": name, "namespace": "default"},
+            "spec": spec}
+    created: Dict[str, Any] = cluster(server).create(kind, body, "default")
     return created
 
 
-def snap(server: FakeApiServer, name: str = "req-1") -> Dict[str, Any]:
-    found = server.store.get("podsnapshots", name, "default", group=pc.GROUP)
+def stored(server: FakeApiServer, plural: str, name: str) -> Dict[str, Any]:
+    """The ``plural`` object ``name`` in namespace default, as the fake API server holds it (it must exist)."""
+    found = server.store.get(plural, name, "default", group=podapi.GROUP)
     assert found is not None
     return found
 
 
+def request(server: FakeApiServer, name: str = "req-1", pod: str = "embed-0", **spec: Any) -> Dict[str, Any]:
+    """A PodSnapshot request as a user creates it: source podRef (name only) and no status."""
+    return create(server, podapi.KIND_SNAPSHOT, name, dict({"source": {"podRef": {"name": pod}}}, **spec))
+
+
+def snap(server: FakeApiServer, name: str = "req-1") -> Dict[str, Any]:
+    return stored(server, "podsnapshots", name)
+
+
 def cond(obj: Dict[str, Any], type_: str) -> Dict[str, Any]:
-    return pc.get_condition(obj, type_) or {}
+    return podapi.get_condition(obj, type_) or {}
 
 
 def bind(server: FakeApiServer, name: str, ready: bool = True, failed_reason: Optional[str] = None) -> Dict[str, Any]:
@@ -57,7 +67,7 @@ def bind(server: FakeApiServer, name: str, ready: bool = True, failed_reason: Op
               "policy_name": None, "labels": None, "content_name": None, "store": STORE if ready else None,
               "node": None, "source_node": {"hostname": "node-1"}, "size": 10, "created_at": None, "ready": ready,
               "failed_reason": failed_reason, "failed_message": "boom" if failed_reason else None}
-    out: Dict[str, Any] = kp.ensure_pod_snapshot(cluster(server), params)
+    out: Dict[str, Any] = rec.ensure_pod_snapshot(cluster(server), params)
     return out
 
 
@@ -117,7 +127,7 @@ def test_a_success_after_a_failed_attempt_binds_the_request(server: FakeApiServe
 def test_one_of_two_agents_claims_an_attempt(server: FakeApiServer) -> None:
     request(server)
     c = cluster(server)
-    stale = cluster(server).get(pc.KIND_SNAPSHOT, "req-1", "default")
+    stale = cluster(server).get(podapi.KIND_SNAPSHOT, "req-1", "default")
     assert req.begin_capture(c, "default", "req-1", max_attempts=2)["claimed"]
     # the other agent read the request before the first one claimed it: its guarded write conflicts
     lost = req._claim(c, stale, 1, 2, _k8s.now(), {"claimed": False, "reason": None}, False)
@@ -131,13 +141,13 @@ def test_an_attempt_that_never_finished_counts_as_failed(server: FakeApiServer) 
     req.begin_capture(c, "default", "req-1", max_attempts=2)
     old = snap(server)
     old["status"]["lastAttemptTime"] = "2020-01-01T00:00:00Z"
-    server.store.put("podsnapshots", old, group=pc.GROUP)
+    server.store.put("podsnapshots", old, group=podapi.GROUP)
     second = req.begin_capture(c, "default", "req-1", max_attempts=2, attempt_timeout=60)
     assert (second["claimed"], second["attempt"]) == (True, 2)
     assert snap(server)["status"]["lastError"].startswith("CaptureTimedOut: attempt 1 did not finish within 60 s")
     old = snap(server)
     old["status"]["lastAttemptTime"] = "2020-01-01T00:00:00Z"
-    server.store.put("podsnapshots", old, group=pc.GROUP)
+    server.store.put("podsnapshots", old, group=podapi.GROUP)
     last = req.begin_capture(c, "default", "req-1", max_attempts=2, attempt_timeout=60)
     assert not last["claimed"] and last["changed"]
     s = snap(server)
@@ -163,16 +173,11 @@ def test_a_request_whose_pod_is_gone_fails_at_once_and_check_mode_writes_nothing
 # --- manual triggers -------------------------------------------------------------------------------------
 
 def trigger(server: FakeApiServer, name: str = "now", **spec: Any) -> Dict[str, Any]:
-    body = {"apiVersion": pc.API_VERSION, "kind": pc.KIND_TRIGGER, "metadata": {"name": name, "namespace": "default"},
-            "spec": dict({"targetPod": "embed-0"}, **spec)}
-    created: Dict[str, Any] = cluster(server).create(pc.KIND_TRIGGER, body, "default")
-    return created
+    return create(server, podapi.KIND_TRIGGER, name, dict({"targetPod": "embed-0"}, **spec))
 
 
 def stored_trigger(server: FakeApiServer, name: str = "now") -> Dict[str, Any]:
-    found = server.store.get("podsnapshotmanualtriggers", name, "default", group=pc.GROUP)
-    assert found is not None
-    return found
+    return stored(server, "podsnapshotmanualtriggers", name)
 
 
 def test_a_trigger_creates_its_request_then_completes_when_it_is_ready(server: FakeApiServer) -> None:
@@ -193,7 +198,7 @@ def test_a_trigger_creates_its_request_then_completes_when_it_is_ready(server: F
     assert s["metadata"]["labels"] == {"app": "embed"} and "status" not in s
     # idempotent while the capture has not happened
     assert not req.reconcile_trigger(c, "default", "now")["changed"]
-    assert pc.get_condition(stored_trigger(server), "Triggered") is None
+    assert podapi.get_condition(stored_trigger(server), "Triggered") is None
     bind(server, name)
     done = req.reconcile_trigger(c, "default", "now")
     assert done["phase"] == "complete"
@@ -226,7 +231,7 @@ def test_a_trigger_fails_with_its_snapshot_or_at_once(server: FakeApiServer) -> 
 
     t = trigger(server, "deleted")
     req.reconcile_trigger(c, "default", "deleted")
-    server.store.remove("podsnapshots", req.trigger_snapshot_name(t), "default", group=pc.GROUP)
+    server.store.remove("podsnapshots", req.trigger_snapshot_name(t), "default", group=podapi.GROUP)
     assert req.reconcile_trigger(c, "default", "deleted")["phase"] == "failed"
     assert "was deleted before it became Ready" in cond(stored_trigger(server, "deleted"), "Triggered")["message"]
 
@@ -244,5 +249,5 @@ def test_a_snapshot_of_the_same_name_that_is_not_the_triggers_fails_it(server: F
 def test_the_trigger_snapshot_name_stays_a_valid_name() -> None:
     long = {"metadata": {"name": "a" * 253, "uid": "0123abcd-0000"}}
     name = req.trigger_snapshot_name(long)
-    assert len(name) <= 253 and pc.is_dns_subdomain(name) and name.endswith("-0123abcd")
+    assert len(name) <= 253 and podapi.is_dns_subdomain(name) and name.endswith("-0123abcd")
     assert req.trigger_snapshot_name({"metadata": {"name": "x"}}) == "x"

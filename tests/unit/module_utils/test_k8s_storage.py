@@ -11,7 +11,7 @@ import yaml
 
 from ansible_collections.warmstart.snapshot.plugins.module_utils.k8s import _k8s_client as _k8s
 from ansible_collections.warmstart.snapshot.plugins.module_utils.k8s import _k8s_storage as storage
-from ansible_collections.warmstart.snapshot.plugins.module_utils.k8s import _podcontract as pc
+from ansible_collections.warmstart.snapshot.plugins.module_utils.k8s import _podapi as podapi
 from ansible_collections.warmstart.snapshot.plugins.module_utils.store._stores import open_store
 from tests.support import fake_apiserver as fake_server_module
 from tests.support.fake_apiserver import FakeApiServer
@@ -49,15 +49,15 @@ def config(server: FakeApiServer, name: str, url: str, options: Optional[Dict[st
         spec["options"] = options
     if secret_ref:
         spec["credentialsSecretRef"] = secret_ref
-    cluster(server).create(pc.KIND_STORAGE_CONFIG, {"apiVersion": pc.API_VERSION, "kind": pc.KIND_STORAGE_CONFIG,
-                                                    "metadata": {"name": name}, "spec": spec})
+    cluster(server).create(podapi.KIND_STORAGE_CONFIG, {"apiVersion": podapi.API_VERSION, "kind": podapi.KIND_STORAGE_CONFIG,
+                                                        "metadata": {"name": name}, "spec": spec})
 
 
 def policy(server: FakeApiServer, name: str, **spec: Any) -> None:
-    server.store.put("podsnapshotpolicies", {"apiVersion": pc.API_VERSION, "kind": pc.KIND_POLICY,
+    server.store.put("podsnapshotpolicies", {"apiVersion": podapi.API_VERSION, "kind": podapi.KIND_POLICY,
                                              "metadata": {"name": name, "namespace": "ml"},
                                              "spec": dict({"selector": {"matchLabels": {"app": "e"}}}, **spec)},
-                     group=pc.GROUP)
+                     group=podapi.GROUP)
 
 
 def test_an_inline_store_url_still_works(server: FakeApiServer) -> None:
@@ -149,6 +149,6 @@ def test_policy_refusals_name_both_fields_and_missing_configs(server: FakeApiSer
         storage.resolve_store(cluster(server), "ml")
     server.store.put("podsnapshotstorageconfigs", {"metadata": {"name": "dir-creds"},
                                                    "spec": {"storeUrl": "/mnt/s",
-                                                            "credentialsSecretRef": {"name": "x"}}}, group=pc.GROUP)
+                                                            "credentialsSecretRef": {"name": "x"}}}, group=podapi.GROUP)
     with pytest.raises(_k8s.K8sError, match="is a directory: credentials are for an s3:// store only"):
         storage.resolve_store(cluster(server), "ml", storage_config="dir-creds")

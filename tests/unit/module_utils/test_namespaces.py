@@ -7,7 +7,7 @@ import pytest
 
 from ansible_collections.warmstart.snapshot.plugins.module_utils.core import _namespaces as nsu
 from ansible_collections.warmstart.snapshot.plugins.module_utils.snapshot import _container as ctr
-from ansible_collections.warmstart.snapshot.plugins.module_utils.snapshot._container import parse_container_map
+from ansible_collections.warmstart.snapshot.plugins.module_utils.snapshot._placeholder import parse_container_map
 from ansible_collections.warmstart.snapshot.plugins.module_utils.criu._criu_rpc import CriuOptions
 from ansible_collections.warmstart.snapshot.plugins.module_utils.snapshot._snapshot import SnapshotError
 
@@ -73,10 +73,11 @@ def test_container_map_forms(spec, want) -> None:
 
 @pytest.mark.parametrize("spec, sources, needle", [
     ("", ["src"], "no destination"),
-    ("a=ph,a=ph", ["a"], "appears twice"),
+    ("a=ph,a=ph", ["a"], "destination 'ph' already receives 'a'"),
     ("b=ph", ["a"], "holds no container 'b'"),
     ("ph", ["a", "b"], "names no source container"),
-    ("a=", ["a"], "is not src=dst"),
+    ("a=", ["a"], "'a=' has an empty destination"),
+    ("a=x,a=x,c=y", ["a"], "already receives 'a'.*holds no container 'c'"),
 ])
 def test_container_map_errors(spec, sources, needle) -> None:
     with pytest.raises(SnapshotError, match=needle):

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import socket
 from pathlib import Path
 from typing import Any, Dict
 
@@ -15,11 +16,12 @@ from ansible_collections.warmstart.snapshot.plugins.module_utils.node._node impo
     cgroup_version_from_mounts,
     collect,
     container_runtimes,
+    describe_node,
     disk_space,
     fingerprint,
     flags_hash,
     kernel_facts,
-    make_fingerprint,
+    make_description,
     parse_cpuinfo,
     parse_mounts,
     parse_os_release,
@@ -303,9 +305,10 @@ def fake_criu(tmp_path: Path) -> Path:
     )
 
 
-def test_make_fingerprint() -> None:
+def test_make_description_and_its_fingerprint() -> None:
     cpu = CpuInfo(vendor="AuthenticAMD", model="AMD EPYC", flags=["a"], flags_hash=flags_hash(["a"]))
-    assert make_fingerprint("x86_64", "6.8.0", cpu, "4.2.1", {"id": "debian", "version_id": "12"}) == {
+    desc = make_description("x86_64", "6.8.0", cpu, "4.2.1", {"id": "debian", "version_id": "12"}, "node-a")
+    assert fingerprint(desc) == {
         "arch": "x86_64",
         "kernel": "6.8.0",
         "cpu_vendor": "AuthenticAMD",
@@ -315,14 +318,17 @@ def test_make_fingerprint() -> None:
         "os_id": "debian",
         "os_version_id": "12",
     }
+    assert desc == dict(fingerprint(desc), hostname="node-a", cpu_flags=["a"])
 
 
-def test_fingerprint_from_fake_root(tmp_path: Path) -> None:
+def test_describe_node_from_fake_root(tmp_path: Path) -> None:
     root = make_root(tmp_path)
-    fp = fingerprint(root=root, criu_path=str(fake_criu(tmp_path)))
+    fp = describe_node(criu_path=str(fake_criu(tmp_path)), root=root)
+    assert fp["hostname"] == socket.gethostname()
     assert fp["arch"] == os.uname().machine
     assert fp["kernel"] == os.uname().release
     assert fp["cpu_vendor"] == "GenuineIntel"
+    assert fp["cpu_flags"] == list(parse_cpuinfo(X86_CPUINFO).flags)
     assert fp["cpu_flags_hash"] == parse_cpuinfo(X86_CPUINFO).flags_hash
     assert fp["criu_version"] == "4.2.1"
     assert (fp["os_id"], fp["os_version_id"]) == ("ubuntu", "24.04")

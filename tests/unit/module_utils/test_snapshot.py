@@ -12,7 +12,9 @@ from typing import Any, Dict, Iterator, List
 
 import pytest
 
+from ansible_collections.warmstart.snapshot.plugins.module_utils.snapshot import _checkpoint as ckpt
 from ansible_collections.warmstart.snapshot.plugins.module_utils.core import _proc as proc
+from ansible_collections.warmstart.snapshot.plugins.module_utils.snapshot import _restore as rs
 from ansible_collections.warmstart.snapshot.plugins.module_utils.snapshot import _snapshot as snap
 from ansible_collections.warmstart.snapshot.plugins.module_utils.store import _store as st
 from ansible_collections.warmstart.snapshot.plugins.module_utils.criu._criu_rpc import CriuOptions
@@ -26,7 +28,8 @@ NODE = {"hostname": "n1", "arch": "x86_64", "kernel": "6.12.0", "cpu_vendor": "G
 def engine(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
     """CRIU and the node stubbed; checkpoint locks under tmp_path/locks."""
     monkeypatch.setattr(snap, "find_criu", lambda path=None: "/usr/local/bin/criu")
-    monkeypatch.setattr(snap, "describe_node", lambda criu=None: dict(NODE))
+    monkeypatch.setattr(ckpt, "describe_node", lambda criu=None: dict(NODE))
+    monkeypatch.setattr(rs, "describe_node", lambda criu=None: dict(NODE))
     real_lock = snap.lock_target
     monkeypatch.setattr(snap, "lock_target", lambda pid, what: real_lock(pid, what, str(tmp_path / "locks")))
     return tmp_path
@@ -47,7 +50,7 @@ def sleeper() -> Iterator[int]:
 def test_checkpoint_check_mode_creates_nothing(engine: Path, sleeper: int) -> None:
     store = st.FsStore(str(engine / "store"))
     before = tree(engine)
-    result = snap.checkpoint(store, snap.Target(sleeper, "process"), "embed", {}, CriuOptions(), cuda="off",
+    result = ckpt.checkpoint(store, snap.Target(sleeper, "process"), "embed", {}, CriuOptions(), cuda="off",
                              check_mode=True)
     assert result == {"cuda": {"mode": "off", "used": False,
                                "reason": "cuda: off - GPU state is not checkpointed by warmstart"},
@@ -59,7 +62,7 @@ def test_checkpoint_check_mode_creates_nothing(engine: Path, sleeper: int) -> No
 def test_checkpoint_check_mode_refuses_what_the_store_would(engine: Path, sleeper: int) -> None:
     (engine / "store").write_text("not a directory")
     with pytest.raises(st.StoreError, match="cannot create"):
-        snap.checkpoint(st.FsStore(str(engine / "store")), snap.Target(sleeper, "process"), "embed", {},
+        ckpt.checkpoint(st.FsStore(str(engine / "store")), snap.Target(sleeper, "process"), "embed", {},
                         CriuOptions(), cuda="off", check_mode=True)
 
 
@@ -68,7 +71,7 @@ def test_restore_check_mode_touches_nothing(engine: Path) -> None:
     doc = make_snapshot(store)
     shutil.rmtree(engine / "verified")  # the record publish wrote: a node that did not take the snapshot
     before = tree(engine / "store")
-    result = snap.restore(store, doc["id"], skip_compat=True, restore_root=str(engine / "restore"), check_mode=True)
+    result = rs.restore(store, doc["id"], skip_compat=True, restore_root=str(engine / "restore"), check_mode=True)
     tcp = result.pop("tcp")  # this node (the engine fixture's) did not take the snapshot (node-a did)
     assert tcp["mode"] == "close" and tcp["reason"].endswith("the snapshot was taken on node node-a")
     assert result == {"id": doc["id"], "name": "embed", "verified": True, "compat_checked": False,
@@ -87,8 +90,8 @@ def test_a_refusal_before_anything_is_touched_is_incompatible(engine: Path) -> N
         handle.write(b"X")
     for check_mode in (True, False):
         with pytest.raises(snap.SnapshotError, match="refusing to restore") as err:
-            snap.restore(store, doc["id"], skip_compat=True, restore_root=str(engine / "restore"),
-                         check_mode=check_mode)
+            rs.restore(store, doc["id"], skip_compat=True, restore_root=str(engine / "restore"),
+                       check_mode=check_mode)
         assert err.value.details["outcome"] == "incompatible"
         assert any("SHA256 mismatch" in r for r in err.value.reasons)
     # the copy that was hashed (and refused) is gone with its work dir; at most the node's empty restore root is left
@@ -98,7 +101,7 @@ def test_a_refusal_before_anything_is_touched_is_incompatible(engine: Path) -> N
 def test_other_failures_are_failed(engine: Path) -> None:
     store = st.FsStore(str(engine / "store"))
     with pytest.raises(st.StoreError, match="not found") as err:
-        snap.restore(store, "20260101T000000Z-0123abcd", restore_root=str(engine / "restore"))
+        rs.restore(store, "20260101T000000Z-0123abcd", restore_root=str(engine / "restore"))
     assert err.value.details["outcome"] == "failed"
 
 
@@ -132,11 +135,11 @@ def test_a_failure_while_stopped_resumes_the_tree_unlocks_its_network_and_remove
         os.kill(pid, signal.SIGSTOP)
         Path(images, "pages-1.img").write_bytes(b"\0" * 4096)
 
-    monkeypatch.setattr(snap, "dump", stopping_dump)
+    monkeypatch.setattr(ckpt, "dump", stopping_dump)
     capture = FailingCapture()
     store = st.FsStore(str(engine / "store"))
     with pytest.raises(snap.SnapshotError, match="disk full"):
-        snap.checkpoint(store, snap.Target(sleeper, "c", capture=capture), "c", {}, CriuOptions(), cuda="off")
+        ckpt.checkpoint(store, snap.Target(sleeper, "c", capture=capture), "c", {}, CriuOptions(), cuda="off")
     assert capture.calls[-2:] == ["while_stopped", "before_resume"]
     deadline = time.monotonic() + 5
     while proc.stat_fields(sleeper)[0] == "T" and time.monotonic() < deadline:

@@ -10,6 +10,7 @@ preflight's GPU refusals with both GPU lists.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -17,14 +18,19 @@ import subprocess
 import threading
 import time
 from pathlib import Path
-from typing import Any, Dict, Iterator, List, Optional
+from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
 import pytest
 
 from ansible_collections.warmstart.snapshot.plugins.module_utils.accel import _accel as acc
+from ansible_collections.warmstart.snapshot.plugins.module_utils.snapshot import _checkpoint as ckpt
 from ansible_collections.warmstart.snapshot.plugins.module_utils.core import _control as ctl
-from ansible_collections.warmstart.snapshot.plugins.module_utils.accel import _cuda as cu
+from ansible_collections.warmstart.snapshot.plugins.module_utils.accel import _cudaabi as cuabi
+from ansible_collections.warmstart.snapshot.plugins.module_utils.accel import _cudabackends as cubk
 from ansible_collections.warmstart.snapshot.plugins.module_utils.accel import _gpu
+from ansible_collections.warmstart.snapshot.plugins.module_utils.snapshot import _gpuhooks as gh
+from ansible_collections.warmstart.snapshot.plugins.module_utils.snapshot import _preflight as pf
+from ansible_collections.warmstart.snapshot.plugins.module_utils.snapshot import _restore as rs
 from ansible_collections.warmstart.snapshot.plugins.module_utils.snapshot import _snapshot as snap
 from ansible_collections.warmstart.snapshot.plugins.module_utils.store import _store as st
 from ansible_collections.warmstart.snapshot.plugins.module_utils.accel._gpunode import GpuNode
@@ -58,13 +64,13 @@ def libs(tmp_path_factory: pytest.TempPathFactory) -> Dict[str, Path]:
 
 @pytest.fixture
 def fake(tmp_path: Path, libs: Dict[str, Path], monkeypatch: pytest.MonkeyPatch) -> Fake:
-    return install(tmp_path, libs["full"], monkeypatch, snap.CRIU_LIBS_DIR)
+    return install(tmp_path, libs["full"], monkeypatch, gh.CRIU_LIBS_DIR)
 
 
 def node_with(lib: Optional[Path], *gpus: Any, driver: str = "580.65.06") -> GpuNode:
     """A GpuNode on the given fake libcuda (None: a path that does not exist) and a fake NVML with ``gpus``."""
     path = str(lib) if lib else "/nonexistent/libcuda.so.1"
-    return GpuNode(availability=lambda: cu.availability(library=path),
+    return GpuNode(availability=lambda: cubk.availability(library=path),
                    inventory=lambda: _gpu.node_gpus(nvml=nvml(*gpus, driver=driver)))
 
 
@@ -120,7 +126,7 @@ class Criu:
         self.seen: List[Dict[str, Any]] = []
 
     def dump(self, criu: str, pid: int, images: str, options: Any, leave_stopped: bool = True) -> None:
-        libs = os.environ.get(snap.CRIU_LIBS_DIR)
+        libs = os.environ.get(gh.CRIU_LIBS_DIR)
         self.seen.append({"pid": pid, "states": self.fake.states() if self.fake else {}, "libs_dir": libs,
                           "libs_dir_empty": libs is not None and os.path.isdir(libs) and not os.listdir(libs)})
         if self.fail:
@@ -132,7 +138,8 @@ class Criu:
 def engine(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Dict[str, Any]:
     """The engine with CRIU stubbed: no CRIU binary or node probing, locks under tmp_path."""
     monkeypatch.setattr(snap, "find_criu", lambda path=None: "/usr/local/bin/criu")
-    monkeypatch.setattr(snap, "describe_node", lambda criu=None: dict(NODE))
+    monkeypatch.setattr(ckpt, "describe_node", lambda criu=None: dict(NODE))
+    monkeypatch.setattr(rs, "describe_node", lambda criu=None: dict(NODE))
     real_lock = snap.lock_target
     monkeypatch.setattr(snap, "lock_target", lambda pid, what: real_lock(pid, what, str(tmp_path / "locks")))
     return {"store": st.FsStore(str(tmp_path / "store"))}
@@ -147,13 +154,13 @@ def run_checkpoint(engine: Dict[str, Any], ns: Ns, node: GpuNode, criu: Optional
                    monkeypatch: pytest.MonkeyPatch, leave_running: bool = True, control: Optional[str] = None,
                    lock_ms: int = 30000) -> Dict[str, Any]:
     if criu is not None:
-        monkeypatch.setattr(snap, "dump", criu.dump)
+        monkeypatch.setattr(ckpt, "dump", criu.dump)
     else:
         def no_dump(*args: Any, **kwargs: Any) -> None:
             raise AssertionError("CRIU must not be reached")
-        monkeypatch.setattr(snap, "dump", no_dump)
+        monkeypatch.setattr(ckpt, "dump", no_dump)
     target = snap.Target(ns.pid, "process", control_dir=control)
-    return snap.checkpoint(engine["store"], target, "gpu-test", {}, CriuOptions(), leave_running=leave_running,
+    return ckpt.checkpoint(engine["store"], target, "gpu-test", {}, CriuOptions(), leave_running=leave_running,
                            cuda=cuda, cuda_lock_timeout=lock_ms, gpu_node=node)
 
 
@@ -189,12 +196,12 @@ def test_decision_table(mode: str, driver: str, is_cuda: bool, outcome: str, fak
     kind, _sep, text = outcome.partition(":")
     if kind == "error":
         with pytest.raises(snap.SnapshotError, match="nothing was touched") as err:
-            snap.find_cuda(snap.cuda_plan(mode, node), ns.pid)
+            gh.find_cuda(gh.cuda_plan(mode, node), ns.pid)
         assert text in str(err.value)
         assert not short(fake)
         return
-    plan = snap.cuda_plan(mode, node)
-    snap.find_cuda(plan, ns.pid)
+    plan = gh.cuda_plan(mode, node)
+    gh.find_cuda(plan, ns.pid)
     assert plan.used is (kind == "gpu")
     assert plan.pids == ([ns.pid] if kind == "gpu" else [])
     assert text in plan.reason
@@ -206,7 +213,7 @@ def test_required_fails_cleanly_with_the_real_absent_driver(engine: Dict[str, An
                                                             monkeypatch: pytest.MonkeyPatch) -> None:
     """This machine has no NVIDIA driver: cuda required fails before the store or the process is touched."""
     monkeypatch.delenv("WARMSTART_LIBCUDA", raising=False)
-    backend, why = cu.availability()
+    backend, why = cubk.availability()
     if backend is not None:
         pytest.skip(f"this node has a CUDA checkpoint backend ({why}); the no-driver case cannot be shown here")
     with pytest.raises(snap.SnapshotError, match=r"cuda: required, but this node cannot checkpoint GPU state: "
@@ -232,7 +239,7 @@ def test_gpu_checkpoint_locks_dumps_then_gives_back_and_records_the_gpus(
     # CRIU dumped a CHECKPOINTED process, with no plugin dir of its own (its cuda_plugin cannot act too)
     assert criu.seen[0]["states"] == {ns.pid: "checkpointed"}
     assert criu.seen[0]["libs_dir_empty"] is True
-    assert snap.CRIU_LIBS_DIR not in os.environ
+    assert gh.CRIU_LIBS_DIR not in os.environ
     assert short(fake) == [f"lock:{ns.pid}", f"checkpoint:{ns.pid}", f"restore:{ns.pid}", f"unlock:{ns.pid}"]
     assert fake.calls("lock")[0]["timeoutMs"] == "1234"
     assert fake.states() == {ns.pid: "running"} and ns.alive()
@@ -271,7 +278,7 @@ def test_dump_failure_after_the_lock_restores_and_unlocks_the_source(
     assert fake.states() == {ns.pid: "running"}
     assert ns.alive()
     assert nothing_published(engine)
-    assert snap.CRIU_LIBS_DIR not in os.environ
+    assert gh.CRIU_LIBS_DIR not in os.environ
 
 
 def test_a_lock_timeout_fails_before_criu_and_leaves_the_process_running(
@@ -303,6 +310,23 @@ def test_without_leave_running_the_source_ends_checkpointed(
     assert "cuda_resume" not in result["timings"]
 
 
+@pytest.fixture
+def control(fake: Fake, ns: Ns, tmp_path: Path) -> Path:
+    """The workload's control dir (made, empty), ``ns`` told to the fake driver as a CUDA process."""
+    fake.add(ns.pid)
+    path = tmp_path / "control"
+    path.mkdir()
+    return path
+
+
+def wait_until(done: Callable[[], bool], seconds: float = 5) -> None:
+    """Poll ``done`` every 10 ms until it holds or ``seconds`` have passed (the workload's callbacks run on its
+    own thread, and may still be running when the checkpoint returns)."""
+    end = time.monotonic() + seconds
+    while not done() and time.monotonic() < end:
+        time.sleep(0.01)
+
+
 def answer_hooks(control: Path, fake: Fake, seen: Dict[str, Any]) -> threading.Thread:
     """What warmstart_workload's on_pre_checkpoint does: answer checkpoint-requested with ready-for-snapshot."""
     def workload() -> None:
@@ -323,10 +347,7 @@ def answer_hooks(control: Path, fake: Fake, seen: Dict[str, Any]) -> threading.T
 
 def test_workload_hooks_are_asked_before_the_lock_and_told_when_done(
         fake: Fake, libs: Dict[str, Path], engine: Dict[str, Any], ns: Ns, monkeypatch: pytest.MonkeyPatch,
-        tmp_path: Path) -> None:
-    fake.add(ns.pid)
-    control = tmp_path / "control"
-    control.mkdir()
+        control: Path) -> None:
     (control / ctl.CHECKPOINT_HOOKS).write_text("pre_checkpoint=1\n")
     seen: Dict[str, Any] = {}
     answering = answer_hooks(control, fake, seen)
@@ -342,10 +363,7 @@ def test_workload_hooks_are_asked_before_the_lock_and_told_when_done(
 
 def test_hooks_are_told_when_the_checkpoint_failed(
         fake: Fake, libs: Dict[str, Path], engine: Dict[str, Any], ns: Ns, monkeypatch: pytest.MonkeyPatch,
-        tmp_path: Path) -> None:
-    fake.add(ns.pid)
-    control = tmp_path / "control"
-    control.mkdir()
+        control: Path) -> None:
     (control / ctl.CHECKPOINT_HOOKS).write_text("")
     answering = answer_hooks(control, fake, {})
     with pytest.raises(snap.SnapshotError):
@@ -355,32 +373,28 @@ def test_hooks_are_told_when_the_checkpoint_failed(
     assert ctl.parse_kv((control / ctl.CHECKPOINT_DONE).read_text())["result"] == "failed"
 
 
-def helper() -> Any:
+def workload_on(control: Path) -> Tuple[Any, Any]:
+    """workload/warmstart_workload.py loaded by path, and its Control on ``control`` polling every 10 ms:
+    (the module, the Control)."""
     import importlib.util  # pylint: disable=import-outside-toplevel
     path = Path(__file__).resolve().parents[3] / "workload" / "warmstart_workload.py"
     spec = importlib.util.spec_from_file_location("warmstart_workload_for_stages", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)  # type: ignore[union-attr]
-    return module
+    return module, module.Control(str(control), poll=0.01)
 
 
 def test_the_six_stages_run_around_the_lock_the_dump_and_the_unlock(
         fake: Fake, libs: Dict[str, Path], engine: Dict[str, Any], ns: Ns, monkeypatch: pytest.MonkeyPatch,
-        tmp_path: Path) -> None:
-    fake.add(ns.pid)
-    control = tmp_path / "control"
-    control.mkdir()
-    ws = helper()
-    workload = ws.Control(str(control), poll=0.01)
+        control: Path) -> None:
+    ws, workload = workload_on(control)
     seen: List[Any] = []
     criu = Criu(fake)
     for name in ws.STAGES:
         workload.on(name, lambda arg, name=name: seen.append((name, short(fake)[-1:], len(criu.seen))))
     result = run_checkpoint(engine, ns, node_with(libs["full"], (UUID_A, H100)), criu, "auto", monkeypatch,
                             control=str(control))
-    end = time.monotonic() + 5
-    while len(seen) < 6 and time.monotonic() < end:
-        time.sleep(0.01)
+    wait_until(lambda: len(seen) >= 6)
     pid = ns.pid
     assert seen == [("lock_pre", [], 0), ("backup_pre", [f"checkpoint:{pid}"], 0),   # locked, not dumped yet
                     ("backup_post", [f"checkpoint:{pid}"], 1), ("restore_pre", [f"checkpoint:{pid}"], 1),
@@ -391,12 +405,8 @@ def test_the_six_stages_run_around_the_lock_the_dump_and_the_unlock(
 
 def test_a_backup_pre_refusal_rolls_back_and_names_the_stage_and_callback(
         fake: Fake, libs: Dict[str, Path], engine: Dict[str, Any], ns: Ns, monkeypatch: pytest.MonkeyPatch,
-        tmp_path: Path) -> None:
-    fake.add(ns.pid)
-    control = tmp_path / "control"
-    control.mkdir()
-    ws = helper()
-    workload = ws.Control(str(control), poll=0.01)
+        control: Path) -> None:
+    _ws, workload = workload_on(control)
     results: List[str] = []
 
     def close_sockets(req: Any) -> None:
@@ -412,9 +422,7 @@ def test_a_backup_pre_refusal_rolls_back_and_names_the_stage_and_callback(
     pid = ns.pid
     assert short(fake) == [f"lock:{pid}", f"checkpoint:{pid}", f"restore:{pid}", f"unlock:{pid}"]  # rolled back
     assert nothing_published(engine) and ns.alive()
-    end = time.monotonic() + 5
-    while not results and time.monotonic() < end:
-        time.sleep(0.01)
+    wait_until(lambda: bool(results))
     assert results == ["failed"]
 
 
@@ -483,14 +491,14 @@ def test_cpu_only_restore_never_probes_the_gpus(engine: Dict[str, Any]) -> None:
         raise AssertionError("probed")
     node = GpuNode(availability=boom, inventory=boom)
     doc = {"id": "x", "name": "n", "source": dict(NODE), "targets": [{"kind": "process", "name": "p"}]}
-    assert snap.preflight(engine["store"], doc, dict(NODE), False, False, gpu_node=node, cuda="auto") == []
+    assert pf.preflight(engine["store"], doc, dict(NODE), False, False, gpu_node=node, cuda="auto") == []
 
 
 def test_preflight_and_check_mode_report_gpu_reasons(fake: Fake, libs: Dict[str, Path], engine: Dict[str, Any]) -> None:
     doc = {"id": "x", "name": "n", "source": dict(NODE), "targets": [{"kind": "process", "name": "p"}],
            "gpu": section((UUID_A, H100), (UUID_B, H100))}
-    problems = snap.preflight(engine["store"], doc, dict(NODE), False, False,
-                              gpu_node=node_with(libs["full"], (UUID_A, A100)), cuda="auto")
+    problems = pf.preflight(engine["store"], doc, dict(NODE), False, False,
+                            gpu_node=node_with(libs["full"], (UUID_A, A100)), cuda="auto")
     assert problems and problems[0].startswith("gpu: GPU count differs")
 
 
@@ -523,9 +531,11 @@ class CallLog:
     __hash__ = None  # type: ignore[assignment]
 
 
+@contextlib.contextmanager
 def restored(fake: Fake, engine: Dict[str, Any], ns: Ns, libs: Dict[str, Path], monkeypatch: pytest.MonkeyPatch,
-             tmp_path: Path, source_gpus: Any, node_gpus: Any) -> Any:
-    """A GPU snapshot of ``ns`` (source GPUs ``source_gpus``), and a restore whose CRIU step 'restores' a new ns."""
+             tmp_path: Path, source_gpus: Any, node_gpus: Any) -> Iterator[Any]:
+    """A GPU snapshot of ``ns`` (source GPUs ``source_gpus``), and a restore whose CRIU step 'restores' a new ns:
+    (result, copy, control, libs_dirs, node on ``node_gpus``); the copy is stopped when the block ends."""
     fake.add(ns.pid)
     control = tmp_path / "control"
     control.mkdir(exist_ok=True)
@@ -537,71 +547,65 @@ def restored(fake: Fake, engine: Dict[str, Any], ns: Ns, libs: Dict[str, Path], 
     libs_dirs = CallLog(tmp_path / "criu-calls.json")
 
     def criu_restore(criu: str, images: str, work: str, options: Any) -> int:
-        libs_dirs.append(os.environ.get(snap.CRIU_LIBS_DIR))  # runs in the restorer child: logged to a file
+        libs_dirs.append(os.environ.get(gh.CRIU_LIBS_DIR))  # runs in the restorer child: logged to a file
         return copy.pid
 
-    monkeypatch.setattr(snap, "criu_restore", criu_restore)
-    return result, copy, control, libs_dirs, node_with(libs["full"], *node_gpus)
+    monkeypatch.setattr(rs, "criu_restore", criu_restore)
+    try:
+        yield result, copy, control, libs_dirs, node_with(libs["full"], *node_gpus)
+    finally:
+        copy.stop()
 
 
 def test_restore_maps_pids_and_gpus_then_unlocks_then_restore_complete(
         fake: Fake, libs: Dict[str, Path], engine: Dict[str, Any], ns: Ns, monkeypatch: pytest.MonkeyPatch,
         tmp_path: Path) -> None:
-    result, copy, control, libs_dirs, node = restored(fake, engine, ns, libs, monkeypatch, tmp_path,
-                                                      [(UUID_A, H100), (UUID_B, H100)], [(UUID_B, H100), (UUID_C, H100)])
-    try:
-        out = snap.restore(engine["store"], result["id"], restore_root=str(tmp_path / "restore"), gpu_node=node)
+    with restored(fake, engine, ns, libs, monkeypatch, tmp_path, [(UUID_A, H100), (UUID_B, H100)],
+                  [(UUID_B, H100), (UUID_C, H100)]) as (result, copy, control, libs_dirs, node):
+        out = rs.restore(engine["store"], result["id"], restore_root=str(tmp_path / "restore"), gpu_node=node)
         assert out["pid"] == copy.pid
         assert out["cuda"]["pids"] == [copy.pid]  # namespace pid 1 of the snapshot -> the new host pid
         assert out["cuda"]["gpu_pairs"] == [[UUID_A, UUID_C], [UUID_B, UUID_B]]  # same UUID first, then by position
         assert short(fake) == [f"restore:{copy.pid}", f"unlock:{copy.pid}"]
         call = fake.calls("restore")[0]
         assert call["pairs"] == "2"
-        assert call["pair0"] == f"{cu.uuid_bytes(UUID_A).hex()}:{cu.uuid_bytes(UUID_C).hex()}"
+        assert call["pair0"] == f"{cuabi.uuid_bytes(UUID_A).hex()}:{cuabi.uuid_bytes(UUID_C).hex()}"
         assert fake.states()[copy.pid] == "running"
         assert libs_dirs and libs_dirs[0] is not None  # CRIU's plugins off for the GPU restore too
         assert {"cuda_restore", "cuda_unlock", "restore"} <= set(out["timings"])
         assert ctl.parse_kv((control / ctl.RESTORE_COMPLETE).read_text())["host_pid"] == str(copy.pid)
-    finally:
-        copy.stop()
 
 
 def test_a_failed_cuda_restore_writes_restore_failed_and_kills_the_copy(
         fake: Fake, libs: Dict[str, Path], engine: Dict[str, Any], ns: Ns, monkeypatch: pytest.MonkeyPatch,
         tmp_path: Path) -> None:
-    result, copy, control, _libs, node = restored(fake, engine, ns, libs, monkeypatch, tmp_path,
-                                                  [(UUID_A, H100)], [(UUID_A, H100)])
-    try:
+    with restored(fake, engine, ns, libs, monkeypatch, tmp_path, [(UUID_A, H100)],
+                  [(UUID_A, H100)]) as (result, copy, control, _libs, node):
         monkeypatch.setenv("FAKE_CUDA_FAIL", f"restore:{copy.pid}=2")
         with pytest.raises(snap.SnapshotError, match=rf"cuda restore of snapshot .* CUDA_ERROR_OUT_OF_MEMORY.*"
                                                      rf"restored tree \(pid {copy.pid}\) was killed"):
-            snap.restore(engine["store"], result["id"], restore_root=str(tmp_path / "restore"), gpu_node=node)
+            rs.restore(engine["store"], result["id"], restore_root=str(tmp_path / "restore"), gpu_node=node)
         assert not copy.alive()
         assert (control / ctl.RESTORE_FAILED).exists() and not (control / ctl.RESTORE_COMPLETE).exists()
         assert short(fake) == [f"restore:{copy.pid}"]  # the injected failure; no unlock was tried after it
         assert fake.calls("restore")[0].get("injected") == "1"
-    finally:
-        copy.stop()
 
 
 def test_restore_refuses_before_criu_when_the_gpus_differ(
         fake: Fake, libs: Dict[str, Path], engine: Dict[str, Any], ns: Ns, monkeypatch: pytest.MonkeyPatch,
         tmp_path: Path) -> None:
-    result, copy, _control, libs_dirs, node = restored(fake, engine, ns, libs, monkeypatch, tmp_path,
-                                                       [(UUID_A, H100), (UUID_B, H100)], [(UUID_A, A100)])
-    try:
+    with restored(fake, engine, ns, libs, monkeypatch, tmp_path, [(UUID_A, H100), (UUID_B, H100)],
+                  [(UUID_A, A100)]) as (result, _copy, _control, libs_dirs, node):
         with pytest.raises(snap.SnapshotError, match="refusing to restore") as err:
-            snap.restore(engine["store"], result["id"], restore_root=str(tmp_path / "restore"), gpu_node=node)
+            rs.restore(engine["store"], result["id"], restore_root=str(tmp_path / "restore"), gpu_node=node)
         assert any(f"[{UUID_A} {H100}, {UUID_B} {H100}], this node's [{UUID_A} {A100}]" in r for r in err.value.reasons)
         assert libs_dirs == [] and short(fake) == []  # CRIU never ran
         with pytest.raises(snap.SnapshotError, match="refusing to restore"):
-            snap.restore(engine["store"], result["id"], gpu_node=node, check_mode=True)
+            rs.restore(engine["store"], result["id"], gpu_node=node, check_mode=True)
         with pytest.raises(snap.SnapshotError) as off:
-            snap.restore(engine["store"], result["id"], cuda="off", gpu_node=node_with(libs["full"], (UUID_A, H100),
-                                                                                       (UUID_B, H100)), check_mode=True)
+            rs.restore(engine["store"], result["id"], cuda="off", gpu_node=node_with(libs["full"], (UUID_A, H100),
+                                                                                     (UUID_B, H100)), check_mode=True)
         assert "cuda: off, but the snapshot holds the GPU state" in off.value.reasons[0]
-    finally:
-        copy.stop()
 
 
 # --- refusals name the accelerator asked for -------------------------------------------------------------------------

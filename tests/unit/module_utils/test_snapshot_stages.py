@@ -1,4 +1,4 @@
-"""The engine's call points for the lifecycle stages (_snapshot.hook_stage / copy_stage) against the real helper."""
+"""The engine's call points for the lifecycle stages (_gpuhooks.hook_stage / copy_stage) against the real helper."""
 from __future__ import annotations
 
 import importlib.util
@@ -9,6 +9,7 @@ from typing import Any, Dict, List
 import pytest
 
 from ansible_collections.warmstart.snapshot.plugins.module_utils.core import _control as ctl
+from ansible_collections.warmstart.snapshot.plugins.module_utils.snapshot import _gpuhooks as gh
 from ansible_collections.warmstart.snapshot.plugins.module_utils.snapshot import _snapshot as snap
 from ansible_collections.warmstart.snapshot.plugins.module_utils.node import _workload as wl
 
@@ -21,10 +22,10 @@ spec.loader.exec_module(ws)  # type: ignore[union-attr]
 def test_copy_stage_does_nothing_without_recorded_stages_or_control_dir(tmp_path: Path) -> None:
     timings: Dict[str, float] = {}
     for doc in ({"id": "s1"}, {"id": "s1", "hooks": "junk"}, {"id": "s1", "hooks": {"stages": ["backup_pre"]}}):
-        snap.copy_stage(str(tmp_path), doc, "restore_pre", os.getpid(), 1, timings)
-    snap.copy_stage(None, {"id": "s1", "hooks": {"stages": ["restore_pre"]}}, "restore_pre", os.getpid(), 1, timings)
-    snap.copy_stage(str(tmp_path / "gone"), {"id": "s1", "hooks": {"stages": ["restore_pre"]}}, "restore_pre",
-                    os.getpid(), 1, timings)
+        gh.copy_stage(str(tmp_path), doc, "restore_pre", os.getpid(), 1, timings)
+    gh.copy_stage(None, {"id": "s1", "hooks": {"stages": ["restore_pre"]}}, "restore_pre", os.getpid(), 1, timings)
+    gh.copy_stage(str(tmp_path / "gone"), {"id": "s1", "hooks": {"stages": ["restore_pre"]}}, "restore_pre",
+                  os.getpid(), 1, timings)
     assert timings == {} and list(tmp_path.iterdir()) == []
 
 
@@ -40,10 +41,10 @@ def test_copy_stage_runs_the_copys_callbacks_and_names_a_failure(tmp_path: Path)
     control.on("restore_post", reconnect)
     doc = {"id": "s7", "hooks": {"stages": ["lock_pre", "restore_post"]}}
     timings: Dict[str, float] = {}
-    snap.copy_stage(str(tmp_path), doc, "restore_post", os.getpid(), 42, timings)
+    gh.copy_stage(str(tmp_path), doc, "restore_post", os.getpid(), 42, timings)
     assert seen == [("restore_post", "s7", "42")] and "hook_restore_post" in timings
     with pytest.raises(ctl.StageFailed) as err:
-        snap.copy_stage(str(tmp_path), doc, "restore_post", os.getpid(), 42, timings)
+        gh.copy_stage(str(tmp_path), doc, "restore_post", os.getpid(), 42, timings)
     assert (err.value.stage, err.value.callback) == ("restore_post", "reconnect")
     assert "ConnectionError: database unreachable" in str(err.value)
 
@@ -51,15 +52,15 @@ def test_copy_stage_runs_the_copys_callbacks_and_names_a_failure(tmp_path: Path)
 def test_hook_stage_runs_only_registered_stages_of_an_asked_workload(tmp_path: Path) -> None:
     target = snap.Target(os.getpid(), "process", control_dir=str(tmp_path))
     timings: Dict[str, float] = {}
-    plan = snap.CudaPlan("off")
-    snap.hook_stage(plan, target, "backup_pre", timings)  # never asked (no lock_pre): nothing to drive
-    snap.hook_stage(None, target, "backup_pre", timings)
+    plan = gh.CudaPlan("off")
+    gh.hook_stage(plan, target, "backup_pre", timings)  # never asked (no lock_pre): nothing to drive
+    gh.hook_stage(None, target, "backup_pre", timings)
     plan.request, plan.stages = "r1", ["lock_pre"]
-    snap.hook_stage(plan, target, "backup_pre", timings)  # not registered
+    gh.hook_stage(plan, target, "backup_pre", timings)  # not registered
     assert timings == {} and list(tmp_path.iterdir()) == []
     plan.stages, plan.hook_timeout = ["lock_pre", "backup_pre"], 0.3
     with pytest.raises(snap.SnapshotError) as err:  # registered, but nobody answers: bounded, named
-        snap.hook_stage(plan, target, "backup_pre", timings)
+        gh.hook_stage(plan, target, "backup_pre", timings)
     assert str(err.value).startswith("checkpoint hooks: backup_pre: the workload's backup_pre callbacks did not answer")
     assert "within 0.3 s" in str(err.value) and str(err.value).endswith("rolled back, the source keeps running")
 

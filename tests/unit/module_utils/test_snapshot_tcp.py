@@ -9,8 +9,11 @@ from typing import Any, Dict, List, Optional
 
 import pytest
 
-from ansible_collections.warmstart.snapshot.plugins.module_utils.snapshot import _container as ctr
-from ansible_collections.warmstart.snapshot.plugins.module_utils.runners import _module
+from ansible_collections.warmstart.snapshot.plugins.module_utils.runners import _restore as restore_runner
+from ansible_collections.warmstart.snapshot.plugins.module_utils.snapshot import _placeholder as ph
+from ansible_collections.warmstart.snapshot.plugins.module_utils.snapshot import _preflight as pf
+from ansible_collections.warmstart.snapshot.plugins.module_utils.snapshot import _restore as rs
+from ansible_collections.warmstart.snapshot.plugins.module_utils.snapshot import _restoreinto as rinto
 from ansible_collections.warmstart.snapshot.plugins.module_utils.snapshot import _snapshot as snap
 from ansible_collections.warmstart.snapshot.plugins.module_utils.store import _store as st
 from ansible_collections.warmstart.snapshot.plugins.module_utils.criu._criu import CriuError
@@ -30,7 +33,7 @@ def node(monkeypatch: pytest.MonkeyPatch) -> Dict[str, Any]:
     """This node as the process restore sees it (hostname node-a: the node that took make_snapshot's snapshots)."""
     here = {"hostname": "node-a"}
     monkeypatch.setattr(snap, "find_criu", lambda path=None: "/usr/local/bin/criu")
-    monkeypatch.setattr(snap, "describe_node", lambda criu=None: dict(here))
+    monkeypatch.setattr(rs, "describe_node", lambda criu=None: dict(here))
     return here
 
 
@@ -54,8 +57,8 @@ def test_check_mode_says_what_a_process_restore_would_do(
         reason: str) -> None:
     doc = recorded(store, "established")
     node["hostname"] = here
-    result = snap.restore(store, doc["id"], skip_compat=True, restore_root=str(tmp_path / "restore"), tcp=asked,
-                          check_mode=True)
+    result = rs.restore(store, doc["id"], skip_compat=True, restore_root=str(tmp_path / "restore"), tcp=asked,
+                        check_mode=True)
     assert result["tcp"] == {"mode": mode, "reason": reason}
 
 
@@ -75,9 +78,9 @@ def test_a_process_restore_hands_criu_the_decided_mode(store: st.FsStore, node: 
         seen.append(opts)
         raise CriuError("CRIU restore failed: stubbed")
 
-    monkeypatch.setattr(snap, "_run_criu", criu)
+    monkeypatch.setattr(rs, "_run_criu", criu)
     with pytest.raises(CriuError, match="stubbed"):
-        snap.restore(store, doc["id"], skip_compat=True, restore_root=str(tmp_path / "restore"), tcp=asked)
+        rs.restore(store, doc["id"], skip_compat=True, restore_root=str(tmp_path / "restore"), tcp=asked)
     assert [o.tcp for o in seen] == [criu_tcp]
     assert seen[0].ext_unix_sk is True, "the other recorded options stay as the manifest has them"
 
@@ -89,8 +92,8 @@ def test_keep_of_a_snapshot_taken_with_tcp_close_is_refused_with_every_reason(
         handle.write(b"tampered")
     for check_mode in (True, False):
         with pytest.raises(WarmstartError) as err:
-            snap.restore(store, doc["id"], skip_compat=True, restore_root=str(tmp_path / "restore"), tcp="keep",
-                         check_mode=check_mode)
+            rs.restore(store, doc["id"], skip_compat=True, restore_root=str(tmp_path / "restore"), tcp="keep",
+                       check_mode=check_mode)
         assert err.value.details["outcome"] == "incompatible"
         assert any("pages-1.img" in r for r in err.value.reasons), err.value.reasons
         assert [r for r in err.value.reasons if r.startswith("tcp:")] == [
@@ -103,7 +106,7 @@ def test_an_unknown_tcp_mode_is_refused_before_anything(store: st.FsStore, node:
                                                         tmp_path: Path) -> None:
     doc = recorded(store, "established")
     with pytest.raises(WarmstartError, match="tcp: 'established' is not one of keep, close") as err:
-        snap.restore(store, doc["id"], restore_root=str(tmp_path / "restore"), tcp="established")
+        rs.restore(store, doc["id"], restore_root=str(tmp_path / "restore"), tcp="established")
     assert err.value.details["outcome"] == "failed"
     assert not (tmp_path / "restore").exists()
 
@@ -120,23 +123,23 @@ def container_doc(tcp: str) -> Dict[str, Any]:
 def placeholders(monkeypatch: pytest.MonkeyPatch) -> Dict[str, Any]:
     """restore_into with CRIU, node, store and runtime faked; ``calls['opts']`` is what each restore was given."""
     calls: Dict[str, Any] = {"opts": [], "doc": container_doc("established")}
-    monkeypatch.setattr(ctr, "find_criu", lambda path: "/usr/local/bin/criu")
-    monkeypatch.setattr(ctr, "describe_node", lambda criu: {"hostname": "node-a"})
-    monkeypatch.setattr(ctr.snap, "select", lambda *a, **kw: calls["doc"])
-    monkeypatch.setattr(ctr, "incompatibilities", lambda source, node: [])
-    monkeypatch.setattr(ctr.st, "verify_local", lambda store, doc, fetch, cached: [])
-    monkeypatch.setattr(ctr, "get_runtime", lambda name: object())
+    monkeypatch.setattr(rinto, "find_criu", lambda path: "/usr/local/bin/criu")
+    monkeypatch.setattr(rinto, "describe_node", lambda criu: {"hostname": "node-a"})
+    monkeypatch.setattr(pf, "select", lambda *a, **kw: calls["doc"])
+    monkeypatch.setattr(rinto, "incompatibilities", lambda source, node: [])
+    monkeypatch.setattr(rinto.ck, "verify_local", lambda store, doc, fetch, cached: [])
+    monkeypatch.setattr(rinto, "get_runtime", lambda name: object())
     info = ContainerInfo(id="c" * 64, name="web-1", runtime="podman", image="i", image_id="x", running=True,
                          status="running", pid=4242, cgroup_path="/cg", rootfs="/r", upper_dir=None, hostname="h")
-    monkeypatch.setattr(ctr, "check_destination",
-                        lambda runtime, target, dest, skip: (ctr.Destination(source=target, name=dest, info=info), []))
+    monkeypatch.setattr(ph, "check_destination",
+                        lambda runtime, target, dest, skip: (ph.Destination(source=target, name=dest, info=info), []))
 
     def restored(runtime: Any, criu: str, store: Any, doc: Dict[str, Any], d: Any, opts: CriuOptions,
                  *rest: Any) -> Dict[str, Any]:
         calls["opts"].append(opts)
         return {"container": d.name, "source": d.source["name"], "result": "succeeded"}
 
-    monkeypatch.setattr(ctr, "_restore_exclusive", restored)
+    monkeypatch.setattr(rinto, "_restore_exclusive", restored)
     return calls
 
 
@@ -151,31 +154,31 @@ PLACEHOLDER = "restored into placeholder web-1's network namespace, not the one 
 def test_a_placeholder_restore_closes_by_default(placeholders: Dict[str, Any], asked: Optional[str], mode: str,
                                                  reason: str) -> None:
     """Even on the node that took the snapshot: the placeholder's network namespace is not the dump's."""
-    result = ctr.restore_into(object(), "app=ph", snapshot_id="x", tcp=asked)
+    result = rinto.restore_into(object(), "app=ph", snapshot_id="x", tcp=asked)
     assert result["outcome"] == "succeeded"
     assert result["destinations"] == [{"container": "ph", "source": "app", "result": "succeeded",
                                        "tcp": {"mode": mode, "reason": reason}}]
     assert [o.tcp for o in placeholders["opts"]] == ["established" if mode == "keep" else "close"]
-    would = ctr.restore_into(object(), "app=ph", snapshot_id="x", tcp=asked, check_mode=True)
+    would = rinto.restore_into(object(), "app=ph", snapshot_id="x", tcp=asked, check_mode=True)
     assert would["destinations"][0]["tcp"] == {"mode": mode, "reason": reason}
     assert len(placeholders["opts"]) == 1, "check mode restored nothing"
 
 
 def test_keep_into_a_placeholder_of_a_snapshot_taken_with_tcp_close_is_refused(placeholders: Dict[str, Any]) -> None:
     placeholders["doc"] = container_doc("close")
-    result = ctr.restore_into(object(), "app=ph", snapshot_id="x", tcp="keep")
+    result = rinto.restore_into(object(), "app=ph", snapshot_id="x", tcp="keep")
     assert result["outcome"] == "failed" and placeholders["opts"] == []
     dest = result["destinations"][0]
     assert dest["result"] == "refused" and dest["reasons"][0].startswith("tcp: keep: the snapshot was taken with tcp: close")
-    closed = ctr.restore_into(object(), "app=ph", snapshot_id="x")
+    closed = rinto.restore_into(object(), "app=ph", snapshot_id="x")
     assert closed["destinations"][0]["tcp"]["mode"] == "close" and [o.tcp for o in placeholders["opts"]] == ["close"]
 
 
 def test_an_unknown_tcp_mode_into_a_placeholder_is_refused_before_anything(
         placeholders: Dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(ctr, "find_criu", lambda path: pytest.fail("looked for CRIU"))
+    monkeypatch.setattr(rinto, "find_criu", lambda path: pytest.fail("looked for CRIU"))
     with pytest.raises(WarmstartError, match="tcp: 'reset' is not one of keep, close") as err:
-        ctr.restore_into(object(), "app=ph", snapshot_id="x", tcp="reset")
+        rinto.restore_into(object(), "app=ph", snapshot_id="x", tcp="reset")
     assert err.value.details["outcome"] == "failed" and placeholders["opts"] == []
 
 
@@ -195,10 +198,10 @@ def test_the_restore_module_hands_its_tcp_option_to_the_engine(store: st.FsStore
         return {"id": "i", "name": "embed", "outcome": "succeeded",
                 "destinations": [{"container": "ph", "source": "app", "result": "succeeded"}]}
 
-    monkeypatch.setattr(_module.snap, "restore", engine)
-    monkeypatch.setattr(_module.ctr, "restore_into", engine)
+    monkeypatch.setattr(restore_runner.rs, "restore", engine)
+    monkeypatch.setattr(restore_runner.rinto, "restore_into", engine)
     params = {"store": store.root, "store_options": None, "snapshot": None, "name": "embed", "labels": None,
               "verify": True, "skip_compat_check": False, "criu_path": None, "restore_root": str(tmp_path / "r"),
               "into": into, "tcp": tcp}
-    assert _module.restore(params, False)["outcome"] == "succeeded"
+    assert restore_runner.run(params, False)["outcome"] == "succeeded"
     assert "tcp" in seen and seen["tcp"] == tcp

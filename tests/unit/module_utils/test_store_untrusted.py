@@ -17,6 +17,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as hs
 
+from ansible_collections.warmstart.snapshot.plugins.module_utils.store import _checksums as ck
 from ansible_collections.warmstart.snapshot.plugins.module_utils.store import _manifest as mf
 from ansible_collections.warmstart.snapshot.plugins.module_utils.core import _restorer as rst
 from ansible_collections.warmstart.snapshot.plugins.module_utils.core import _safefs as safefs
@@ -249,7 +250,7 @@ def test_verify_accounts_for_every_entry(store: st.FsStore, tmp_path: Path, tamp
         os.rename(images, real)
         images.symlink_to(real)
         want = "containers/embed/criu: a symlink, not a regular file"
-    problems = st.verify_files(str(top), doc)
+    problems = ck.verify_files(str(top), doc)
     assert want in problems, problems
 
 
@@ -400,12 +401,12 @@ def test_a_held_restore_that_fails_reports_and_decides_nothing(tmp_path: Path) -
 
 
 def test_an_empty_criu_log_is_a_warning_naming_the_free_space(tmp_path: Path) -> None:
-    from ansible_collections.warmstart.snapshot.plugins.module_utils.snapshot import _snapshot as snap
+    from ansible_collections.warmstart.snapshot.plugins.module_utils.snapshot import _restore as rs
     (tmp_path / "restore.log").write_text("")
-    warning = snap._log_warning(str(tmp_path))  # pylint: disable=protected-access
+    warning = rs._log_warning(str(tmp_path))  # pylint: disable=protected-access
     assert warning and "restore.log is empty or missing" in warning and "MiB" in warning
     (tmp_path / "restore.log").write_text("(00.000001) Version: 4.2.1\n")
-    assert snap._log_warning(str(tmp_path)) is None  # pylint: disable=protected-access
+    assert rs._log_warning(str(tmp_path)) is None  # pylint: disable=protected-access
 
 
 def test_a_tree_that_cannot_be_recorded_is_killed_not_left_running(tmp_path: Path) -> None:
@@ -509,9 +510,9 @@ def test_one_bad_manifest_of_any_shape_breaks_no_listing(store: st.FsStore, path
 # --- selection never passes over a newer snapshot silently (issue 32, class 4) ---------------------------------------
 
 def _select(store: st.FsStore, **kw: Any) -> Tuple[Dict[str, Any], List[Dict[str, str]]]:
-    from ansible_collections.warmstart.snapshot.plugins.module_utils.snapshot import _snapshot as snap  # pylint: disable=import-outside-toplevel
+    from ansible_collections.warmstart.snapshot.plugins.module_utils.snapshot import _preflight as pf  # pylint: disable=import-outside-toplevel
     passed: List[Dict[str, str]] = []
-    doc = snap.select(store, None, "embed", None, {"hostname": "node-a"}, skip_compat=True, passed_over=passed, **kw)
+    doc = pf.select(store, None, "embed", None, {"hostname": "node-a"}, skip_compat=True, passed_over=passed, **kw)
     return doc, passed
 
 
@@ -554,6 +555,7 @@ def test_criu_failing_on_changed_page_images_is_reported_as_the_mismatch(tmp_pat
     the mismatch (the cause), not only CRIU's complaint; with intact images CRIU's own error stands."""
     import hashlib
     from ansible_collections.warmstart.snapshot.plugins.module_utils.snapshot import _overlap as ov
+    from ansible_collections.warmstart.snapshot.plugins.module_utils.snapshot import _restore as rs
     from ansible_collections.warmstart.snapshot.plugins.module_utils.snapshot import _snapshot as snap
     from ansible_collections.warmstart.snapshot.plugins.module_utils.criu._criu import CriuError
     data = os.urandom(1 << 16)
@@ -562,10 +564,10 @@ def test_criu_failing_on_changed_page_images_is_reported_as_the_mismatch(tmp_pat
     failed = CriuError("CRIU restore failed: vdso: Invalid ELF magic", log_tail="tail")
     image.write_bytes(data)
     intact = ov.Overlap([(str(image), entry)]).start()
-    assert snap._mismatch_first(intact, failed, {"id": "s1"}) is failed  # pylint: disable=protected-access
+    assert rs._mismatch_first(intact, failed, {"id": "s1"}) is failed  # pylint: disable=protected-access
     image.write_bytes(data[::-1])
     changed = ov.Overlap([(str(image), entry)]).start()
-    err = snap._mismatch_first(changed, failed, {"id": "s1"})  # pylint: disable=protected-access
+    err = rs._mismatch_first(changed, failed, {"id": "s1"})  # pylint: disable=protected-access
     assert isinstance(err, snap.SnapshotError)
     assert "s1 refused: its page images do not match the manifest" in str(err) and "Invalid ELF magic" in str(err)
     assert err.reasons == [f"checksum: {entry['path']}: SHA256 mismatch (corrupted)"]

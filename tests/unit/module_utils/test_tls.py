@@ -1,6 +1,6 @@
 """_tls: which files CRIU's mutual TLS uses and every refusal before anything starts; the page server's and the
-restore's options through ``_module`` (real temporary stores; no CRIU runs). The handshake itself runs against
-real CRIU in tests/integration/test_page_server_tls.py."""
+restore's options through their runners, runners/_page_server and runners/_restore (real temporary stores; no CRIU
+runs). The handshake itself runs against real CRIU in tests/integration/test_page_server_tls.py."""
 from __future__ import annotations
 
 import os
@@ -9,8 +9,9 @@ from typing import Any, Dict
 
 import pytest
 
-from ansible_collections.warmstart.snapshot.plugins.module_utils.criu import _lazy as lz
-from ansible_collections.warmstart.snapshot.plugins.module_utils.runners import _module
+from ansible_collections.warmstart.snapshot.plugins.module_utils.criu import _lazyserver as lzs
+from ansible_collections.warmstart.snapshot.plugins.module_utils.runners import _page_server
+from ansible_collections.warmstart.snapshot.plugins.module_utils.runners import _restore
 from ansible_collections.warmstart.snapshot.plugins.module_utils.store import _store as st
 from ansible_collections.warmstart.snapshot.plugins.module_utils.core import _tls
 from ansible_collections.warmstart.snapshot.plugins.module_utils.runners._adapter import failure
@@ -128,14 +129,14 @@ def test_check_listen(keys: Path) -> None:
 
 def test_tls_refusal_reads_criu_tls_errors_only(tmp_path: Path) -> None:
     log = tmp_path / "page-server.log"
-    assert lz.tls_refusal(str(log)) == ""
+    assert lzs.tls_refusal(str(log)) == ""
     log.write_text("(00.01) tls: TLS handshake completed\n"
                    "(00.02) Error (criu/tls.c:226): tls: Invalid certificate\n"
                    "(00.03) Error (criu/tls.c:205): tls: The certificate is NOT trusted. \n"
                    "(00.04) Error (criu/page-xfer.c:1): page-xfer: something else\n")
-    assert lz.tls_refusal(str(log)) == "tls: Invalid certificate | tls: The certificate is NOT trusted."
+    assert lzs.tls_refusal(str(log)) == "tls: Invalid certificate | tls: The certificate is NOT trusted."
     log.write_text("(00.04) Error (criu/page-xfer.c:1): page-xfer: Can't read\n")
-    assert lz.tls_refusal(str(log)) == ""
+    assert lzs.tls_refusal(str(log)) == ""
 
 
 # --- through the modules' calls ------------------------------------------------------
@@ -164,10 +165,10 @@ def test_page_server_in_the_clear_beyond_loopback_is_refused_first(store: st.FsS
                                                                    check_mode: bool) -> None:
     doc = make_snapshot(store)
     before = tree(tmp_path)
-    out = fail(_module.page_server, page_params(store, tmp_path, doc["id"], address="0.0.0.0"), check_mode)
+    out = fail(_page_server.run, page_params(store, tmp_path, doc["id"], address="0.0.0.0"), check_mode)
     assert out["msg"].startswith("page server: refusing to listen on 0.0.0.0 without TLS"), out
     assert "insecure: true" in out["msg"] and "tls: true" in out["msg"]
-    out = fail(_module.page_server, page_params(store, tmp_path, "20260101T000000Z-00000000", address="10.0.0.5"))
+    out = fail(_page_server.run, page_params(store, tmp_path, "20260101T000000Z-00000000", address="10.0.0.5"))
     assert out["msg"].startswith("page server: refusing"), "the address is refused before the snapshot is looked up"
     assert tree(tmp_path) == before
 
@@ -175,13 +176,13 @@ def test_page_server_in_the_clear_beyond_loopback_is_refused_first(store: st.FsS
 @pytest.mark.usefixtures("criu")
 def test_page_server_insecure_or_tls_in_check_mode(store: st.FsStore, tmp_path: Path, keys: Path) -> None:
     doc = make_snapshot(store)
-    result = _module.page_server(page_params(store, tmp_path, doc["id"], address="0.0.0.0", insecure=True), True)
+    result = _page_server.run(page_params(store, tmp_path, doc["id"], address="0.0.0.0", insecure=True), True)
     assert result["page_server"] == {"snapshot": doc["id"], "address": "0.0.0.0", "port": 27000, "tls": False}
-    out = fail(_module.page_server, page_params(store, tmp_path, doc["id"], address="0.0.0.0", tls=True), True)
+    out = fail(_page_server.run, page_params(store, tmp_path, doc["id"], address="0.0.0.0", tls=True), True)
     assert out["msg"].startswith("TLS for the page server cannot be set up: ") and len(out["reasons"]) == 3, out
     tls_dir(keys)
     before = tree(tmp_path)
-    result = _module.page_server(page_params(store, tmp_path, doc["id"], address="0.0.0.0", tls=True), True)
+    result = _page_server.run(page_params(store, tmp_path, doc["id"], address="0.0.0.0", tls=True), True)
     assert result["page_server"]["tls"] is True
     assert tree(tmp_path) == before
 
@@ -194,8 +195,8 @@ def test_restore_tls_needs_a_page_server(store: st.FsStore, tmp_path: Path, keys
                   skip_compat_check=False, criu_path=None, restore_root=str(tmp_path / "restore"),
                   workloads_root=str(tmp_path / "workloads"), control_roots=[str(tmp_path)], cuda="auto",
                   lazy=True, lazy_wait=False, lazy_timeout=600, page_server=None, into=None, tls=True)
-    out = fail(_module.restore, params, True)
+    out = fail(_restore.run, params, True)
     assert out["msg"] == "tls: applies to a lazy restore from a page_server only (none given)", out
     (keys / "tls" / "key.pem").chmod(0o644)
-    out = fail(_module.restore, dict(params, page_server="10.0.0.5:27100"), True)
+    out = fail(_restore.run, dict(params, page_server="10.0.0.5:27100"), True)
     assert out["msg"].startswith("TLS for the page server cannot be set up: ") and "key.pem" in out["reasons"][0], out

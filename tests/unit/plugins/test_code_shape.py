@@ -3,9 +3,12 @@
 - plugins/module_utils imports nothing from Ansible, and its modules import each other without cycles;
 - its packages are layers (``LAYERS``, drawn in docs/architecture.md): a package imports only from packages on
   lower rows, never from one on its own row or above;
-- no function there is longer than MAX_FUNCTION_LINES;
+- no function there is longer than MAX_FUNCTION_LINES, no file longer than MAX_FILE_LINES;
 - every exception class the engine defines derives from _errors.WarmstartError;
 - every module's main() is its AnsibleModule argument spec plus one run_module() call;
+- every module ships (imports, directly or through other engine files) exactly one runner file, its own
+  (runners/_<module>.py), besides _adapter, _specs and _common, and the modules that only read the node or a
+  store ship nothing of the snapshot engine, the Kubernetes client or the agent (issue 33);
 - no test module imports another test module, and bench scripts do not edit sys.path;
 - no file is written, chmod'ed or chown'ed by path outside _safefs (issue 32): no os.chmod/os.chown/os.lchown/
   shutil.chown, no open() for writing, and every os.open that writes has O_NOFOLLOW and creates only with O_EXCL
@@ -14,6 +17,7 @@
 from __future__ import annotations
 
 import ast
+import functools
 import importlib
 import inspect
 import re
@@ -26,6 +30,7 @@ PLUGINS = Path(__file__).resolve().parents[3] / "plugins"
 ENGINE = PLUGINS / "module_utils"
 PACKAGE = "ansible_collections.warmstart.snapshot.plugins.module_utils"
 MAX_FUNCTION_LINES = 80
+MAX_FILE_LINES = 600
 
 
 def _tree(path: Path) -> ast.Module:
@@ -84,6 +89,13 @@ def test_engine_functions_are_short(path: Path) -> None:
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.end_lineno is not None
             and node.end_lineno - node.lineno + 1 > MAX_FUNCTION_LINES]
     assert not long, f"{path.name}: functions over {MAX_FUNCTION_LINES} lines: {', '.join(long)}"
+
+
+def test_engine_files_hold_one_concept_each() -> None:
+    """A reader finds a concept in one file of a few hundred lines: none grows past MAX_FILE_LINES."""
+    big = [f"{_module_name(p)} ({n} lines)" for p in _engine_files()
+           if (n := len(p.read_text().splitlines())) > MAX_FILE_LINES]
+    assert not big, f"engine files over {MAX_FILE_LINES} lines, split them along their seams: {', '.join(big)}"
 
 
 def _engine_graph() -> Dict[str, Set[str]]:
@@ -188,6 +200,70 @@ def test_module_main_is_spec_and_one_adapter_call(path: Path) -> None:
         else:
             shape.append(type(stmt).__name__)
     assert shape == ["spec", "run"], f"{path.name}: main() is {shape}, not an argument spec and one run_module() call"
+
+
+# --- what each module ships (issue 33) -------------------------------------------------------------------------------
+
+# Runner files any module may ship besides its own runners/_<module>.py.
+SHARED_RUNNER_FILES = {"runners._adapter", "runners._specs", "runners._common"}
+# Modules that read the node or a store (or make the fleet key): none ships a file of these packages.
+NODE_MODULES = ("node_info", "workload", "fleet_key", "snapshot_info", "cleanup")
+NOT_FOR_NODE_MODULES = ("snapshot", "k8s", "agent")
+
+
+@functools.lru_cache(maxsize=None)
+def _engine_graph_once() -> Dict[str, Set[str]]:
+    """``_engine_graph()``, computed once for the per-module tests below (they only read it)."""
+    return _engine_graph()
+
+
+def _shipped(path: Path, graph: Dict[str, Set[str]]) -> Set[str]:
+    """The engine files a module file ships: the ones it imports and, transitively, everything they import."""
+    todo = [n[len(PACKAGE) + 1:] for n in _imports(_tree(path)) if n.startswith(PACKAGE + ".")]
+    shipped: Set[str] = set()
+    while todo:
+        name = todo.pop()
+        if name in graph and name not in shipped:
+            shipped.add(name)
+            todo.extend(graph[name])
+    return shipped
+
+
+def _shipping_problems(module: str, shipped: Set[str]) -> List[str]:
+    """What is wrong with the engine files ``module`` ships (``_shipped``), each naming the unexpected files."""
+    problems = []
+    runners = sorted(n for n in shipped if n.split(".")[0] == "runners" and n not in SHARED_RUNNER_FILES)
+    if runners != [f"runners._{module}"]:
+        problems.append(f"runner files {', '.join(runners) or 'none'}: it ships exactly one, runners._{module} "
+                        f"(besides {', '.join(sorted(SHARED_RUNNER_FILES))})")
+    banned = sorted(n for n in shipped if module in NODE_MODULES and n.split(".")[0] in NOT_FOR_NODE_MODULES)
+    if banned:
+        problems.append(f"{', '.join(banned)}: it ships nothing of {', '.join(NOT_FOR_NODE_MODULES)}")
+    return problems
+
+
+@pytest.mark.parametrize("path", sorted((PLUGINS / "modules").glob("*.py")), ids=lambda p: p.name)
+def test_each_module_ships_its_own_runner_and_what_that_needs(path: Path) -> None:
+    problems = _shipping_problems(path.stem, _shipped(path, _engine_graph_once()))
+    assert not problems, f"module {path.stem} ships " + "; ".join(problems)
+
+
+def test_the_shipping_rule_catches_the_hub_it_was_made_for() -> None:
+    """A node module shipping the one runner file of every module (the old runners/_module.py, which pulled in the
+    snapshot engine), a module shipping another module's runner, and one shipping none."""
+    hub = {"runners._adapter", "runners._module", "snapshot._restore", "k8s._k8s_client", "node._node"}
+    assert _shipping_problems("node_info", hub) == [
+        "runner files runners._module: it ships exactly one, runners._node_info "
+        "(besides runners._adapter, runners._common, runners._specs)",
+        "k8s._k8s_client, snapshot._restore: it ships nothing of snapshot, k8s, agent",
+    ]
+    assert _shipping_problems("restore", {"runners._restore", "runners._checkpoint", "runners._common"}) == [
+        "runner files runners._checkpoint, runners._restore: it ships exactly one, runners._restore "
+        "(besides runners._adapter, runners._common, runners._specs)"]
+    assert _shipping_problems("restore_pod", {"runners._adapter", "k8s._k8s_client"})[0].startswith("runner files none")
+    assert _shipping_problems("workload", {"runners._workload", "runners._adapter", "runners._specs",
+                                           "node._workload"}) == []
+    assert _shipping_problems("restore", {"runners._restore", "runners._common", "snapshot._restore"}) == []
 
 
 REPO = PLUGINS.parent

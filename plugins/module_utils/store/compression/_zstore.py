@@ -29,14 +29,16 @@ import shutil
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Set
 
+from ansible_collections.warmstart.snapshot.plugins.module_utils.core import _paths
 from ansible_collections.warmstart.snapshot.plugins.module_utils.core import _safefs as safefs
 from ansible_collections.warmstart.snapshot.plugins.module_utils.store.security import _crypt as cr
 from ansible_collections.warmstart.snapshot.plugins.module_utils.store.security import _encstore as es
 from ansible_collections.warmstart.snapshot.plugins.module_utils.store import _manifest as mf
 from ansible_collections.warmstart.snapshot.plugins.module_utils.core import _progress as prog
 from ansible_collections.warmstart.snapshot.plugins.module_utils.store.compression import _zstd as zs
+from ansible_collections.warmstart.snapshot.plugins.module_utils.store._checksums import unaccounted
 from ansible_collections.warmstart.snapshot.plugins.module_utils.store._store import (
-    StoreError, local_staging, lock_down, tree_size, unaccounted)
+    StoreError, local_staging, lock_down, tree_size)
 from ansible_collections.warmstart.snapshot.plugins.module_utils.store._storeapi import Staging, Store
 
 
@@ -47,7 +49,7 @@ class CompressionConfig:
 
     compression: Optional[str] = None
     level: int = zs.LEVEL
-    cache_dir: str = "/var/lib/warmstart/cache"
+    cache_dir: str = _paths.CACHE_DIR
     present: bool = False
 
     @classmethod

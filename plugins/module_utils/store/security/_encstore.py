@@ -38,8 +38,9 @@ from ansible_collections.warmstart.snapshot.plugins.module_utils.store import _m
 from ansible_collections.warmstart.snapshot.plugins.module_utils.core import _progress as prog
 from ansible_collections.warmstart.snapshot.plugins.module_utils.store import _storecopy as sc
 from ansible_collections.warmstart.snapshot.plugins.module_utils.core._errors import WarmstartError
+from ansible_collections.warmstart.snapshot.plugins.module_utils.store._checksums import real_dirs, unaccounted
 from ansible_collections.warmstart.snapshot.plugins.module_utils.store._store import (
-    StoreError, local_staging, lock_down, real_dirs, tree_size, unaccounted)
+    StoreError, local_staging, lock_down, tree_size)
 from ansible_collections.warmstart.snapshot.plugins.module_utils.store._storeapi import Store
 
 GET_CHUNKS = 4            # stored chunks per ranged GET of an object store

@@ -27,6 +27,7 @@ import shutil
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional
 
+from ansible_collections.warmstart.snapshot.plugins.module_utils.core import _paths
 from ansible_collections.warmstart.snapshot.plugins.module_utils.core._paths import keys_dir
 from ansible_collections.warmstart.snapshot.plugins.module_utils.store import _manifest as mf
 from ansible_collections.warmstart.snapshot.plugins.module_utils.store.security import _signing as sg
@@ -55,7 +56,7 @@ class SecurityConfig:
     encryption: bool = False
     kek_dir: Optional[str] = None
     kek: Optional[str] = None
-    cache_dir: str = "/var/lib/warmstart/cache"
+    cache_dir: str = _paths.CACHE_DIR
 
     @property
     def active(self) -> bool:

@@ -9,7 +9,9 @@ import pytest
 from ansible.errors import AnsibleFilterError
 
 from ansible_collections.warmstart.snapshot.plugins.filter.restore_template import FilterModule, restore_template
+from ansible_collections.warmstart.snapshot.plugins.module_utils.k8s import _podapi as podapi
 from ansible_collections.warmstart.snapshot.plugins.module_utils.k8s import _podcontract as pc
+from ansible_collections.warmstart.snapshot.plugins.module_utils.k8s import _spechash as spechash
 
 OWNER = [{"apiVersion": "example.com/v1", "kind": "InferenceService", "name": "embed", "uid": "1234",
           "controller": True, "blockOwnerDeletion": True}]
@@ -56,10 +58,10 @@ def test_a_controllers_template_becomes_a_restore_template_and_nothing_else_chan
     same_except_template(before, out, "spec", "template")
     assert out["metadata"]["ownerReferences"] == OWNER
     tpl = out["spec"]["template"]
-    assert pc.validate(tpl) == [] and tpl["metadata"]["annotations"][pc.ANN_RESTORE_FROM] == "embed-a"
+    assert pc.validate(tpl) == [] and tpl["metadata"]["annotations"][podapi.ANN_RESTORE_FROM] == "embed-a"
     assert tpl["metadata"]["labels"] == {"app": "embed"}
-    assert tpl["spec"]["containers"][0]["command"] == pc.INERT_COMMAND
-    assert pc.pod_spec_hash(tpl) == pc.pod_spec_hash(template()), "pods restore from snapshots of the original"
+    assert tpl["spec"]["containers"][0]["command"] == podapi.INERT_COMMAND
+    assert spechash.pod_spec_hash(tpl) == spechash.pod_spec_hash(template()), "pods restore from snapshots of the original"
     assert restore_template(out, "embed-a") == out
 
 
@@ -73,7 +75,7 @@ def test_a_leaderworkerset_gets_both_templates_and_workers_alone_without_a_leade
         assert pc.restore_mode(tpl) == {"restore_from": None, "select": True, "policy": "vllm", "fallback": "cold-start"}
         (c,) = tpl["spec"]["containers"]
         assert c["name"] == container and c["command"] == ["python", "/app/server.py"]
-        assert c["startupProbe"]["exec"]["command"] == pc.COLD_START_PROBE_COMMAND
+        assert c["startupProbe"]["exec"]["command"] == podapi.COLD_START_PROBE_COMMAND
     assert restore_template(out, None, entrypoint="standby", fallback="cold-start", policy="vllm") == out
     assert restore_template(out, None, policy="vllm") == out, "standby and the fallback are read back"
     workers = restore_template(lws(leader=False), "vllm-a")
@@ -89,7 +91,7 @@ def test_other_shapes_pod_template_cronjob_pod_and_bare_template() -> None:
                    "template": template()}
     assert pc.validate(restore_template(podtemplate, "s")["template"]) == []
     bare = restore_template(template(), "s", container_map="main=main", skip_compat_check=True)
-    assert pc.validate(bare) == [] and bare["metadata"]["annotations"][pc.ANN_SKIP_COMPAT] == "true"
+    assert pc.validate(bare) == [] and bare["metadata"]["annotations"][podapi.ANN_SKIP_COMPAT] == "true"
     pod = dict(template(), apiVersion="v1", kind="Pod", metadata={"name": "p", "namespace": "ml"})
     assert pc.validate(restore_template(pod, "s", startup_probe=False)) == []
     assert "startupProbe" not in restore_template(pod, "s", startup_probe=False)["spec"]["containers"][0]
@@ -98,7 +100,7 @@ def test_other_shapes_pod_template_cronjob_pod_and_bare_template() -> None:
 
 def test_refusals_name_the_controller_the_template_and_every_reason() -> None:
     taken = workload("Deployment")
-    taken["spec"]["template"]["metadata"]["annotations"] = {pc.ANN_RESTORE_FROM: "other"}
+    taken["spec"]["template"]["metadata"]["annotations"] = {podapi.ANN_RESTORE_FROM: "other"}
     taken["spec"]["template"]["spec"]["volumes"] = [{"name": "snapshot-control", "hostPath": {"path": "/x"}}]
     with pytest.raises(AnsibleFilterError) as err:
         restore_template(taken, "embed-a")

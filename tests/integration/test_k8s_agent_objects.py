@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import base64
 import copy
-import sys
 from pathlib import Path
 from typing import Any, Dict, List
 
@@ -13,8 +12,9 @@ import yaml
 
 pytest.importorskip("kubernetes")
 
+from ansible_collections.warmstart.snapshot.plugins.module_utils.k8s import _podapi as podapi  # noqa: E402
 from ansible_collections.warmstart.snapshot.plugins.module_utils.k8s import _podcontract as pc  # noqa: E402
-from tests.integration.ansible_run import REPO, Run, playbook  # noqa: E402
+from tests.integration.ansible_run import REPO, Run, k8s_tasks, task_results  # noqa: E402
 from tests.support import fake_apiserver as fake_server_module  # noqa: E402
 from tests.support.fake_apiserver import FakeApiServer  # noqa: E402
 
@@ -37,35 +37,25 @@ def fixture_server(fake_apiserver: FakeApiServer) -> FakeApiServer:
         "metadata": {"name": "shared"}, "spec": {"storeUrl": "s3://snapshots/prod",
                                                  "options": {"endpointUrl": "http://minio:9000"},
                                                  "credentialsSecretRef": {"name": "s3", "namespace": "warmstart"}}},
-        group=pc.GROUP)
+        group=podapi.GROUP)
     fake_apiserver.store.put("podsnapshotpolicies", {
         "metadata": {"name": "embed", "namespace": "default"},
         "spec": {"selector": {"matchLabels": {"app": "embed"}}, "storageConfigName": "shared",
-                 "retentionConfig": {"lastAccessTimeout": "72h"}}}, group=pc.GROUP)
+                 "retentionConfig": {"lastAccessTimeout": "72h"}}}, group=podapi.GROUP)
     return fake_apiserver
 
 
 def run_tasks(server: FakeApiServer, tmp_path: Path, tasks: List[Dict[str, Any]], *args: str) -> Run:
-    play = [{"name": "issue 21 objects", "hosts": "localhost", "gather_facts": False,
-             "module_defaults": {"group/warmstart.snapshot.k8s": {"kubeconfig": str(server.kubeconfig)}},
-             "tasks": tasks}]
-    path = tmp_path / f"play-{len(list(tmp_path.glob('play-*.yml')))}.yml"
-    path.write_text(yaml.safe_dump(play, sort_keys=False))
-    return playbook(str(path), *args, extra={"ansible_python_interpreter": sys.executable}, timeout=300)
+    return k8s_tasks(server.kubeconfig, tmp_path, tasks, *args)
 
 
-def results(run: Run) -> Dict[str, Dict[str, Any]]:
-    try:
-        doc = run.result
-    except ValueError:
-        pytest.fail(f"ansible-playbook printed no JSON (rc {run.rc}): {run.stderr[-3000:]}")
-    return {task["task"]["name"]: task["hosts"]["localhost"] for play in doc["plays"] for task in play["tasks"]}
+results = task_results
 
 
 def test_a_manual_trigger_request_attempts_and_the_policys_store(server: FakeApiServer, tmp_path: Path) -> None:
     server.store.put("podsnapshotmanualtriggers", {"metadata": {"name": "now", "namespace": "default"},
                                                    "spec": {"targetPod": "embed-0", "policyName": "embed"}},
-                     group=pc.GROUP)
+                     group=podapi.GROUP)
     trigger = {"namespace": "default", "name": "now"}
     tasks = [
         {"name": "trigger (check)", "warmstart.snapshot.pod_snapshot_trigger": trigger, "check_mode": True},
@@ -93,7 +83,7 @@ def test_a_manual_trigger_request_attempts_and_the_policys_store(server: FakeApi
     assert r["trigger (check)"]["changed"] and r["trigger (check)"]["phase"] == "pending"
     name = r["trigger"]["snapshot_name"]
     assert r["trigger"]["phase"] == "pending" and name.startswith("now-")
-    request = server.store.get("podsnapshots", name, "default", group=pc.GROUP)
+    request = server.store.get("podsnapshots", name, "default", group=podapi.GROUP)
     assert request["spec"]["policyName"] == "embed"
     assert (r["claim"]["claimed"], r["claim"]["attempt"], r["claim"]["max_attempts"]) == (True, 1, 2)
     assert (r["fail"]["final"], r["fail"]["attempt"]) == (False, 1)
@@ -118,7 +108,7 @@ def test_last_access_retention_and_the_restore_template_filter(server: FakeApiSe
                                            "message": "", "lastTransitionTime": "2020-01-01T00:00:00Z"}]}}
         if accessed:
             snap["status"]["lastAccessTime"] = accessed
-        server.store.put("podsnapshots", snap, group=pc.GROUP)
+        server.store.put("podsnapshots", snap, group=podapi.GROUP)
     deployment = {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "embed", "namespace": "default"},
                   "spec": {"replicas": 1, "selector": {"matchLabels": {"app": "embed"}},
                            "template": {"metadata": {"labels": {"app": "embed"}},

@@ -20,8 +20,12 @@ pytest.importorskip("kubernetes")
 
 from ansible_collections.warmstart.snapshot.plugins.module_utils.k8s import _k8s_client as _k8s  # noqa: E402
 from ansible_collections.warmstart.snapshot.plugins.module_utils.k8s import _k8s_records  # noqa: E402
+from ansible_collections.warmstart.snapshot.plugins.module_utils.k8s import _podapi as podapi  # noqa: E402
+from ansible_collections.warmstart.snapshot.plugins.module_utils.k8s import _podbuild as podbuild  # noqa: E402
 from ansible_collections.warmstart.snapshot.plugins.module_utils.k8s import _podcontract as pc  # noqa: E402
-from tests.integration.ansible_run import REPO, Run, playbook  # noqa: E402
+from ansible_collections.warmstart.snapshot.plugins.module_utils.k8s import _selection as selection  # noqa: E402
+from ansible_collections.warmstart.snapshot.plugins.module_utils.k8s import _spechash as spechash  # noqa: E402
+from tests.integration.ansible_run import REPO, Run, k8s_tasks, playbook, task_results  # noqa: E402
 from tests.support import fake_apiserver as fake_server_module  # noqa: E402
 from tests.support.fake_apiserver import FakeApiServer  # noqa: E402
 
@@ -40,26 +44,10 @@ TEMPLATE = {"metadata": {"labels": {"app": "embed", "model": "minilm"}},
 # --- helpers ----------------------------------------------------------------------
 
 def run_tasks(server: FakeApiServer, tmp_path: Path, tasks: List[Dict[str, Any]], *args: str) -> Run:
-    """Run ``tasks`` in one play on localhost against ``server``; module_defaults give the kubeconfig."""
-    play = [{"name": "k8s modules", "hosts": "localhost", "gather_facts": False,
-             "module_defaults": {"group/warmstart.snapshot.k8s": {"kubeconfig": str(server.kubeconfig)}},
-             "tasks": tasks}]
-    path = tmp_path / f"play-{len(list(tmp_path.glob('play-*.yml')))}.yml"
-    path.write_text(yaml.safe_dump(play, sort_keys=False))
-    return playbook(str(path), *args, extra={"ansible_python_interpreter": sys.executable}, timeout=300)
+    return k8s_tasks(server.kubeconfig, tmp_path, tasks, *args)
 
 
-def results(run: Run) -> Dict[str, Dict[str, Any]]:
-    """Task name (without its role) -> localhost's result."""
-    try:
-        doc = run.result
-    except ValueError:
-        pytest.fail(f"ansible-playbook printed no JSON (rc {run.rc}): {run.stderr[-3000:]}")
-    out = {}
-    for play in doc["plays"]:
-        for task in play["tasks"]:
-            out[task["task"]["name"].split(" : ")[-1]] = task["hosts"]["localhost"]  # without "role : "
-    return out
+results = task_results
 
 
 def snapshot_task(task: str, **args: Any) -> Dict[str, Any]:
@@ -73,7 +61,7 @@ def snapshot_task(task: str, **args: Any) -> Dict[str, Any]:
 
 def stored(server: FakeApiServer, plural: str) -> List[Dict[str, Any]]:
     """Every stored object of one of our kinds, all namespaces."""
-    return server.store.list(plural, group=pc.GROUP)
+    return server.store.list(plural, group=podapi.GROUP)
 
 
 def install_crds(server: FakeApiServer) -> None:
@@ -109,7 +97,7 @@ def test_crds_role_installs_once_then_unchanged_and_check_mode_absent_keeps_them
     applied = results(first)["Apply the warmstart CRDs"]
     assert applied["changed"] and {c["action"] for c in applied["crds"]} == {"created"}
     # the CRDs now serve their kinds
-    assert (pc.GROUP, "v1alpha1", "podsnapshotcontents") in fake_apiserver.store.resources
+    assert (podapi.GROUP, "v1alpha1", "podsnapshotcontents") in fake_apiserver.store.resources
 
     second = playbook("warmstart.snapshot.k8s_crds", *extra, timeout=300)
     assert second.rc == 0 and second.stats()["changed"] == 0
@@ -166,10 +154,10 @@ def test_pod_snapshot_present_binds_records_then_is_idempotent_and_absent_delete
     assert snap["spec"]["source"]["podRef"] == {"name": "embed-0", "uid": pod["metadata"]["uid"]}
     assert snap["metadata"]["labels"] == {"app": "embed", "model": "minilm"}  # the pod's, for grouping
     assert first["status"]["boundSnapshotContentName"] == cname
-    assert first["status"]["podSpecHash"] == pc.pod_spec_hash(pod)
+    assert first["status"]["podSpecHash"] == spechash.pod_spec_hash(pod)
     assert first["status"]["size"] == 4096
-    assert pc.get_condition(snap, "Ready")["status"] == "True"
-    assert pc.get_condition(snap, "Failed")["status"] == "False"
+    assert podapi.get_condition(snap, "Ready")["status"] == "True"
+    assert podapi.get_condition(snap, "Failed")["status"] == "False"
     assert content["spec"]["snapshotRef"] == {"namespace": "default", "name": "embed-1",
                                               "uid": snap["metadata"]["uid"]}
     assert content["spec"]["source"] == {"podRef": {"namespace": "default", "name": "embed-0",
@@ -180,8 +168,8 @@ def test_pod_snapshot_present_binds_records_then_is_idempotent_and_absent_delete
         "nodeName": "gpu-01", "arch": "x86_64", "kernel": "6.12.48", "cpuHash": "9f2c", "cpuVendor": "GenuineIntel",
         "image": "registry.local/embed:1.0", "imageId": pod["status"]["containerStatuses"][0]["imageID"],
         "gpuDriver": "580.65", "gpuModels": ["NVIDIA H200"]}
-    assert content["status"]["podSpecFields"] == pc.pod_spec_fields(pod)
-    assert pc.check_content_binding(snap, content) == []
+    assert content["status"]["podSpecFields"] == spechash.pod_spec_fields(pod)
+    assert selection.check_content_binding(snap, content) == []
     # the second run returned the same records, unchanged on the server
     assert again["snapshot"]["metadata"]["resourceVersion"] == snap["metadata"]["resourceVersion"]
 
@@ -200,10 +188,10 @@ def test_pod_snapshot_refusals(fake_apiserver: FakeApiServer, tmp_path: Path) ->
     bound = record(fake_apiserver, "bound-1", "embed-0", "2026-12-02T10:00:00Z")
     # a content left by a PodSnapshot "named-1" that was deleted (its uid is gone)
     fake_apiserver.store.put("podsnapshotcontents", {
-        "apiVersion": f"{pc.GROUP}/v1alpha1", "kind": "PodSnapshotContent", "metadata": {"name": "named-content"},
+        "apiVersion": f"{podapi.GROUP}/v1alpha1", "kind": "PodSnapshotContent", "metadata": {"name": "named-content"},
         "spec": {"snapshotRef": {"namespace": "default", "name": "named-1", "uid": "0ld-uid"},
                  "source": {"podRef": {"namespace": "default", "name": "embed-0"}},
-                 "store": {"url": "/mnt/snapshots", "snapshotId": "x"}}}, group=pc.GROUP)
+                 "store": {"url": "/mnt/snapshots", "snapshotId": "x"}}}, group=podapi.GROUP)
     run = run_tasks(fake_apiserver, tmp_path, [
         snapshot_task("no pod", source_pod="ghost"),
         snapshot_task("bad container", containers=["sidecar"]),
@@ -238,8 +226,8 @@ def test_pod_snapshot_uid_mismatch_after_delete_and_recreate(fake_apiserver: Fak
     old = record(fake_apiserver, "embed-1", "embed-0", "2026-12-02T10:00:00Z")
     content_name = old["status"]["boundSnapshotContentName"]
     fake_apiserver.store.remove("podsnapshots", "embed-1", "default")  # deleted behind our back ...
-    fresh = cluster(fake_apiserver).create(pc.KIND_SNAPSHOT, {  # ... and created again by someone
-        "apiVersion": pc.API_VERSION, "kind": pc.KIND_SNAPSHOT, "metadata": {"name": "embed-1"},
+    fresh = cluster(fake_apiserver).create(podapi.KIND_SNAPSHOT, {  # ... and created again by someone
+        "apiVersion": podapi.API_VERSION, "kind": podapi.KIND_SNAPSHOT, "metadata": {"name": "embed-1"},
         "spec": {"source": {"podRef": {"name": "embed-0", "uid": old["spec"]["source"]["podRef"]["uid"]}}}},
         "default")
     assert fresh["metadata"]["uid"] != old["metadata"]["uid"]
@@ -262,18 +250,18 @@ def test_pod_snapshot_failed_records_conditions_without_content(fake_apiserver: 
     res = results(run)["failed"]
     assert not res.get("failed"), res.get("msg")
     assert res["content"] is None and stored(fake_apiserver, "podsnapshotcontents") == []
-    failed = pc.get_condition(res["snapshot"], "Failed")
+    failed = podapi.get_condition(res["snapshot"], "Failed")
     assert failed["status"] == "True" and failed["reason"] == "CheckpointFailed"
     assert failed["message"] == "criu dump: exit 1"
-    assert pc.get_condition(res["snapshot"], "Ready")["status"] == "False"
-    assert pc.readiness_problems(res["snapshot"])  # never selected for a restore
+    assert podapi.get_condition(res["snapshot"], "Ready")["status"] == "False"
+    assert podapi.readiness_problems(res["snapshot"])  # never selected for a restore
 
 
 # --- restore_pod ---------------------------------------------------------------------------
 
 def test_restore_pod_build_and_validate(fake_apiserver: FakeApiServer, tmp_path: Path) -> None:
     conflicting = copy.deepcopy(TEMPLATE)
-    conflicting["metadata"]["annotations"] = {pc.ANN_RESTORE_FROM: "another"}
+    conflicting["metadata"]["annotations"] = {podapi.ANN_RESTORE_FROM: "another"}
     run = run_tasks(fake_apiserver, tmp_path, [
         {"name": "build", "register": "built",
          "warmstart.snapshot.restore_pod": {"action": "build", "template": TEMPLATE, "snapshot": "embed-1"}},
@@ -290,9 +278,9 @@ def test_restore_pod_build_and_validate(fake_apiserver: FakeApiServer, tmp_path:
     ])
     res = results(run)
     built = res["build"]["pod"]
-    assert built == pc.build(TEMPLATE, "embed-1") and res["build"]["changed"] is False
-    assert built["metadata"]["annotations"][pc.ANN_RESTORE_FROM] == "embed-1"
-    assert built["spec"]["containers"][0]["command"] == pc.INERT_COMMAND
+    assert built == podbuild.build(TEMPLATE, "embed-1") and res["build"]["changed"] is False
+    assert built["metadata"]["annotations"][podapi.ANN_RESTORE_FROM] == "embed-1"
+    assert built["spec"]["containers"][0]["command"] == podapi.INERT_COMMAND
     assert not res["validate built"].get("failed") and res["validate built"]["entrypoints"] == {"main": "inert"}
     standby = res["build standby"]["pod"]["spec"]["containers"][0]
     assert standby["command"] == TEMPLATE["spec"]["containers"][0]["command"]
@@ -300,7 +288,7 @@ def test_restore_pod_build_and_validate(fake_apiserver: FakeApiServer, tmp_path:
     assert res["validate standby"]["entrypoints"] == {"main": "standby"}
     plain = res["validate plain"]
     assert plain["failed"] and plain["problems"] == pc.validate(TEMPLATE) and plain["problems"]
-    assert any(pc.ANN_RESTORE_FROM in p for p in plain["problems"])
+    assert any(podapi.ANN_RESTORE_FROM in p for p in plain["problems"])
     assert res["build conflicting"]["failed"]
     assert any("'another'" in r for r in res["build conflicting"]["reasons"])
     assert res["build without snapshot"]["failed"] and "snapshot" in res["build without snapshot"]["msg"]
@@ -355,7 +343,7 @@ def test_restore_pod_create_n_pods_idempotent_check_mode_and_classify(
     fake_apiserver.add_pod("embed-0", labels=TEMPLATE["metadata"]["labels"],
                            containers=copy.deepcopy(TEMPLATE["spec"]["containers"]))
     record(fake_apiserver, "snap-a", "embed-0", "2026-12-02T10:00:00Z")
-    restored = pc.build(TEMPLATE, "snap-a")
+    restored = podbuild.build(TEMPLATE, "snap-a")
     restored["metadata"].update(name="done-0", namespace="default")
     fake_apiserver.store.put("pods", dict(restored, status={
         "phase": "Running", "conditions": [{"type": "Restored", "status": "True", "reason": "RestoreSucceeded",
@@ -395,7 +383,7 @@ def test_restore_pod_create_n_pods_idempotent_check_mode_and_classify(
     assert {"embed-restore-0", "embed-restore-1", "embed-restore-2"} <= set(pods)
     for i in range(3):
         pod = pods[f"embed-restore-{i}"]
-        assert pod["metadata"]["annotations"][pc.ANN_RESTORE_FROM] == "snap-a"
+        assert pod["metadata"]["annotations"][podapi.ANN_RESTORE_FROM] == "snap-a"
         assert pc.validate(pod) == []
         assert pod["metadata"]["uid"] in {p["metadata"]["uid"] for p in res["create again"]["pods"]}
     assert res["pinned to a missing snapshot"]["failed"] is True
@@ -422,7 +410,7 @@ def test_connect_errors_name_the_cause(tmp_path: Path) -> None:
     assert str(missing.value) == f"kubeconfig {tmp_path / 'nope'} does not exist"
     dead = _k8s.Cluster(_k8s.connect({"host": "http://127.0.0.1:9"}), request_timeout=5)
     with pytest.raises(_k8s.K8sError) as down:
-        dead.get(pc.KIND_SNAPSHOT, "embed-1", "default")
+        dead.get(podapi.KIND_SNAPSHOT, "embed-1", "default")
     assert str(down.value).startswith("API server http://127.0.0.1:9 unreachable: ")
 
 
@@ -443,16 +431,16 @@ def test_env_fallback_token_and_wrong_token(monkeypatch: pytest.MonkeyPatch, tmp
 def test_pod_conditions_and_finalizers(fake_apiserver: FakeApiServer) -> None:
     fake_apiserver.add_pod("p")
     api = cluster(fake_apiserver)
-    changed, pod = api.set_pod_condition("default", "p", pc.RESTORE_CONDITION, True, pc.REASON_IN_PROGRESS, "go")
-    assert changed and pc.get_condition(pod, "Restored")["reason"] == pc.REASON_IN_PROGRESS
-    assert pc.get_condition(pod, "PodScheduled")["status"] == "True"  # the kubelet's conditions stay
-    assert api.set_pod_condition("default", "p", pc.RESTORE_CONDITION, True, pc.REASON_IN_PROGRESS, "go")[0] is False
-    assert api.add_finalizer("Pod", "p", pc.FINALIZER, "default") is True
+    changed, pod = api.set_pod_condition("default", "p", podapi.RESTORE_CONDITION, True, podapi.REASON_IN_PROGRESS, "go")
+    assert changed and podapi.get_condition(pod, "Restored")["reason"] == podapi.REASON_IN_PROGRESS
+    assert podapi.get_condition(pod, "PodScheduled")["status"] == "True"  # the kubelet's conditions stay
+    assert api.set_pod_condition("default", "p", podapi.RESTORE_CONDITION, True, podapi.REASON_IN_PROGRESS, "go")[0] is False
+    assert api.add_finalizer("Pod", "p", podapi.FINALIZER, "default") is True
     assert api.add_finalizer("Pod", "p", "other.io/x", "default") is True
-    assert api.add_finalizer("Pod", "p", pc.FINALIZER, "default") is False
-    assert api.get_pod("default", "p")["metadata"]["finalizers"] == [pc.FINALIZER, "other.io/x"]
+    assert api.add_finalizer("Pod", "p", podapi.FINALIZER, "default") is False
+    assert api.get_pod("default", "p")["metadata"]["finalizers"] == [podapi.FINALIZER, "other.io/x"]
     api.delete_pod("default", "p")
-    assert api.remove_finalizer("Pod", "p", pc.FINALIZER, "default") is True
+    assert api.remove_finalizer("Pod", "p", podapi.FINALIZER, "default") is True
     assert api.get_pod("default", "p")["metadata"]["finalizers"] == ["other.io/x"]  # still held by the other
     assert api.remove_finalizer("Pod", "p", "other.io/x", "default") is True
     assert fake_apiserver.store.get("pods", "p", "default") is None  # gone with its last finalizer
