@@ -19,7 +19,8 @@ import pytest
 
 from .container_lab import Pod, ask, mounts_of, pod_for, wait_file
 
-pytestmark = pytest.mark.integration
+# serial: it watches what the whole node holds (its mount table, any CRIU worker running): nothing else may run beside it.
+pytestmark = [pytest.mark.integration, pytest.mark.serial]
 
 
 def nspid(pid: int) -> List[int]:

@@ -22,7 +22,8 @@ import pytest
 from .container_lab import Pod, ask, mounts_of, pod_for
 from .process_lab import pids_running, wait_for_swrk
 
-pytestmark = pytest.mark.integration
+# serial: it watches what the whole node holds (its mount table, any CRIU worker running): nothing else may run beside it.
+pytestmark = [pytest.mark.integration, pytest.mark.serial]
 
 
 def processes_with(token: str) -> List[int]:

@@ -25,7 +25,8 @@ from ansible_collections.warmstart.snapshot.plugins.module_utils.store import _m
 from .container_lab import Pod, pod_for, wait_file
 from .process_lab import slow_criu
 
-pytestmark = pytest.mark.integration
+# serial: it watches what the whole node holds (its mount table, any CRIU worker running): nothing else may run beside it.
+pytestmark = [pytest.mark.integration, pytest.mark.serial]
 
 # Every process writes "<role> <counter>" into /tmp/c-<role> every 0.1 s; "ready-for-snapshot" once all run.
 TREE = r'''

@@ -23,7 +23,8 @@ from .container_lab import mounts_of, wait_file
 from .containerd_lab import POD_CONTAINER, POD_NAME, POD_NAMESPACE, Daemon, Lab, ask
 from .podman_lab import podman_env
 
-pytestmark = pytest.mark.integration
+# serial: it watches what the whole node holds (its mount table, any CRIU worker running): nothing else may run beside it.
+pytestmark = [pytest.mark.integration, pytest.mark.serial]
 
 
 @pytest.fixture(scope="module")

@@ -24,7 +24,8 @@ from .ansible_run import REPO, VENV_BIN, ansible_env
 from .process_lab import (Lab, free_port, needs_root_and_criu, port_open, proc_state, query, running_free,
                           tracer_pid, wait_for_swrk)
 
-pytestmark = pytest.mark.integration
+# serial: it watches what the whole node holds (its mount table, any CRIU worker running): nothing else may run beside it.
+pytestmark = [pytest.mark.integration, pytest.mark.serial]
 
 PF_KTHREAD = 0x00200000
 

@@ -29,7 +29,8 @@ import pytest
 
 from .process_lab import Lab, checkpointed, port_open, query, slow_criu, wait_for_swrk
 
-pytestmark = pytest.mark.integration
+# serial: it watches what the whole node holds (its mount table, any CRIU worker running): nothing else may run beside it.
+pytestmark = [pytest.mark.integration, pytest.mark.serial]
 
 
 @pytest.fixture(scope="module")

@@ -24,7 +24,8 @@ from ansible_collections.warmstart.snapshot.plugins.module_utils.store import _m
 from .ansible_run import REPO
 from .process_lab import Lab, free_port, query, slow_criu, wait_for_swrk
 
-pytestmark = pytest.mark.integration
+# serial: it watches what the whole node holds (its mount table, any CRIU worker running): nothing else may run beside it.
+pytestmark = [pytest.mark.integration, pytest.mark.serial]
 
 
 @pytest.fixture(scope="module")
