@@ -144,15 +144,27 @@ options:
     type: int
     default: 0
   wait_ready:
-    description: Wait for C(ready-for-snapshot) in the target's control directory (E(SNAPSHOT_CONTROL_DIR)) first.
+    description:
+      - Wait until the target is warm first - its O(app_profile)'s ready probe passes, or, without a profile,
+        C(ready-for-snapshot) appears in its control directory (E(SNAPSHOT_CONTROL_DIR)).
     type: bool
     default: false
   ready_timeout:
     description:
       - Seconds to wait for readiness (O(wait_ready)), and for the answer of a workload with checkpoint hooks
-        (C(checkpoint-requested)) before a GPU snapshot.
+        (C(checkpoint-requested)) before a GPU snapshot. Default - the profile's ready timeout, else 300.
     type: int
-    default: 300
+  app_profile:
+    description:
+      - The application profile of a stock server (see C(docs/profiles.md)) - O(wait_ready) waits for its ready
+        probe; its C(quiesce) steps run before the dump (e.g. vLLM's level 1 sleep), its C(resume) steps after
+        it on a source that keeps running and on one whose checkpoint failed. The snapshot records it, and
+        M(warmstart.snapshot.restore) releases the copy with it.
+      - A shipped profile's name, a mapping C({name, vars}), a whole profile, or a JSON or YAML file's absolute
+        path, as for M(warmstart.snapshot.workload). Default - the one a O(workload) target was started with.
+      - A failed quiesce step fails the checkpoint before anything is stopped, naming the step; a bad profile is
+        refused listing every problem.
+    type: raw
   accelerator:
     description:
       - Which accelerator's device state to snapshot with the tree. V(auto) when neither this nor O(cuda) is given.
@@ -288,6 +300,7 @@ snapshot:
         - Seconds per phase (wait_ready, dump, checksum, publish, total).
         - With GPU state also quiesce (the workload's hooks), cuda_lock, cuda_checkpoint and, when the source keeps
           running, cuda_resume (its restore and unlock).
+        - With O(app_profile) also quiesce (its steps) and, when the source keeps running, resume_source.
       type: dict
       returned: always
       sample: {cuda_lock: 0.002, cuda_checkpoint: 1.9, dump: 0.38, total: 2.4}
@@ -323,6 +336,13 @@ snapshot:
       returned: always
       sample: {cuda_version: 13000, driver_version: 580.65.06, pids: [{pid: 4242, ns_pid: 1}],
                gpus: [{index: 0, uuid: GPU-5f1c, name: NVIDIA H100 80GB HBM3, memory_total: 85520809984}]}
+    app_profile:
+      description:
+        - With O(app_profile) - C(name), C(quiesce) and C(resume) (each step run - C(step), C(seconds)), and
+          C(warning) when a source that keeps running was not resumed by its profile.
+      type: dict
+      returned: with an application profile
+      sample: {name: vllm-sleep, quiesce: [{step: "HTTP POST http://127.0.0.1:8000/sleep?level=1", seconds: 1.2}]}
 target:
   description: The resolved target.
   returned: always
@@ -367,7 +387,8 @@ def main() -> None:
             ghost_limit=dict(type="int", default=512 << 20),
             timeout=dict(type="int", default=0),
             wait_ready=dict(type="bool", default=False),
-            ready_timeout=dict(type="int", default=300),
+            ready_timeout=dict(type="int"),
+            app_profile=dict(type="raw"),
             accelerator=dict(type="str", choices=["auto", "cuda", "ascend", "off"]),
             cuda=dict(type="str", choices=["auto", "required", "off"]),
             cuda_lock_timeout=dict(type="int", default=30000),

@@ -201,6 +201,15 @@ options:
         connections were not dumped).
     type: str
     choices: [keep, close]
+  app_profile:
+    description:
+      - The application profile that releases the restored copy (see C(docs/profiles.md)) - once CRIU let it go,
+        its C(release) steps run (e.g. vLLM's C(wake_up)) and its C(serving) probe waits until the copy serves.
+        A failed step or probe fails the restore and the copy is killed, never left half-restored.
+      - Default - the one the snapshot recorded (M(warmstart.snapshot.checkpoint)'s O(warmstart.snapshot.checkpoint#module:app_profile));
+        given here (a shipped name, a mapping C({name, vars}), a whole profile, or a file's absolute path), it
+        replaces that one, for example with another port. Process snapshots (not O(into)).
+    type: raw
   into:
     description: Restore a container snapshot into placeholder containers.
     type: dict
@@ -455,6 +464,15 @@ restore:
       type: dict
       returned: not in check mode, without into
       sample: {restore_time: 120000}
+    app_profile:
+      description:
+        - The application profile that released the copy - C(name), C(release) (each step run - C(step),
+          C(seconds)), C(serving) (the probe) and C(serving_after) (seconds until it passed); null without one.
+        - RV(restore.timings) then also holds release and serving.
+      type: dict
+      returned: not in check mode, without into
+      sample: {name: vllm-sleep, release: [{step: "HTTP POST http://127.0.0.1:8000/wake_up", seconds: 0.4}],
+               serving: "HTTP GET http://127.0.0.1:8000/is_sleeping", serving_after: 0.1}
     outcome:
       description: For O(into) - V(succeeded), V(failed) or V(partially_succeeded) over all destinations.
       type: str
@@ -520,6 +538,7 @@ def main() -> None:
             skip_compat_check=dict(type="bool", default=False),
             skip_unreadable=dict(type="bool", default=False),
             insecure=dict(type="bool", default=False),
+            app_profile=dict(type="raw"),
             restore_root=dict(type="path", default="/var/lib/warmstart/restore"),
             workloads_root=dict(type="path", default="/var/lib/warmstart/workloads"),
             control_roots=dict(type="list", elements="path", default=["/var/lib/warmstart", "/run/warmstart", "/tmp"]),

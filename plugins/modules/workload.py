@@ -63,13 +63,24 @@ options:
     type: path
     default: /var/lib/warmstart/workloads
   wait_ready:
-    description: After starting, wait until the workload writes C(ready-for-snapshot) into its control directory.
+    description:
+      - After starting, wait until the workload is warm - its O(app_profile)'s ready probe passes, or, without a
+        profile, it writes C(ready-for-snapshot) into its control directory.
     type: bool
     default: false
   ready_timeout:
-    description: Seconds to wait for readiness (O(wait_ready)).
+    description: Seconds to wait for readiness (O(wait_ready)); default the profile's ready timeout, else 300.
     type: int
-    default: 300
+  app_profile:
+    description:
+      - The application profile of a stock server that knows nothing about warmstart - how to tell it is warm,
+        quiesce it before a dump and release it after a restore (see C(docs/profiles.md)).
+      - A shipped profile's name (V(vllm), V(vllm-sleep), V(sglang), V(sglang-memory-saver), V(tgi), V(tei),
+        V(llama-cpp), V(llama-cpp-python), V(ollama), V(triton), V(generic-http)); a mapping C({name, vars})
+        naming one with other vars (C(port) ...); a whole profile as a mapping; or the absolute path of a
+        JSON or YAML file holding one. A bad profile is refused listing every problem.
+      - Kept in C(spec.json) - M(warmstart.snapshot.checkpoint) of this workload uses it unless given another.
+    type: raw
   stop_timeout:
     description: Seconds between SIGTERM and SIGKILL when stopping.
     type: int
@@ -95,6 +106,13 @@ EXAMPLES = r"""
     command: [/opt/venv/bin/python, /opt/app/server.py, --port, "8765"]
     env:
       HF_HUB_OFFLINE: "1"
+    wait_ready: true
+
+- name: Start a stock vLLM server; wait until its /health answers
+  warmstart.snapshot.workload:
+    name: llm
+    command: [/opt/vllm/bin/vllm, serve, Qwen/Qwen3-0.6B, --port, "8001"]
+    app_profile: {name: vllm, vars: {port: 8001}}
     wait_ready: true
 
 - name: Stop it
@@ -150,15 +168,16 @@ workload:
       returned: always
       sample: /var/lib/warmstart/workloads/embed/stderr.log
     ready_after:
-      description: Seconds until C(ready-for-snapshot) appeared (O(wait_ready)).
+      description: Seconds until the workload was ready (O(wait_ready)).
       type: float
       returned: when waited
       sample: 12.5
     spec:
-      description: What it was started with (C(spec.json) - command, env, chdir, mount_namespace).
+      description: What it was started with (C(spec.json) - command, env, chdir, mount_namespace, app_profile).
       type: dict
       returned: when the workload was ever started
-      sample: {"command": ["python3", "server.py"], "env": {}, "chdir": null, "mount_namespace": true}
+      sample: {"command": ["python3", "server.py"], "env": {}, "chdir": null, "mount_namespace": true,
+               "app_profile": null}
     stopped:
       description: How it was stopped (terminated, killed, not running).
       type: str
@@ -181,7 +200,8 @@ def main() -> None:
             chdir=dict(type="path"),
             root=dict(type="path", default="/var/lib/warmstart/workloads"),
             wait_ready=dict(type="bool", default=False),
-            ready_timeout=dict(type="int", default=300),
+            ready_timeout=dict(type="int"),
+            app_profile=dict(type="raw"),
             stop_timeout=dict(type="int", default=10),
             mount_namespace=dict(type="bool", default=True),
         ),

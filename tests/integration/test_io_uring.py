@@ -15,10 +15,8 @@ uvicorn[standard] runs vLLM's and most FastAPI servers; liburing). So:
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import os
-import shutil
 import subprocess
 import time
 import urllib.request
@@ -28,6 +26,7 @@ from typing import Any, Dict, Iterator, Tuple
 import pytest
 
 from .process_lab import Lab, free_port, port_open, proc_state, query
+from .stock_lab import cached_venv
 
 pytestmark = pytest.mark.integration
 
@@ -38,7 +37,6 @@ def seccomp_mode(pid: int) -> str:
 
 
 STOCK = ["uvicorn[standard]==0.55.0", "fastapi==0.165.0", "uvloop==0.23.0"]
-VENVS = Path("/var/cache/warmstart-tests")
 APP = """
 import os
 from fastapi import FastAPI
@@ -56,21 +54,7 @@ def state():
 @pytest.fixture(scope="module")
 def stock_python() -> str:
     """A venv holding the stock server's packages from PyPI, built once per version set and cached."""
-    key = hashlib.sha256(json.dumps(STOCK).encode()).hexdigest()[:12]
-    venv = VENVS / f"uvicorn-{key}"
-    python = venv / "bin" / "python"
-    if not python.exists():
-        VENVS.mkdir(parents=True, exist_ok=True)
-        building = VENVS / f".uvicorn-{key}.{os.getpid()}"
-        shutil.rmtree(building, ignore_errors=True)
-        subprocess.run(["/usr/bin/python3", "-m", "venv", str(building)], check=True, capture_output=True)
-        done = subprocess.run([str(building / "bin" / "pip"), "install", "-q", *STOCK], capture_output=True,
-                              text=True, check=False)
-        if done.returncode != 0:
-            pytest.fail(f"cannot install the stock server ({' '.join(STOCK)}) from the package index: "
-                        f"{done.stderr[-2000:]}")
-        os.rename(building, venv)  # whole or not at all
-    return str(python)
+    return str(cached_venv("uvicorn", STOCK))
 
 
 def http_state(port: int, timeout: float = 30.0) -> Dict[str, Any]:

@@ -29,6 +29,8 @@ from ansible_collections.warmstart.snapshot.plugins.module_utils.core import _io
 from ansible_collections.warmstart.snapshot.plugins.module_utils.core import _namespaces as nsu
 from ansible_collections.warmstart.snapshot.plugins.module_utils.core import _proc as proc
 from ansible_collections.warmstart.snapshot.plugins.module_utils.core._errors import WarmstartError
+from ansible_collections.warmstart.snapshot.plugins.module_utils.node import _appsteps as aps
+from ansible_collections.warmstart.snapshot.plugins.module_utils.node import _profile as pf
 from ansible_collections.warmstart.snapshot.plugins.module_utils.store._manifest import check_name
 
 DEFAULT_ROOT = _paths.WORKLOADS_DIR
@@ -82,11 +84,12 @@ def _unshare_pid() -> None:
 
 
 def start(root: str, name: str, command: List[str], env: Optional[Dict[str, str]] = None,
-          chdir: Optional[str] = None, inherit_env: bool = True, mount_namespace: bool = True) -> Dict[str, Any]:
+          chdir: Optional[str] = None, inherit_env: bool = True, mount_namespace: bool = True,
+          profile: Optional[pf.Profile] = None) -> Dict[str, Any]:
     """Start ``command`` as a restorable workload; returns its info.
 
     ``mount_namespace``: in a mount namespace of its own with its own /proc (else the node's, whose /proc shows
-    the node's PIDs)."""
+    the node's PIDs). ``profile``: its application profile, kept in spec.json for the checkpoint to use."""
     if not command:
         raise WorkloadError("command is empty")
     if chdir and not os.path.isdir(chdir):
@@ -103,7 +106,8 @@ def start(root: str, name: str, command: List[str], env: Optional[Dict[str, str]
         del full_env[key]
     full_env.update(env or {})
     full_env[ctl.ENV_VAR] = p["control"]
-    spec = {"command": command, "env": env or {}, "chdir": chdir, "mount_namespace": mount_namespace}
+    spec = {"command": command, "env": env or {}, "chdir": chdir, "mount_namespace": mount_namespace,
+            "app_profile": profile.record() if profile else None}
     safefs.write_file(os.path.abspath(p["spec"]), json.dumps(spec, indent=2).encode("utf-8"), 0o600)
 
     rfd, wfd = os.pipe()
@@ -179,10 +183,12 @@ def stop(root: str, name: str, timeout: float = 10.0) -> Dict[str, Any]:
 
 
 def ensure(root: str, name: str, state: str, command: List[str], env: Optional[Dict[str, str]] = None,
-           chdir: Optional[str] = None, wait_ready: bool = False, ready_timeout: float = 300,
+           chdir: Optional[str] = None, wait_ready: bool = False, ready_timeout: Optional[float] = None,
            stop_timeout: float = 10, check_mode: bool = False,
-           mount_namespace: bool = True) -> "tuple[bool, Dict[str, Any]]":
-    """Bring workload ``name`` to ``state``; returns (changed, info)."""
+           mount_namespace: bool = True, profile: Optional[pf.Profile] = None) -> "tuple[bool, Dict[str, Any]]":
+    """Bring workload ``name`` to ``state``; returns (changed, info). ``wait_ready``: until the profile's ready
+    probe passes (else the control file ``ready-for-snapshot``), ``ready_timeout`` seconds at most (default: the
+    profile's, else 300)."""
     pid = running_pid(root, name)
     if state == "stopped":
         if pid is None:
@@ -195,10 +201,26 @@ def ensure(root: str, name: str, state: str, command: List[str], env: Optional[D
         return False, info(root, name)
     if check_mode:
         return True, info(root, name)
-    result = start(root, name, command, env=env, chdir=chdir, mount_namespace=mount_namespace)
+    result = start(root, name, command, env=env, chdir=chdir, mount_namespace=mount_namespace, profile=profile)
     if wait_ready:
-        try:
-            result["ready_after"] = round(ctl.wait_for(result["control"], ctl.READY, ready_timeout, alive=result["pid"]), 3)
-        except (TimeoutError, ProcessLookupError) as exc:
-            raise WorkloadError(f"{exc}; see {result['stderr']}") from None
+        result["ready_after"] = round(_wait_ready(result, profile, ready_timeout), 3)
     return True, result
+
+
+def _wait_ready(result: Dict[str, Any], profile: Optional[pf.Profile], timeout: Optional[float]) -> float:
+    """Seconds until the started workload was ready; WorkloadError (pointing at its stderr) when not in time."""
+    try:
+        if profile:
+            return aps.wait_probe(profile.ready, result["pid"], f"profile {profile.name}: ready", timeout)
+        return ctl.wait_for(result["control"], ctl.READY, 300.0 if timeout is None else timeout, alive=result["pid"])
+    except (TimeoutError, ProcessLookupError, aps.AppStepError) as exc:
+        raise WorkloadError(f"{exc}; see {result['stderr']}") from None
+
+
+def profile_of(root: str, name: str) -> Optional[pf.Profile]:
+    """The application profile workload ``name`` was started with (None without one)."""
+    try:
+        spec = info(root, name).get("spec") or {}
+    except (OSError, ValueError):
+        return None
+    return pf.from_record(spec.get("app_profile")) if isinstance(spec, dict) else None

@@ -13,6 +13,7 @@ Keeps the runners' invariants (``_common``). Besides:
 """
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Dict, Mapping, Optional
 
 from ansible_collections.warmstart.snapshot.plugins.module_utils.accel import _accel as acc
@@ -20,6 +21,7 @@ from ansible_collections.warmstart.snapshot.plugins.module_utils.snapshot import
 from ansible_collections.warmstart.snapshot.plugins.module_utils.snapshot import _container as ctr
 from ansible_collections.warmstart.snapshot.plugins.module_utils.accel import _cuda as cu
 from ansible_collections.warmstart.snapshot.plugins.module_utils.node import _metrics as mt
+from ansible_collections.warmstart.snapshot.plugins.module_utils.node import _profile as pf
 from ansible_collections.warmstart.snapshot.plugins.module_utils.snapshot import _snapshot as snap
 from ansible_collections.warmstart.snapshot.plugins.module_utils.runners import _common as common
 from ansible_collections.warmstart.snapshot.plugins.module_utils.runners._adapter import Params, Result, with_context
@@ -34,6 +36,8 @@ def run(p: Params, check_mode: bool) -> Result:
     try:
         store = common.store_from(p)
         target = _target(p)
+        if p.get("app_profile") is not None:
+            target = dataclasses.replace(target, profile=pf.resolve(p["app_profile"], "app_profile"))
         target_info.update(pid=target.pid, name=target.name, workload=target.workload,
                            container=target.name if target.capture else None, control_dir=target.control_dir)
         name = p["name"] or target.workload or (target.name if target.capture else "process")

@@ -21,6 +21,7 @@ from typing import Any, List, Mapping, Optional, Tuple
 from ansible_collections.warmstart.snapshot.plugins.module_utils.accel import _accel as acc
 from ansible_collections.warmstart.snapshot.plugins.module_utils.criu import _lazy as lz
 from ansible_collections.warmstart.snapshot.plugins.module_utils.node import _metrics as mt
+from ansible_collections.warmstart.snapshot.plugins.module_utils.node import _profile as pf
 from ansible_collections.warmstart.snapshot.plugins.module_utils.snapshot import _restore as rs
 from ansible_collections.warmstart.snapshot.plugins.module_utils.snapshot import _restoreinto as rinto
 from ansible_collections.warmstart.snapshot.plugins.module_utils.catalog import _retention as ret
@@ -38,6 +39,9 @@ def run(p: Params, check_mode: bool) -> Result:
     """A process snapshot here, or a container snapshot ``into`` placeholders; ``outcome`` either way."""
     try:
         common.refuse_empty(p, "snapshot", "name")
+        if p.get("into") and p.get("app_profile") is not None:
+            raise pf.ProfileError("app_profile: a restore into placeholders releases containers through the "
+                                  "snapshot's own profile only; give app_profile for process snapshots")
         result = _restore_into(_into_params(p), check_mode) if p.get("into") else _restore_process(p, check_mode)
     except (WarmstartError, OSError) as exc:
         err = with_context(exc, outcome="failed")
@@ -68,7 +72,7 @@ def _restore_process(p: Params, check_mode: bool) -> Result:
                         page_server=p.get("page_server"), control_roots=p.get("control_roots"),
                         workloads_root=p.get("workloads_root") or wl.DEFAULT_ROOT, check_mode=check_mode,
                         tcp=p.get("tcp"), tls=common.tls_files(p), skip_unreadable=bool(p.get("skip_unreadable")),
-                        insecure=bool(p.get("insecure")))
+                        insecure=bool(p.get("insecure")), profile=pf.resolve(p.get("app_profile"), "app_profile"))
     outcome = result.get("outcome", "succeeded")
     if check_mode:
         return dict(changed=True, restore=result, outcome=outcome, msg=f"would restore snapshot {result['id']}")

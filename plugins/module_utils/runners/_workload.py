@@ -11,6 +11,7 @@ from __future__ import annotations
 import shlex
 from typing import Any, List
 
+from ansible_collections.warmstart.snapshot.plugins.module_utils.node import _profile as pf
 from ansible_collections.warmstart.snapshot.plugins.module_utils.node import _workload as wl
 from ansible_collections.warmstart.snapshot.plugins.module_utils.runners._adapter import Params, Result
 from ansible_collections.warmstart.snapshot.plugins.module_utils.core._errors import WarmstartError
@@ -23,7 +24,8 @@ def run(p: Params, check_mode: bool) -> Result:
             p["root"], p["name"], p["state"], _command(p["command"]),
             env={k: str(v) for k, v in p["env"].items()}, chdir=p["chdir"], wait_ready=p["wait_ready"],
             ready_timeout=p["ready_timeout"], stop_timeout=p["stop_timeout"], check_mode=check_mode,
-            mount_namespace=p.get("mount_namespace", True) is not False)
+            mount_namespace=p.get("mount_namespace", True) is not False,
+            profile=pf.resolve(p.get("app_profile"), "app_profile") if p["state"] == "started" else None)
     except (WarmstartError, ValueError, OSError) as exc:
         raise wl.WorkloadError(f"workload {p['name']}: {exc}") from exc
     return dict(changed=changed, workload=result)

@@ -26,6 +26,8 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional
 
 from ansible_collections.warmstart.snapshot.plugins.module_utils.store import _checksums as ck
+from ansible_collections.warmstart.snapshot.plugins.module_utils.node import _appsteps as aps
+from ansible_collections.warmstart.snapshot.plugins.module_utils.snapshot import _appprofile as app
 from ansible_collections.warmstart.snapshot.plugins.module_utils.core import _control as ctl
 from ansible_collections.warmstart.snapshot.plugins.module_utils.accel import _cuda as cu
 from ansible_collections.warmstart.snapshot.plugins.module_utils.accel import _cudaabi as cuabi
@@ -48,7 +50,7 @@ from ansible_collections.warmstart.snapshot.plugins.module_utils.criu._criu_rpc 
 
 
 def checkpoint(store: Store, target: snap.Target, name: str, labels: Dict[str, str], options: CriuOptions,
-               leave_running: bool = True, wait_ready: bool = False, ready_timeout: float = 300.0,
+               leave_running: bool = True, wait_ready: bool = False, ready_timeout: Optional[float] = None,
                criu_path: Optional[str] = None, pod: Optional[Dict[str, Any]] = None, cuda: str = "auto",
                cuda_lock_timeout: int = cu.DEFAULT_LOCK_TIMEOUT_MS, gpu_node: Optional[GpuNode] = None,
                check_mode: bool = False) -> Dict[str, Any]:
@@ -56,6 +58,10 @@ def checkpoint(store: Store, target: snap.Target, name: str, labels: Dict[str, s
 
     ``check_mode``: what the checkpoint would refuse before touching anything (the store, the GPU
     backend, the tree's CUDA processes), and ``{"cuda", "msg"}``; nothing is created or stopped.
+
+    ``target.profile`` (an application profile): ``wait_ready`` waits for its ready probe, its quiesce steps
+    run before the dump and its resume steps after (``_appprofile``); ``ready_timeout`` defaults to its ready
+    timeout (else 300 s).
     """
     if check_mode:
         return _would_checkpoint(store, target, name, cuda, cuda_lock_timeout, gpu_node)
@@ -66,6 +72,8 @@ def checkpoint(store: Store, target: snap.Target, name: str, labels: Dict[str, s
     criu = snap.need_criu(criu_path)
     gpu_node = gpu_node or GpuNode()
     plan = gh.cuda_plan(cuda, gpu_node, cuda_lock_timeout)
+    if ready_timeout is None:
+        ready_timeout = target.profile.ready.timeout if target.profile else 300.0
     if wait_ready:
         _wait_ready(target, ready_timeout, timings)
     proc.check_target(target.pid)
@@ -78,10 +86,15 @@ def checkpoint(store: Store, target: snap.Target, name: str, labels: Dict[str, s
                                  f"(work dir {streaming.get('work_dir')}); a dump now would miss the pages not yet in - "
                                  "checkpoint it once the lazy restore is complete (restore with lazy_wait to wait for it)")
     lock = snap.lock_target(target.pid, what)
+    profiled: Dict[str, Any] = {}
     try:
-        gh.quiesce(plan, target, ready_timeout, timings)
-        return _checkpoint_locked(store, target, name, labels, options, leave_running, criu, timings, t_start, pod,
-                                  plan, gpu_node)
+        with app.quiesced(target, what, leave_running, timings, profiled):
+            gh.quiesce(plan, target, ready_timeout, timings)
+            result = _checkpoint_locked(store, target, name, labels, options, leave_running, criu, timings, t_start,
+                                        pod, plan, gpu_node)
+        if profiled:
+            result["app_profile"] = profiled
+        return result
     finally:
         os.close(lock)
 
@@ -102,8 +115,10 @@ def _would_checkpoint(store: Store, target: snap.Target, name: str, cuda: str, l
     gh.find_cuda(plan, target.pid)
     what = f"container {target.name} (workload pid {target.pid})" if target.capture else f"pid {target.pid}"
     _refuse_io_uring(what, target.pid)
+    quiesce = f", quiesced by profile {target.profile.name} ({len(target.profile.quiesce)} step(s))" \
+        if target.profile else ""
     return {"cuda": plan.result(),
-            "msg": f"would snapshot {what} as {name}" + (" with its GPU state" if plan.used else "")}
+            "msg": f"would snapshot {what} as {name}" + (" with its GPU state" if plan.used else "") + quiesce}
 
 
 def _checkpoint_what(target: snap.Target) -> str:
@@ -114,7 +129,16 @@ def _checkpoint_what(target: snap.Target) -> str:
 
 
 def _wait_ready(target: snap.Target, timeout: float, timings: Dict[str, float]) -> None:
-    """Wait until the workload says ready-for-snapshot in its control dir."""
+    """Wait until the target is warm: its profile's ready probe passes, else it says ready-for-snapshot in its
+    control dir."""
+    if target.profile:
+        prog.phase(f"profile {target.profile.name}: wait until ready")
+        try:
+            timings["wait_ready"] = aps.wait_probe(target.profile.ready, target.pid,
+                                                   f"wait_ready: profile {target.profile.name}", timeout)
+        except aps.AppStepError as exc:
+            raise snap.SnapshotError(f"{exc}; nothing was touched") from None
+        return
     if not target.control_dir:
         raise snap.SnapshotError(f"wait_ready: pid {target.pid} has no SNAPSHOT_CONTROL_DIR to signal readiness in")
     prog.phase("wait for ready-for-snapshot")
@@ -372,6 +396,8 @@ def _target_entry(job: _Job, target: snap.Target, options: CriuOptions) -> Dict[
     }
     if job.mount_ns is not None:
         entry["mount_namespace"] = job.mount_ns
+    if target.profile is not None:  # what releases the copy; quiesced: what the source had done before the dump
+        entry["app_profile"] = {**target.profile.record(), "quiesced": [s.describe() for s in target.profile.quiesce]}
     if target.capture:
         entry.update(target.capture.entry())
         entry.update(job.extra)

@@ -26,6 +26,9 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from ansible_collections.warmstart.snapshot.plugins.module_utils.core import _control as ctl
+from ansible_collections.warmstart.snapshot.plugins.module_utils.node import _appsteps as aps
+from ansible_collections.warmstart.snapshot.plugins.module_utils.node import _profile as profiles
+from ansible_collections.warmstart.snapshot.plugins.module_utils.snapshot import _appprofile as app
 from ansible_collections.warmstart.snapshot.plugins.module_utils.accel import _cuda as cu
 from ansible_collections.warmstart.snapshot.plugins.module_utils.accel import _cudaabi as cuabi
 from ansible_collections.warmstart.snapshot.plugins.module_utils.store import _digest as dg
@@ -77,6 +80,7 @@ class _RestoreArgs:
     overlap_note: str = ""  # "used", or why the page images were verified before CRIU started (_overlap)
     skip_unreadable: bool = False
     insecure: bool = False  # pages in the clear from a page server beyond loopback
+    profile: Optional[profiles.Profile] = None  # releases the copy instead of the one the snapshot recorded
     passed_over: List[Dict[str, str]] = field(default_factory=list)  # newer snapshots select passed over
     t_start: float = field(default_factory=time.monotonic)
     t_wall: float = field(default_factory=time.time)
@@ -90,7 +94,8 @@ def restore(store: Store, snapshot_id: Optional[str] = None, name: Optional[str]
             lazy_timeout: float = lz.DEFAULT_TIMEOUT, page_server: Optional[str] = None,
             workloads_root: str = wl.DEFAULT_ROOT, control_roots: Optional[List[str]] = None,
             check_mode: bool = False, tcp: Optional[str] = None, tls: Any = None,
-            skip_unreadable: bool = False, insecure: bool = False) -> Dict[str, Any]:
+            skip_unreadable: bool = False, insecure: bool = False,
+            profile: Optional[profiles.Profile] = None) -> Dict[str, Any]:
     """Restore a process snapshot; with GPU state (``cuda`` auto or required) the CUDA processes are restored too.
 
     ``lazy``: the tree resumes at once and CRIU's lazy-pages daemon streams its memory in (from the local
@@ -108,6 +113,9 @@ def restore(store: Store, snapshot_id: Optional[str] = None, name: Optional[str]
     ``skip_unreadable``: by name/labels, pass over newer snapshots that cannot be read or trusted instead of
     refusing (``_preflight.select``); ``result['passed_over']`` names every newer snapshot passed over, and why.
 
+    ``profile``: the application profile that releases the copy once CRIU let it go and says when it serves
+    (``_appprofile``); default the one the snapshot recorded. A failed step or probe kills the copy.
+
     ``check_mode``: select and preflight (GPU checks included) and return {id, name, verified,
     compat_checked, gpu_state, tcp, passed_over}; no process, lock file, directory or store object is touched.
 
@@ -117,7 +125,7 @@ def restore(store: Store, snapshot_id: Optional[str] = None, name: Optional[str]
     """
     a = _RestoreArgs(verify, skip_compat, options, restore_root, cuda, gpu_node or GpuNode(), lazy, lazy_wait,
                      lazy_timeout, page_server, workloads_root, list(control_roots or rw.DEFAULT_CONTROL_ROOTS), tcp,
-                     tls=tls, skip_unreadable=skip_unreadable, insecure=insecure)
+                     tls=tls, skip_unreadable=skip_unreadable, insecure=insecure, profile=profile)
     try:
         criu, node, doc = _choose(store, snapshot_id, name, labels, criu_path, a)
         if check_mode:
@@ -262,12 +270,17 @@ def _restore_locked(store: Store, doc: Dict[str, Any], node: Dict[str, Any], cri
         opts = dataclasses.replace(a.options or CriuOptions.from_manifest(target["criu"]["options"]), tcp=tcp.criu_tcp,
                                    leave_stopped=overlap is not None)
         opts = mns.restore_options(target.get("mount_namespace"), opts)
+        profile = app.restored_profile(target, a.profile)  # checked before any process is touched
         t0 = time.monotonic()
         pid, session = _criu_phase(criu, work, opts, lazy_plan, a, control, doc, pidfile, remote, overlap)
         timings["restore"] = time.monotonic() - t0
         if overlap is not None:
             _settle(overlap, pid, pidfile, control, doc, timings)
         cuda_result = _after_criu(pid, doc.get("gpu"), a.gpu_node, timings, control, doc, pidfile)
+        try:
+            released = app.release(profile, pid, timings)
+        except aps.AppStepError as exc:
+            raise _kill_copy(pid, pidfile, control, f"restore of snapshot {doc['id']} failed: {exc}") from None
         ns_pid = proc.ns_pids(pid)[-1] if proc.alive(pid) else None
         if control and os.path.isdir(control):
             ctl.write(control, ctl.RESTORE_COMPLETE, f"pid={ns_pid}\nhost_pid={pid}\nsnapshot={doc['id']}\n")
@@ -283,7 +296,7 @@ def _restore_locked(store: Store, doc: Dict[str, Any], node: Dict[str, Any], cri
             "ns_pid": ns_pid, "workload": target.get("workload"), "work_dir": work, "started_at": round(a.t_wall, 3),
             "timings": {k: round(v, 3) for k, v in timings.items()}, "criu_stats": stats,
             "transfer": dict(store.transfer), "cuda": cuda_result, "lazy": lazy_plan, "warnings": warnings,
-            "tcp": tcp.result(), "passed_over": a.passed_over,
+            "tcp": tcp.result(), "passed_over": a.passed_over, "app_profile": released,
             "verify": {"overlapped": a.overlap_note == "used",
                        "reason": "page images hashed while CRIU restored the tree stopped" if a.overlap_note == "used"
                        else f"verified before CRIU started: {a.overlap_note}"},

@@ -31,6 +31,9 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from ansible_collections.warmstart.snapshot.plugins.module_utils.store import _checksums as ck
 from ansible_collections.warmstart.snapshot.plugins.module_utils.snapshot import _container as ctr
+from ansible_collections.warmstart.snapshot.plugins.module_utils.node import _appsteps as aps
+from ansible_collections.warmstart.snapshot.plugins.module_utils.snapshot import _appprofile as app
+from ansible_collections.warmstart.snapshot.plugins.module_utils.node._profile import Profile
 from ansible_collections.warmstart.snapshot.plugins.module_utils.core import _control as ctl
 from ansible_collections.warmstart.snapshot.plugins.module_utils.accel import _cudaabi as cuabi
 from ansible_collections.warmstart.snapshot.plugins.module_utils.snapshot import _gpuhooks as gh
@@ -257,6 +260,16 @@ def _resume_gpu(r: _Restore, gpu_node: GpuNode) -> None:
         raise snap.SnapshotError(f"cuda restore failed: {exc}") from None
 
 
+def _release(r: _Restore, profile: Optional[Profile]) -> None:
+    """The source container's application profile releases the copy and waits until it serves (``_appprofile``)."""
+    try:
+        released = app.release(profile, r.pid, r.timings)
+    except aps.AppStepError as exc:
+        raise snap.SnapshotError(f"restore of snapshot {r.doc['id']}: {exc}") from None
+    if released:
+        r.out["app_profile"] = released
+
+
 def _copy_stage(r: _Restore, stage: str) -> None:
     """The restored copy's ``stage`` callbacks, when its snapshot recorded them; a failure rolls the restore back."""
     if not r.pid or not r.control:
@@ -285,6 +298,11 @@ def restore_one(criu: str, snap_dir: str, doc: Dict[str, Any], d: ph.Destination
     if d.info is None:
         raise snap.SnapshotError(f"placeholder {d.name} was not checked")
     t_start = time.monotonic()
+    try:
+        profile = app.restored_profile(d.source, None)  # checked before the placeholder is touched
+    except snap.SnapshotError as exc:
+        return {"container": d.name, "source": d.source["name"], "result": "refused", "reasons": exc.reasons,
+                "error": f"refusing to restore into {d.name}: {exc}"}
     r = _begin(snap_dir, doc, d, d.info, restore_root)
     if verified_copy:
         problems = _copy_source(r, snap_dir)
@@ -300,6 +318,7 @@ def restore_one(criu: str, snap_dir: str, doc: Dict[str, Any], d: ph.Destination
         _copy_stage(r, "restore_pre")  # the workload's lifecycle stages around its device restore (_gpuhooks.copy_stage)
         _resume_gpu(r, gpu_node or GpuNode())
         _copy_stage(r, "restore_post")
+        _release(r, profile)
         _finish(r, t_start)
     except WarmstartError as exc:
         _roll_back(r, str(exc), exc.log_tail, kill_on_failure)

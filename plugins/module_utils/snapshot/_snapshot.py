@@ -26,6 +26,7 @@ from ansible_collections.warmstart.snapshot.plugins.module_utils.core import _pa
 from ansible_collections.warmstart.snapshot.plugins.module_utils.core import _control as ctl
 from ansible_collections.warmstart.snapshot.plugins.module_utils.core import _proc as proc
 from ansible_collections.warmstart.snapshot.plugins.module_utils.core import _restorer as rst
+from ansible_collections.warmstart.snapshot.plugins.module_utils.node import _profile as pf
 from ansible_collections.warmstart.snapshot.plugins.module_utils.node import _workload as wl
 from ansible_collections.warmstart.snapshot.plugins.module_utils.criu._criu import CriuError, find_criu
 from ansible_collections.warmstart.snapshot.plugins.module_utils.core._errors import WarmstartError
@@ -61,6 +62,7 @@ class Target:
     workloads_root: str = wl.DEFAULT_ROOT
     control_dir: Optional[str] = None
     capture: Optional[Capture] = None
+    profile: Optional[pf.Profile] = None   # the application profile (_profile) that quiesces and releases it
 
 
 def resolve_target(pid: Optional[int], pidfile: Optional[str], workload: Optional[str],
@@ -69,7 +71,8 @@ def resolve_target(pid: Optional[int], pidfile: Optional[str], workload: Optiona
         found = wl.running_pid(workloads_root, workload)
         if found is None:
             raise proc.TargetError(f"workload {workload} is not running (no live pid in {wl.paths(workloads_root, workload)['pidfile']})")
-        return Target(found, workload, workload, workloads_root, wl.paths(workloads_root, workload)["control"])
+        return Target(found, workload, workload, workloads_root, wl.paths(workloads_root, workload)["control"],
+                      profile=wl.profile_of(workloads_root, workload))
     if pidfile:
         found = proc.read_pidfile(pidfile)
         if found is None:

@@ -250,7 +250,26 @@ def _target(entry: Any, n: int, out: List[str]) -> None:
         out.append(f"{where}stdio: not a list of strings")
     if entry.get("mount_namespace") is not None:
         _mount_namespace(entry["mount_namespace"], where, out)
+    if entry.get("app_profile") is not None:
+        _profile(entry["app_profile"], where, out)
     _criu_options(entry.get("criu"), where, out)
+
+
+def _profile(value: Any, where: str, out: List[str]) -> None:
+    """The target's application profile (``_profile.Profile.record``): its shape here; the restore checks the
+    definition itself again (``_profile.from_record``) before it runs any step."""
+    at = f"{where}app_profile"
+    if not isinstance(value, dict):
+        out.append(f"{at}: not a mapping")
+        return
+    if not isinstance(value.get("name"), str) or len(value["name"]) > 64 or _CONTROL_RE.search(value["name"]):
+        out.append(f"{at}.name: not a short string")
+    for key in ("definition", "vars"):
+        if not isinstance(value.get(key), dict):
+            out.append(f"{at}.{key}: not a mapping")
+    quiesced = value.get("quiesced", [])
+    if not isinstance(quiesced, list) or not all(isinstance(q, str) for q in quiesced):
+        out.append(f"{at}.quiesced: not a list of strings")
 
 
 def _mount_namespace(value: Any, where: str, out: List[str]) -> None:
