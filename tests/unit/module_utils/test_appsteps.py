@@ -14,7 +14,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Iterator, List
+from typing import Any, Dict, Iterator, List
 
 import pytest
 
@@ -69,7 +69,7 @@ class Server:
                                      stdout=self.log, stderr=subprocess.STDOUT)
         self.pid = self.proc.pid
 
-    def posts(self) -> List[dict]:
+    def posts(self) -> List[Dict[str, Any]]:
         return [json.loads(line) for line in self.seen.read_text().splitlines()] if self.seen.exists() else []
 
     def stop(self) -> None:
@@ -87,7 +87,7 @@ def server(tmp_path: Path) -> Iterator[Server]:
         s.stop()
 
 
-def probe(spec: dict, timeout: float = 10.0) -> pf.Probe:
+def probe(spec: Dict[str, Any], timeout: float = 10.0) -> pf.Probe:
     return pf.Probe(next(iter(spec)), next(iter(spec.values())), timeout, 0.05)
 
 
