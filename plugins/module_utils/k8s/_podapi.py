@@ -68,6 +68,10 @@ ANN_RESTORE_POLICY = GROUP + "/restore-policy"
 # file ``cold-start`` and the standby entrypoint starts the app from scratch; ``none`` - the placeholder is killed
 # (the pod's one attempt is spent); absent - the agent's own setting.
 ANN_RESTORE_FALLBACK = GROUP + "/restore-fallback"
+# The application profile of the pod's server (``node/_profile``): a shipped profile's name, or a JSON object - a
+# whole profile, or {"name": <shipped>, "vars": {...}}. A checkpoint of the pod's container quiesces it and the
+# snapshot records it; a restore releases the copy with it. Never a path: a pod names no file on the node.
+ANN_APP_PROFILE = GROUP + "/app-profile"
 FALLBACK_NONE = "none"
 FALLBACK_COLD_START = "cold-start"
 FALLBACKS = (FALLBACK_NONE, FALLBACK_COLD_START)

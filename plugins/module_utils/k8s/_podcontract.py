@@ -50,6 +50,7 @@ from typing import Any, Dict, Iterable, List, Optional, Tuple
 
 from ansible_collections.warmstart.snapshot.plugins.module_utils.core import _containermap as cmap
 from ansible_collections.warmstart.snapshot.plugins.module_utils.k8s import _podapi as podapi
+from ansible_collections.warmstart.snapshot.plugins.module_utils.node import _profile as appprofile
 
 _TRUE_WORDS = ("1", "true", "yes", "on")
 
@@ -489,3 +490,24 @@ def legacy_state(pod: Dict[str, Any]) -> str:
     if restore_losses(pod):
         return "failed"
     return "succeeded" if outcome == podapi.OUTCOME_SUCCEEDED else "pending"
+
+
+def app_profile_of(pod: Any) -> Optional[appprofile.Profile]:
+    """The application profile a Pod's annotation ``app-profile`` names (None without it), checked; a
+    ProfileError names the pod, the annotation and every problem. Names and JSON only, never a file's path."""
+    meta, _spec, what = podapi.pod_parts(pod)
+    value = annotations_of(meta).get(podapi.ANN_APP_PROFILE)
+    if value is None or value == "":
+        return None
+    label = f"annotation {podapi.ANN_APP_PROFILE} of {what}"
+    if not isinstance(value, str):
+        raise appprofile.ProfileError(f"{label} is not a string")
+    given: Any = value.strip()
+    if given.startswith("{"):
+        try:
+            given = json.loads(given)
+        except ValueError as exc:
+            raise appprofile.ProfileError(f"{label} is not valid JSON: {exc}") from None
+    elif not appprofile.NAME_RE.match(given):
+        raise appprofile.ProfileError(f"{label} is {value!r}: neither a shipped profile's name nor a JSON object")
+    return appprofile.resolve(given, label)

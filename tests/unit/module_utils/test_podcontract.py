@@ -10,6 +10,7 @@ from ansible_collections.warmstart.snapshot.plugins.module_utils.k8s import _pod
 from ansible_collections.warmstart.snapshot.plugins.module_utils.k8s import _podbuild as podbuild
 from ansible_collections.warmstart.snapshot.plugins.module_utils.k8s import _podcontract as pc
 from ansible_collections.warmstart.snapshot.plugins.module_utils.k8s import _selection as selection
+from ansible_collections.warmstart.snapshot.plugins.module_utils.node._profile import ProfileError
 from tests.support.pod_fixtures import append_path, pod, restore_pod, set_path, snapshot
 
 
@@ -360,3 +361,40 @@ def test_validate_refuses_a_standby_env_from_value_from() -> None:
     inert = restore_pod()
     inert["spec"]["containers"][0]["env"].append({"name": "SNAPSHOT_RESTORE_STANDBY", "value": "0"})
     assert pc.validate(inert) == []
+
+
+# --- the application profile annotation ------------------------------------------------
+
+def _annotated(value: Any) -> Dict[str, Any]:
+    p = pod()
+    p["metadata"].setdefault("annotations", {})[podapi.ANN_APP_PROFILE] = value
+    return p
+
+
+def test_the_app_profile_annotation_names_a_shipped_profile_or_holds_one_as_json() -> None:
+    assert pc.app_profile_of(pod()) is None
+    shipped = pc.app_profile_of(_annotated("vllm-sleep"))
+    assert shipped is not None and shipped.quiesce[0].spec["url"].endswith(":8000/sleep?level=1")
+    other_port = pc.app_profile_of(_annotated('{"name": "tgi", "vars": {"port": 8080}}'))
+    assert other_port is not None and other_port.ready.spec["url"] == "http://127.0.0.1:8080/health"
+    whole = pc.app_profile_of(_annotated('{"name": "mine", "ready": {"tcp": {"port": 9000}}}'))
+    assert whole is not None and whole.ready.kind == "tcp"
+
+
+@pytest.mark.parametrize("value, message", [
+    ("/etc/shadow", "neither a shipped profile's name nor a JSON object"),
+    ("../x", "neither a shipped profile's name nor a JSON object"),
+    ("{not json", "is not valid JSON"),
+    ("vlm", "no shipped profile is called 'vlm'"),
+    (5, "is not a string"),
+])
+def test_a_bad_app_profile_annotation_names_the_pod_and_the_annotation(value: Any, message: str) -> None:
+    with pytest.raises(ProfileError) as err:
+        pc.app_profile_of(_annotated(value))
+    assert message in str(err.value) and podapi.ANN_APP_PROFILE in str(err.value) and "embed-0" in str(err.value)
+
+
+def test_a_bad_profile_in_the_annotation_lists_every_problem() -> None:
+    with pytest.raises(ProfileError) as err:
+        pc.app_profile_of(_annotated('{"name": "x", "ready": {"http": {"url": "ftp://a"}}, "quiesce": [{"signal": "KILL"}]}'))
+    assert len(err.value.reasons) == 2
