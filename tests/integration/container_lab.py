@@ -149,7 +149,10 @@ class Pod(Workspace):
         return subprocess.run(["podman", *args], env=self.env, capture_output=True, text=True, check=check, timeout=300)
 
     def run(self, name: str, *cmd: str, init: bool = True, env: Optional[Dict[str, str]] = None,
-            image: Optional[str] = None, create_only: bool = False, labels: Optional[Dict[str, str]] = None) -> str:
+            image: Optional[str] = None, create_only: bool = False, labels: Optional[Dict[str, str]] = None,
+            volumes: Optional[Dict[str, str]] = None) -> str:
+        """Start (or create) container ``name`` running ``cmd``; ``volumes``: host path -> container path, read
+        only, besides /app and its control dir."""
         full = f"{name}-{self.tag}"
         args = ["create" if create_only else "run"] + ([] if create_only else ["-d"]) + ["--name", full]
         args += ["--init"] if init else []
@@ -157,6 +160,8 @@ class Pod(Workspace):
             args += ["--label", f"{key}={value}"]
         args += ["-v", f"{self.app}:/app:ro", "-v", f"{self.control(name)}:/snapshot-control",
                  "-e", "SNAPSHOT_CONTROL_DIR=/snapshot-control"]
+        for host, inside in (volumes or {}).items():
+            args += ["-v", f"{host}:{inside}:ro"]
         for key, value in (env or {}).items():
             args += ["-e", f"{key}={value}"]
         self.podman(*args, image or self.image, *cmd)

@@ -22,9 +22,10 @@ import pytest
 
 VENVS = Path("/var/cache/warmstart-tests")
 # llama.cpp's server through llama-cpp-python (an OpenAI-compatible API on uvicorn), built from its sdist:
-# about 4-5 minutes on 2 cores the first time, cached after. LLAVA (multimodal) is not built.
+# about 4-5 minutes on 2 cores the first time, cached after. LLAVA (multimodal) is not built, nor OpenMP (the
+# venv then runs in a container of the node image too, which has no libgomp).
 LLAMA = ["llama-cpp-python[server]==0.3.16", "gguf==0.17.1", "numpy==2.4.6"]
-LLAMA_BUILD_ENV = {"CMAKE_ARGS": "-DLLAVA_BUILD=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF"}
+LLAMA_BUILD_ENV = {"CMAKE_ARGS": "-DLLAVA_BUILD=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DGGML_OPENMP=OFF"}
 
 TINY_LLAMA = r'''
 import sys
@@ -75,7 +76,9 @@ def cached_venv(label: str, packages: List[str], env: Optional[Dict[str, str]] =
     building = VENVS / f".{label}-{key}.{os.getpid()}"
     shutil.rmtree(building, ignore_errors=True)
     subprocess.run(["/usr/bin/python3", "-m", "venv", str(building)], check=True, capture_output=True)
-    done = subprocess.run([str(building / "bin" / "pip"), "install", "-q", *packages], capture_output=True,
+    # With build settings (env), never a wheel pip cached from another build: its cache key ignores them.
+    fresh = ["--no-cache-dir"] if env else []
+    done = subprocess.run([str(building / "bin" / "pip"), "install", "-q", *fresh, *packages], capture_output=True,
                           text=True, check=False, env={**os.environ, **(env or {})})
     if done.returncode != 0:
         shutil.rmtree(building, ignore_errors=True)
@@ -115,6 +118,11 @@ def http_json(url: str, body: Optional[Dict[str, Any]] = None, timeout: float = 
 
 def completion(port: int, prompt: str = "the cat sat on", tokens: int = 24) -> str:
     """The server's completion of ``prompt``, greedy (temperature 0, fixed seed): the same from the same weights."""
-    answer = http_json(f"http://127.0.0.1:{port}/v1/completions",
+    return completion_at("127.0.0.1", port, prompt, tokens)
+
+
+def completion_at(host: str, port: int = 8000, prompt: str = "the cat sat on", tokens: int = 24) -> str:
+    """``completion`` from the server at ``host`` (a container's address)."""
+    answer = http_json(f"http://{host}:{port}/v1/completions",
                        {"prompt": prompt, "max_tokens": tokens, "temperature": 0, "seed": 7})
     return str(answer["choices"][0]["text"])

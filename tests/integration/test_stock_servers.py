@@ -10,7 +10,9 @@ about warmstart: the shipped profile ``llama-cpp-python`` says when it is warm (
 - a quiesce step that fails ends the checkpoint before anything is stopped, and the profile's resume steps
   run on the source, which keeps serving;
 - a release step that fails fails the restore and the copy is killed;
-- a bad profile is refused with every problem, before anything is touched.
+- a bad profile is refused with every problem, before anything is touched;
+- the same server in a podman container (the venv and model bound in read-only), checkpointed through the
+  profile and restored into a placeholder: the profile's probes run in the container's network namespace.
 """
 from __future__ import annotations
 
@@ -20,8 +22,9 @@ from typing import Any, Dict, Iterator
 
 import pytest
 
+from .container_lab import Pod, pod_for
 from .process_lab import Lab, free_port, gone, port_open, proc_state
-from .stock_lab import LLAMA, LLAMA_BUILD_ENV, cached_venv, completion, tiny_llama
+from .stock_lab import LLAMA, LLAMA_BUILD_ENV, cached_venv, completion, completion_at, tiny_llama
 
 pytestmark = pytest.mark.integration
 
@@ -127,3 +130,30 @@ def test_a_bad_profile_is_refused_with_every_problem(lab: Lab, server: Dict[str,
     assert any("SIGKILL" in r for r in out["reasons"]) and any("ftp://x" in r for r in out["reasons"])
     assert proc_state(server["pid"]) in ("S", "R") and lab.published() == []
     assert not gone(server["pid"], 0.5)
+
+
+# --- the same server in a podman container, restored into a placeholder ---------------------------------
+
+@pytest.fixture(scope="module")
+def pod(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pod]:
+    yield from pod_for(tmp_path_factory.mktemp("stock-containers"))
+
+
+def test_a_stock_llm_server_in_a_container_comes_back_in_a_placeholder(pod: Pod, llama: Dict[str, Path]) -> None:
+    """The profile's probes and steps run in the container's own network namespace (its 127.0.0.1:8000), from
+    the checkpoint's wait_ready to the placeholder copy's serving probe."""
+    venv = llama["python"].parent.parent
+    volumes = {str(venv): str(venv), str(llama["model"].parent): "/models"}
+    src = pod.run("llm", str(llama["python"]), "-m", "llama_cpp.server", "--model", "/models/tiny.gguf",
+                  "--host", "0.0.0.0", "--port", "8000", "--n_ctx", "512", "--n_threads", "2", volumes=volumes)
+    ph = pod.run("llm-ph", "sleep", "infinity", init=False, volumes=volumes)
+    res = pod.play([pod.checkpoint("checkpoint", container=src, wait_ready=True, app_profile="llama-cpp-python")],
+                   "stock-capture")
+    before = completion_at(pod.ip(src))
+    res.update(pod.play([pod.restore("restore", name=src, into={"container_map": f"{src}={ph}"})], "stock-restore"))
+    snapshot, restored = res["checkpoint"]["snapshot"], res["restore"]["restore"]
+    assert snapshot["app_profile"]["name"] == "llama-cpp-python"
+    dest = restored["destinations"][0]
+    assert dest["result"] == "succeeded", dest
+    assert dest["app_profile"]["serving"] == "HTTP GET http://127.0.0.1:8000/v1/models"
+    assert completion_at(pod.ip(ph)) == before, "the placeholder's copy does not answer as the source did"
