@@ -469,8 +469,9 @@ restore:
         - The application profile that released the copy - C(name), C(release) (each step run - C(step),
           C(seconds)), C(serving) (the probe) and C(serving_after) (seconds until it passed); null without one.
         - RV(restore.timings) then also holds release and serving.
+        - In check mode - the profile that would release the copy (C(name), C(release), C(serving)).
       type: dict
-      returned: not in check mode, without into
+      returned: without into
       sample: {name: vllm-sleep, release: [{step: "HTTP POST http://127.0.0.1:8000/wake_up", seconds: 0.4}],
                serving: "HTTP GET http://127.0.0.1:8000/is_sleeping", serving_after: 0.1}
     outcome:

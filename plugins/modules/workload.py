@@ -76,9 +76,9 @@ options:
       - The application profile of a stock server that knows nothing about warmstart - how to tell it is warm,
         quiesce it before a dump and release it after a restore (see C(docs/profiles.md)).
       - A shipped profile's name (V(vllm), V(vllm-sleep), V(sglang), V(sglang-memory-saver), V(tgi), V(tei),
-        V(llama-cpp), V(llama-cpp-python), V(ollama), V(triton), V(generic-http)); a mapping C({name, vars})
-        naming one with other vars (C(port) ...); a whole profile as a mapping; or the absolute path of a
-        JSON or YAML file holding one. A bad profile is refused listing every problem.
+        V(llama-cpp), V(llama-cpp-python), V(ollama), V(triton), V(mlserver), V(generic-http)); a mapping
+        C({name, vars}) naming one with other vars (C(port) ...); a whole profile as a mapping; or the absolute
+        path of a JSON or YAML file holding one. A bad profile is refused listing every problem.
       - Kept in C(spec.json) - M(warmstart.snapshot.checkpoint) of this workload uses it unless given another.
     type: raw
   stop_timeout:

@@ -27,6 +27,28 @@ VENVS = Path("/var/cache/warmstart-tests")
 LLAMA = ["llama-cpp-python[server]==0.3.16", "gguf==0.17.1", "numpy==2.4.6"]
 LLAMA_BUILD_ENV = {"CMAKE_ARGS": "-DLLAVA_BUILD=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DGGML_OPENMP=OFF"}
 
+# Seldon's MLServer (the V2 inference protocol, FastAPI on uvicorn with uvloop, a gRPC server beside it) with
+# its scikit-learn runtime: a small classifier the test trains with a fixed seed.
+MLSERVER = ["mlserver==1.7.1", "mlserver-sklearn==1.7.1"]
+MLSERVER_MODEL = r'''
+import json, os, sys
+import joblib
+import numpy as np
+from sklearn.linear_model import LogisticRegression
+root, http_port, grpc_port, metrics_port = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+os.makedirs(os.path.join(root, "clf"), exist_ok=True)
+rng = np.random.default_rng(3)
+x = rng.standard_normal((400, 8))
+y = (x[:, 0] + 0.5 * x[:, 1] - x[:, 2] > 0).astype(int)
+joblib.dump(LogisticRegression().fit(x, y), os.path.join(root, "clf", "model.joblib"))
+with open(os.path.join(root, "clf", "model-settings.json"), "w") as out:
+    json.dump({"name": "clf", "implementation": "mlserver_sklearn.SKLearnModel",
+               "parameters": {"uri": "./model.joblib", "version": "v1"}}, out)
+with open(os.path.join(root, "settings.json"), "w") as out:  # one process: MLServer 1.7's worker pool fails here
+    json.dump({"http_port": http_port, "grpc_port": grpc_port, "metrics_port": metrics_port,
+               "parallel_workers": 0}, out)
+'''
+
 TINY_LLAMA = r'''
 import sys
 import numpy as np
@@ -66,7 +88,10 @@ w.write_header_to_file(); w.write_kv_data_to_file(); w.write_tensors_to_file(); 
 
 
 def cached_venv(label: str, packages: List[str], env: Optional[Dict[str, str]] = None) -> Path:
-    """The python of a venv holding ``packages`` from the package index, built once per package set."""
+    """The python of a venv holding ``packages`` from the package index, built once per package set.
+
+    Built aside and renamed into place, so its console scripts' ``#!`` lines name the build dir: run one as
+    ``[python, venv/bin/<script>, ...]``."""
     key = hashlib.sha256(json.dumps([packages, env or {}]).encode()).hexdigest()[:12]
     venv = VENVS / f"{label}-{key}"
     python = venv / "bin" / "python"
@@ -97,6 +122,24 @@ def tiny_llama(python: Path, path: Path) -> Path:
     script.write_text(TINY_LLAMA)
     subprocess.run([str(python), str(script), str(path)], check=True, capture_output=True, timeout=120)
     return path
+
+
+def mlserver_models(python: Path, root: Path, http_port: int, grpc_port: int, metrics_port: int) -> Path:
+    """A model repository for MLServer at ``root``: one scikit-learn classifier (fixed seed) and its settings."""
+    script = root.parent / "mlserver_model.py"
+    script.write_text(MLSERVER_MODEL)
+    subprocess.run([str(python), str(script), str(root), str(http_port), str(grpc_port), str(metrics_port)],
+                   check=True, capture_output=True, timeout=300)
+    return root
+
+
+def infer(port: int) -> List[float]:
+    """MLServer's class probabilities for fixed inputs (V2 protocol)."""
+    rows = [[0.1 * (i + j) - 1.0 for j in range(8)] for i in range(16)]
+    body = {"inputs": [{"name": "x", "shape": [16, 8], "datatype": "FP64", "data": [v for r in rows for v in r]}],
+            "outputs": [{"name": "predict_proba"}]}
+    answer = http_json(f"http://127.0.0.1:{port}/v2/models/clf/infer", body)
+    return [float(v) for v in answer["outputs"][0]["data"]]
 
 
 def http_json(url: str, body: Optional[Dict[str, Any]] = None, timeout: float = 60.0) -> Dict[str, Any]:

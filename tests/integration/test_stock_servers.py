@@ -1,6 +1,6 @@
 """Stock inference servers, unchanged, through application profiles (issue 34), on real CRIU and the real modules.
 
-The server is llama.cpp's, as llama-cpp-python[server] ships it from the package index (an OpenAI-compatible
+The first server is llama.cpp's, as llama-cpp-python[server] ships it from the package index (an OpenAI-compatible
 API on uvicorn, llama.cpp's threads), serving a tiny GGUF model the test writes (fixed seed). It knows nothing
 about warmstart: the shipped profile ``llama-cpp-python`` says when it is warm (GET /v1/models lists the model).
 
@@ -12,7 +12,9 @@ about warmstart: the shipped profile ``llama-cpp-python`` says when it is warm (
 - a release step that fails fails the restore and the copy is killed;
 - a bad profile is refused with every problem, before anything is touched;
 - the same server in a podman container (the venv and model bound in read-only), checkpointed through the
-  profile and restored into a placeholder: the profile's probes run in the container's network namespace.
+  profile and restored into a placeholder: the profile's probes run in the container's network namespace;
+- a second stock server, Seldon's MLServer with its scikit-learn runtime (a classifier trained with a fixed
+  seed), through the shipped ``mlserver`` profile: restored eagerly and lazily, the same probabilities.
 """
 from __future__ import annotations
 
@@ -24,7 +26,8 @@ import pytest
 
 from .container_lab import Pod, pod_for
 from .process_lab import Lab, free_port, gone, port_open, proc_state
-from .stock_lab import LLAMA, LLAMA_BUILD_ENV, cached_venv, completion, completion_at, tiny_llama
+from .stock_lab import (LLAMA, LLAMA_BUILD_ENV, MLSERVER, cached_venv, completion, completion_at, infer, mlserver_models,
+                        tiny_llama)
 
 pytestmark = pytest.mark.integration
 
@@ -109,7 +112,10 @@ def test_a_failing_quiesce_step_resumes_the_source(lab: Lab, server: Dict[str, A
 
 def test_a_failing_release_step_kills_the_copy(lab: Lab, server: Dict[str, Any]) -> None:
     port = server["port"]
-    lab.play([lab.checkpoint("checkpoint", workload="llm", leave_running=False)])
+    res = lab.play([lab.checkpoint("checkpoint", workload="llm", leave_running=False),
+                    lab.restore("would restore", name="llm", check=True)])
+    assert res["would restore"]["restore"]["app_profile"] == {
+        "name": "llama-cpp-python", "release": [], "serving": f"HTTP GET http://127.0.0.1:{port}/v1/models"}
     broken = {"name": "broken", "ready": {"http": {"url": f"http://127.0.0.1:{port}/v1/models"}},
               "release": [{"http": {"url": f"http://127.0.0.1:{port}/wake_up"}, "timeout": 5}]}
     res = lab.play([lab.restore("restore", name="llm", app_profile=broken, expect_fail=True)])
@@ -157,3 +163,32 @@ def test_a_stock_llm_server_in_a_container_comes_back_in_a_placeholder(pod: Pod,
     assert dest["result"] == "succeeded", dest
     assert dest["app_profile"]["serving"] == "HTTP GET http://127.0.0.1:8000/v1/models"
     assert completion_at(pod.ip(ph)) == before, "the placeholder's copy does not answer as the source did"
+
+
+# --- a second stock server: Seldon's MLServer (V2 inference protocol), scikit-learn runtime ------------------
+
+@pytest.fixture(scope="module")
+def mlserver_python() -> Path:
+    return cached_venv("mlserver", MLSERVER)
+
+
+def test_a_stock_mlserver_comes_back_answering_the_same(lab: Lab, mlserver_python: Path) -> None:
+    """MLServer as it ships (FastAPI on uvicorn with uvloop, a gRPC server, its model registry), started through
+    ``workload`` with the shipped ``mlserver`` profile, restored eagerly and lazily: the same probabilities."""
+    http, grpc, metrics = free_port(), free_port(), free_port()
+    models = mlserver_models(mlserver_python, lab.tmp / "models", http, grpc, metrics)
+    res = lab.play([{"name": "start", "warmstart.snapshot.workload": {
+        "name": "mls", "root": str(lab.workloads), "wait_ready": True, "chdir": str(models),
+        "app_profile": {"name": "mlserver", "vars": {"port": http}},
+        "command": [str(mlserver_python), str(mlserver_python.parent / "mlserver"), "start", str(models)]}}])
+    try:
+        before = infer(http)
+        assert len(before) == 32 and res["start"]["workload"]["spec"]["app_profile"]["name"] == "mlserver"
+        for lazy in (False, True):
+            out = lab.play([lab.checkpoint("checkpoint", workload="mls", leave_running=False),
+                            lab.restore("restore", name="mls", lazy=lazy, lazy_wait=True)])
+            restored = out["restore"]["restore"]
+            assert restored["app_profile"]["serving"] == f"HTTP GET http://127.0.0.1:{http}/v2/health/ready"
+            assert infer(http) == before, f"the {'lazily ' if lazy else ''}restored MLServer answers differently"
+    finally:
+        lab.play([lab.stop("mls")])

@@ -6,7 +6,8 @@
 
 Every URL is reached from inside the server's own network namespace (a container's 127.0.0.1 is its own),
 so the ports are the ones the server listens on, not a published host port. ``written_for`` says which
-versions' documented API a profile follows; only ``llama-cpp-python`` runs in this repository's tests.
+versions' documented API a profile follows; ``llama-cpp-python`` and ``mlserver`` run in this repository's
+tests.
 """
 from __future__ import annotations
 
@@ -103,6 +104,14 @@ SHIPPED: Dict[str, Dict[str, Any]] = {
         "written_for": "Ollama 0.1.38 and later (GET /api/ps)",
         "vars": {"host": "127.0.0.1", "port": 11434},
         "ready": {"http": _http("/api/ps", body='"models":\\s*\\[\\s*\\{'), "timeout": 900},
+    },
+    "mlserver": {
+        "name": "mlserver",
+        "description": "Seldon MLServer (the V2 inference protocol): warm once /v2/health/ready answers 200 (every "
+                       "model loaded).",
+        "written_for": "MLServer 1.x (tested here with 1.7.1)",
+        "vars": {"host": "127.0.0.1", "port": 8080},
+        "ready": {"http": _http("/v2/health/ready"), "timeout": 900},
     },
     "triton": {
         "name": "triton",

@@ -181,10 +181,17 @@ def _would_restore(store: Store, doc: Dict[str, Any], node: Dict[str, Any], a: _
     tcp, tcp_problems = _tcp_plan(doc, node, a)
     problems = pf.preflight(store, doc, node, a.verify, a.skip_compat, fetch=False, gpu_node=a.gpu_node, cuda=a.cuda,
                             workloads_root=a.workloads_root) + tcp_problems
+    profile = None
+    try:
+        profile = app.restored_profile(doc["targets"][0] if doc.get("targets") else {}, a.profile)
+    except snap.SnapshotError as exc:
+        problems += [str(exc), *exc.reasons]
     if problems:
         raise pf.refusal(doc, problems)
     return {"id": doc["id"], "name": doc["name"], "verified": a.verify, "compat_checked": not a.skip_compat,
-            "gpu_state": bool(doc.get("gpu")), "tcp": tcp.result(), "passed_over": a.passed_over}
+            "gpu_state": bool(doc.get("gpu")), "tcp": tcp.result(), "passed_over": a.passed_over,
+            "app_profile": {"name": profile.name, "release": [s.describe() for s in profile.release],
+                            "serving": profile.serving.describe()} if profile else None}
 
 
 def _tcp_plan(doc: Dict[str, Any], node: Dict[str, Any], a: _RestoreArgs) -> Tuple[tcpm.TcpPlan, List[str]]:

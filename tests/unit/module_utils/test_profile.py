@@ -10,7 +10,7 @@ import pytest
 from ansible_collections.warmstart.snapshot.plugins.module_utils.node import _profile as pf
 from ansible_collections.warmstart.snapshot.plugins.module_utils.node._profiles_shipped import SHIPPED
 
-SERVERS = {"vllm", "sglang", "tgi", "llama-cpp", "ollama", "triton", "tei", "generic-http"}
+SERVERS = {"vllm", "sglang", "tgi", "llama-cpp", "ollama", "triton", "tei", "mlserver", "generic-http"}
 
 
 def test_every_shipped_profile_parses_and_says_what_it_was_written_for() -> None:
