@@ -61,6 +61,7 @@ def deploy(api: FakeApiServer, *args: str, **role_vars: Any) -> Run:
                   "k8s_agent_storage_secrets": [{"namespace": "ml", "name": "s3-creds"},
                                                 {"namespace": "ml", "name": "s3-other"},
                                                 {"namespace": "ops", "name": "s3-ops"}],
+                  "k8s_agent_profile_configmaps": [{"namespace": "ml", "name": "llm-profiles"}],
                   "k8s_agent_store_host_path": "/mnt/snapshots"}, **role_vars)
     return playbook("warmstart.snapshot.k8s_agent", *args, extra=extra, timeout=600)
 
@@ -119,9 +120,14 @@ def test_deploys_least_privilege_rbac_and_the_daemonset_then_changes_nothing(api
                                     "resourceNames": ["s3-creds", "s3-other"], "verbs": ["get"]}]
     assert get(api, "roles", f"{NAME}-storage-secrets", "ops", group=RBAC)["rules"][0]["resourceNames"] == ["s3-ops"]
     assert get(api, "rolebindings", f"{NAME}-storage-secrets", "ml", group=RBAC)["roleRef"]["kind"] == "Role"
+    profiles = get(api, "roles", f"{NAME}-app-profiles", "ml", group=RBAC)
+    assert profiles["rules"] == [{"apiGroups": [""], "resources": ["configmaps"], "resourceNames": ["llm-profiles"],
+                                  "verbs": ["get"]}]
+    assert get(api, "rolebindings", f"{NAME}-app-profiles", "ml", group=RBAC)["subjects"] == SUBJECTS
+    assert api.store.get("roles", f"{NAME}-app-profiles", "ops", group=RBAC) is None
     every_rule = [r for role in api.store.list("clusterroles", group=RBAC) + api.store.list("roles", group=RBAC)
                   for r in role["rules"]]
-    assert not [r for r in every_rule if "secrets" in r["resources"] and not r.get("resourceNames")]
+    assert not [r for r in every_rule if {"secrets", "configmaps"} & set(r["resources"]) and not r.get("resourceNames")]
     assert not [r for r in every_rule if "*" in r["verbs"] or "*" in r["resources"] or "delete" in r["verbs"]]
 
     # configuration
@@ -183,6 +189,7 @@ def test_a_new_setting_rolls_the_agent_and_absent_removes_it(api: FakeApiServer)
     assert api.store.get("daemonsets", NAME, NS, group="apps") is None
     assert api.store.get("clusterroles", NAME, group=RBAC) is None
     assert api.store.get("roles", f"{NAME}-storage-secrets", "ml", group=RBAC) is None
+    assert api.store.get("roles", f"{NAME}-app-profiles", "ml", group=RBAC) is None
     assert api.store.get("namespaces", NS) is not None  # kept: it may hold more than the agent
     assert api.store.list("customresourcedefinitions", group="apiextensions.k8s.io")  # kept: they hold the records
     assert ok(deploy(api, k8s_agent_state="absent", k8s_agent_image=""))["changed"] == 0

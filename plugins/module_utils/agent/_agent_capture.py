@@ -31,6 +31,8 @@ from ansible_collections.warmstart.snapshot.plugins.module_utils.k8s import _k8s
 from ansible_collections.warmstart.snapshot.plugins.module_utils.k8s import _k8s_requests as req
 from ansible_collections.warmstart.snapshot.plugins.module_utils.k8s import _k8s_summaries as summ
 from ansible_collections.warmstart.snapshot.plugins.module_utils.k8s import _podapi as podapi
+from ansible_collections.warmstart.snapshot.plugins.module_utils.k8s import _podcontract as podcontract
+from ansible_collections.warmstart.snapshot.plugins.module_utils.node._profile import Profile, ProfileError
 from ansible_collections.warmstart.snapshot.plugins.module_utils.core._errors import WarmstartError
 from ansible_collections.warmstart.snapshot.plugins.module_utils.k8s import _k8s_storage as stg
 from ansible_collections.warmstart.snapshot.plugins.module_utils.k8s._k8s_client import Cluster, K8sError
@@ -54,6 +56,7 @@ class Capture:
     wait_ready: bool
     leave_running: bool
     ready_timeout: float = 300.0
+    app_profile: Optional[Profile] = None  # the pod's annotation app-profile, read (and checked) by the agent
 
 
 class Capturer(Protocol):
@@ -208,6 +211,17 @@ def _store(cluster: Cluster, s: CaptureSettings, policy: JSON) -> Tuple[str, JSO
                          "the agent has no store)")
 
 
+def _configmap_reader(cluster: Cluster) -> podcontract.ConfigMapReader:
+    """Reads the ConfigMap a pod's app-profile annotation names; a failure says what lets the agent read it."""
+    def read(namespace: str, name: str) -> Dict[str, Any]:
+        try:
+            return dict(cluster.get("ConfigMap", name, namespace).get("data") or {})
+        except K8sError as exc:
+            raise ProfileError(f"ConfigMap {namespace}/{name}: the agent cannot read it ({exc.message}); it may read "
+                               "the ConfigMaps its role's k8s_agent_profile_configmaps names, no other") from None
+    return read
+
+
 def _capture(cluster: Cluster, s: CaptureSettings, snapshot: JSON, pod: JSON, node: Capturer, attempt: int) -> JSON:
     """Claimed: checkpoint on the node, then bind the request or record the failed attempt."""
     ref = f"{s.namespace}/{s.name}"
@@ -216,7 +230,8 @@ def _capture(cluster: Cluster, s: CaptureSettings, snapshot: JSON, pod: JSON, no
         store, options = _store(cluster, s, policy)
         c = Capture(s.namespace, s.name, pod, _container(snapshot, pod), store, options,
                     wait_ready=bool(policy.get("wait_ready", False)),
-                    leave_running=bool(policy.get("leave_running", True)), ready_timeout=s.ready_timeout)
+                    leave_running=bool(policy.get("leave_running", True)), ready_timeout=s.ready_timeout,
+                    app_profile=podcontract.app_profile_of(pod, _configmap_reader(cluster)))
         done = node.checkpoint(c)
     except WarmstartError as exc:
         failed = req.fail_capture(cluster, s.namespace, s.name, REASON_FAILED, exc.full_message(),

@@ -28,7 +28,6 @@ from ansible_collections.warmstart.snapshot.plugins.module_utils.snapshot import
 from ansible_collections.warmstart.snapshot.plugins.module_utils.core import _control as ctl
 from ansible_collections.warmstart.snapshot.plugins.module_utils.core import _proc as proc
 from ansible_collections.warmstart.snapshot.plugins.module_utils.snapshot import _placeholder as ph
-from ansible_collections.warmstart.snapshot.plugins.module_utils.k8s import _podcontract as podcontract
 from ansible_collections.warmstart.snapshot.plugins.module_utils.k8s import _spechash as spechash
 from ansible_collections.warmstart.snapshot.plugins.module_utils.snapshot import _restoreinto as rinto
 from ansible_collections.warmstart.snapshot.plugins.module_utils.core import _restorer as rst
@@ -144,8 +143,7 @@ class LocalNode:
         pod = {"namespace": c.namespace, "name": meta.get("name"), "uid": meta.get("uid"), "container": c.container,
                "container_id": ids.get(c.container), "spec_hash": spechash.pod_spec_hash(c.pod)}
         cid = pod_container(self.runtime, pod)
-        target = dataclasses.replace(ctr.resolve(self.runtime_name, cid, name=c.container),
-                                     profile=podcontract.app_profile_of(c.pod))
+        target = dataclasses.replace(ctr.resolve(self.runtime_name, cid, name=c.container), profile=c.app_profile)
         record = dict(pod, container_id=cid)
         result = ckpt.checkpoint(open_store(c.store, c.store_options), target, str(meta.get("name")),
                                  dict(meta.get("labels") or {}), CriuOptions(), leave_running=c.leave_running,

@@ -62,8 +62,9 @@ KINDS: Dict[str, Tuple[str, bool]] = {
     podapi.KIND_STORAGE_CONFIG: ("podsnapshotstorageconfigs", False),
     "Pod": ("pods", True),
     "Secret": ("secrets", True),
+    "ConfigMap": ("configmaps", True),  # application profiles a pod's annotation names
 }
-CORE_KINDS = ("Pod", "Secret")  # served under /api/v1
+CORE_KINDS = ("Pod", "Secret", "ConfigMap")  # served under /api/v1
 LABEL_SNAPSHOT_NAMESPACE = podapi.GROUP + "/snapshot-namespace"
 LABEL_SNAPSHOT_NAME = podapi.GROUP + "/snapshot-name"
 MERGE_PATCH = "application/merge-patch+json"

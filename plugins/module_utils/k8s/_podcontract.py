@@ -46,7 +46,8 @@ Reference names (ai-dynamo/snapshot ``api/podcontract``)
 from __future__ import annotations
 
 import json
-from typing import Any, Dict, Iterable, List, Optional, Tuple
+import re
+from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
 
 from ansible_collections.warmstart.snapshot.plugins.module_utils.core import _containermap as cmap
 from ansible_collections.warmstart.snapshot.plugins.module_utils.k8s import _podapi as podapi
@@ -492,9 +493,20 @@ def legacy_state(pod: Dict[str, Any]) -> str:
     return "succeeded" if outcome == podapi.OUTCOME_SUCCEEDED else "pending"
 
 
-def app_profile_of(pod: Any) -> Optional[appprofile.Profile]:
+CONFIGMAP_PREFIX = "configmap:"
+CONFIGMAP_DEFAULT_KEY = "profile"
+_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+_CONFIGMAP_KEY = re.compile(r"^[-._a-zA-Z0-9]{1,253}$")
+ConfigMapReader = Callable[[str, str], Dict[str, Any]]  # (namespace, name) -> the ConfigMap's data
+
+
+def app_profile_of(pod: Any, read_configmap: Optional[ConfigMapReader] = None) -> Optional[appprofile.Profile]:
     """The application profile a Pod's annotation ``app-profile`` names (None without it), checked; a
-    ProfileError names the pod, the annotation and every problem. Names and JSON only, never a file's path."""
+    ProfileError names the pod, the annotation and every problem.
+
+    The annotation holds a shipped profile's name, a JSON object, or ``configmap:<name>[/<key>]``: the profile
+    (JSON, or YAML where PyYAML is installed) in that key (default ``profile``) of a ConfigMap in the pod's
+    namespace, read with ``read_configmap``. Never a path: a pod names no file on the node."""
     meta, _spec, what = podapi.pod_parts(pod)
     value = annotations_of(meta).get(podapi.ANN_APP_PROFILE)
     if value is None or value == "":
@@ -503,11 +515,37 @@ def app_profile_of(pod: Any) -> Optional[appprofile.Profile]:
     if not isinstance(value, str):
         raise appprofile.ProfileError(f"{label} is not a string")
     given: Any = value.strip()
+    if given.startswith(CONFIGMAP_PREFIX):
+        return _configmap_profile(given[len(CONFIGMAP_PREFIX):], str(meta.get("namespace") or "default"), label,
+                                  read_configmap)
     if given.startswith("{"):
         try:
             given = json.loads(given)
         except ValueError as exc:
             raise appprofile.ProfileError(f"{label} is not valid JSON: {exc}") from None
     elif not appprofile.NAME_RE.match(given):
-        raise appprofile.ProfileError(f"{label} is {value!r}: neither a shipped profile's name nor a JSON object")
+        raise appprofile.ProfileError(f"{label} is {value!r}: neither a shipped profile's name, a JSON object nor "
+                                      f"{CONFIGMAP_PREFIX}<name>[/<key>]")
     return appprofile.resolve(given, label)
+
+
+def _configmap_profile(ref: str, namespace: str, label: str,
+                       read_configmap: Optional[ConfigMapReader]) -> Optional[appprofile.Profile]:
+    name, _, key = ref.partition("/")
+    key = key or CONFIGMAP_DEFAULT_KEY
+    if not (_DNS_SUBDOMAIN.match(name) and len(name) <= 253) or not _CONFIGMAP_KEY.match(key):
+        raise appprofile.ProfileError(f"{label} names {CONFIGMAP_PREFIX}{ref!r}: not a ConfigMap name and key "
+                                      f"({CONFIGMAP_PREFIX}<name>[/<key>])")
+    where = f"{label}: ConfigMap {namespace}/{name}, key {key}"
+    if read_configmap is None:
+        raise appprofile.ProfileError(f"{where}: only the node agent reads ConfigMaps; give the profile to the "
+                                      "checkpoint module as app_profile")
+    try:
+        data = read_configmap(namespace, name)
+    except appprofile.ProfileError as exc:
+        raise appprofile.ProfileError(f"{label}: {exc}", reasons=exc.reasons) from None
+    text = data.get(key) if isinstance(data, dict) else None
+    if not isinstance(text, str):
+        raise appprofile.ProfileError(f"{where}: the ConfigMap has no such key (keys: "
+                                      f"{', '.join(sorted(data)) if isinstance(data, dict) and data else 'none'})")
+    return appprofile.resolve(appprofile.load_text(text, where), where)

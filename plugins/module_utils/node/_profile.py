@@ -319,7 +319,11 @@ def _load_file(path: str, what: str) -> Any:
             data = handle.read(1 << 20)
     except OSError as exc:
         raise ProfileError(f"{what}: cannot read {path}: {exc.strerror}") from None
-    text = data.decode("utf-8", errors="replace")
+    return load_text(data.decode("utf-8", errors="replace"), f"{what}: {path}")
+
+
+def load_text(text: str, what: str) -> Any:
+    """A profile's definition from its text: JSON, or YAML where PyYAML is installed (``what`` names the source)."""
     try:
         return json.loads(text)
     except ValueError:
@@ -327,8 +331,8 @@ def _load_file(path: str, what: str) -> Any:
     try:
         yaml: Any = importlib.import_module("yaml")  # PyYAML, where the node has it
     except ImportError:
-        raise ProfileError(f"{what}: {path} is not JSON, and PyYAML is not installed to read YAML") from None
+        raise ProfileError(f"{what} is not JSON, and PyYAML is not installed to read YAML") from None
     try:
         return yaml.safe_load(text)
     except yaml.YAMLError as exc:
-        raise ProfileError(f"{what}: {path} is neither JSON nor YAML: {exc}") from None
+        raise ProfileError(f"{what} is neither JSON nor YAML: {exc}") from None

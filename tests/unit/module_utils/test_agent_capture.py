@@ -148,3 +148,31 @@ def test_a_policy_asks_once_per_pod_incarnation(fake_apiserver: FakeApiServer) -
     snap = _snap(fake_apiserver, name)
     assert snap["spec"]["policyName"] == "embed-policy" and snap["spec"]["scope"] == "rootfs-only"
     assert snap["spec"]["source"]["podRef"] == {"name": "embed-0", "uid": pod["metadata"]["uid"]}
+
+
+def test_a_pods_profile_from_a_configmap_reaches_the_nodes_checkpoint(fake_apiserver: FakeApiServer) -> None:
+    fake_apiserver.add_pod("embed-0", labels={"app": "embed"},
+                           annotations={podapi.ANN_APP_PROFILE: "configmap:profiles/llm"})
+    fake_apiserver.store.put("configmaps", {"apiVersion": "v1", "kind": "ConfigMap",
+                                            "metadata": {"name": "profiles", "namespace": "default"},
+                                            "data": {"llm": "name: llm\nvars: {port: 9000}\nready:\n"
+                                                            "  http: {url: 'http://127.0.0.1:{port}/health'}\n"}})
+    _setup(fake_apiserver)
+    node = FakeCapturer()
+    out = cap.capture(_cluster(fake_apiserver), _settings(), node)
+    assert out["action"] == "captured"
+    profile = node.calls[0].app_profile
+    assert profile is not None and profile.name == "llm"
+    assert profile.ready.spec["url"] == "http://127.0.0.1:9000/health"
+
+
+def test_a_profile_configmap_the_agent_cannot_read_fails_the_attempt_saying_why(fake_apiserver: FakeApiServer) -> None:
+    fake_apiserver.add_pod("embed-0", labels={"app": "embed"},
+                           annotations={podapi.ANN_APP_PROFILE: "configmap:missing"})
+    _setup(fake_apiserver)
+    node = FakeCapturer()
+    out = cap.capture(_cluster(fake_apiserver), _settings(), node)
+    assert out["action"] == "will retry" and node.calls == []
+    reason = out["reasons"][0]
+    assert "ConfigMap default/missing" in reason and "k8s_agent_profile_configmaps" in reason
+    assert f"annotation {podapi.ANN_APP_PROFILE} of pod default/embed-0" in reason

@@ -382,8 +382,8 @@ def test_the_app_profile_annotation_names_a_shipped_profile_or_holds_one_as_json
 
 
 @pytest.mark.parametrize("value, message", [
-    ("/etc/shadow", "neither a shipped profile's name nor a JSON object"),
-    ("../x", "neither a shipped profile's name nor a JSON object"),
+    ("/etc/shadow", "neither a shipped profile's name, a JSON object nor configmap:"),
+    ("../x", "neither a shipped profile's name, a JSON object nor configmap:"),
     ("{not json", "is not valid JSON"),
     ("vlm", "no shipped profile is called 'vlm'"),
     (5, "is not a string"),
@@ -398,3 +398,22 @@ def test_a_bad_profile_in_the_annotation_lists_every_problem() -> None:
     with pytest.raises(ProfileError) as err:
         pc.app_profile_of(_annotated('{"name": "x", "ready": {"http": {"url": "ftp://a"}}, "quiesce": [{"signal": "KILL"}]}'))
     assert len(err.value.reasons) == 2
+
+
+def test_a_configmap_profile_is_read_only_through_the_agents_reader() -> None:
+    annotated = _annotated("configmap:profiles/llm")
+    with pytest.raises(ProfileError, match="only the node agent reads ConfigMaps"):
+        pc.app_profile_of(annotated)
+    asked: List[Any] = []
+
+    def read(namespace: str, name: str) -> Dict[str, Any]:
+        asked.append((namespace, name))
+        return {"llm": '{"name": "tgi", "vars": {"port": 8080}}', "other": "x"}
+    profile = pc.app_profile_of(annotated, read)
+    assert profile is not None and profile.ready.spec["url"] == "http://127.0.0.1:8080/health"
+    assert asked == [("default", "profiles")]
+    with pytest.raises(ProfileError, match=r"no such key \(keys: llm, other\)"):
+        pc.app_profile_of(_annotated("configmap:profiles"), read)  # the default key, profile, is not there
+    for bad in ("configmap:", "configmap:Bad_Name", "configmap:a/b/c", "configmap:../x"):
+        with pytest.raises(ProfileError, match="not a ConfigMap name and key"):
+            pc.app_profile_of(_annotated(bad), read)
