@@ -110,6 +110,10 @@ def _tcp_call(spec: Dict[str, Any], timeout: float) -> Callable[[], Dict[str, An
     return call
 
 
+def _tcp_ok(answer: Dict[str, Any]) -> Optional[str]:
+    return None if answer.get("ok") else f"cannot connect ({answer.get('error')})"
+
+
 def log_paths(pid: int, spec: Dict[str, Any]) -> List[str]:
     """The files a log probe reads: a ``path`` as the server sees it, or its stdout/stderr where they are files."""
     if spec.get("path"):
@@ -172,8 +176,7 @@ def _checker(probe: Probe, pid: int, since: Optional[Dict[str, int]]) -> Callabl
         timeout = min(10.0, probe.timeout)
         return lambda: _http_ok(probe.spec, in_netns(pid, _http_call(probe.spec, "GET", timeout)))
     if probe.kind == "tcp":
-        return lambda: (lambda a: None if a.get("ok") else f"cannot connect ({a.get('error')})")(
-            in_netns(pid, _tcp_call(probe.spec, 5.0)))
+        return lambda: _tcp_ok(in_netns(pid, _tcp_call(probe.spec, 5.0)))
     if probe.kind == "log":
         return _LogScan(pid, probe.spec, since)
     if probe.kind == "file":
