@@ -196,7 +196,8 @@ def test_a_new_setting_rolls_the_agent_and_absent_removes_it(api: FakeApiServer)
 
 
 def test_all_namespaces_bind_cluster_wide_and_an_image_is_required(api: FakeApiServer) -> None:
-    ok(deploy(api, k8s_agent_watch_namespaces=[], k8s_agent_storage_secrets=[], k8s_agent_metrics_port=0,
+    ok(deploy(api, k8s_agent_watch_namespaces=[], k8s_agent_storage_secrets=[], k8s_agent_profile_configmaps=[],
+              k8s_agent_metrics_port=0,
               k8s_agent_install_crds=False))
     binding = get(api, "clusterrolebindings", NAME, group=RBAC)
     assert binding["roleRef"]["name"] == NAME and binding["subjects"] == SUBJECTS

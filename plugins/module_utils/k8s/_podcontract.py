@@ -531,7 +531,7 @@ def app_profile_of(pod: Any, read_configmap: Optional[ConfigMapReader] = None) -
 
 def _configmap_profile(ref: str, namespace: str, label: str,
                        read_configmap: Optional[ConfigMapReader]) -> Optional[appprofile.Profile]:
-    name, _, key = ref.partition("/")
+    name, _sep, key = ref.partition("/")
     key = key or CONFIGMAP_DEFAULT_KEY
     if not (_DNS_SUBDOMAIN.match(name) and len(name) <= 253) or not _CONFIGMAP_KEY.match(key):
         raise appprofile.ProfileError(f"{label} names {CONFIGMAP_PREFIX}{ref!r}: not a ConfigMap name and key "
