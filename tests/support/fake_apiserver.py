@@ -51,6 +51,13 @@ any earlier resourceVersion gets 410, and sends every open watch an ERROR 410 in
 ``server.heal()``; ``server.go_offline(seconds)`` closes the listening socket and every connection (refused until
 ``server.go_online()``, same port); ``server.open_watches()`` lists the streams open now.
 
+Built-in objects (pods, secrets, configmaps, namespaces, service accounts, DaemonSets, Deployments, RBAC, CRDs)
+are checked on every write against Kubernetes' own schemas (``k8s_schemas``: the ``kubernetes-validate``
+package's, for ``k8s_schemas.VERSION``), every violation at once (422 Invalid); a field the schema does not
+know is refused with ``?fieldValidation=Strict`` (400, strict decoding error, as kubectl asks by default),
+dropped with a ``Warning`` header with ``Warn`` (the default, as the Python client gets) and dropped silently
+with ``Ignore``.
+
 No server-side apply, no pagination. Every request is recorded in ``server.requests`` (method, path, query,
 content type) so a test can assert that check mode wrote nothing.
 """
@@ -69,8 +76,10 @@ import uuid
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any, Deque, Dict, Iterator, List, Optional, Set, Tuple
+from typing import Any, Deque, Dict, Iterator, List, Optional, Sequence, Set, Tuple
 from urllib.parse import parse_qs, unquote, urlsplit
+
+from tests.support import k8s_schemas
 
 JSON = Dict[str, Any]
 
@@ -597,17 +606,53 @@ class Store:
 
 # --- request handling -------------------------------------------------------------
 
+JSON_TYPES = ("application/json", "application/json-patch+json", "application/merge-patch+json",
+              "application/strategic-merge-patch+json")
+
+
+@dataclass
+class FieldValidation:
+    """A write's ``fieldValidation`` (``Strict``: unknown fields refused; ``Warn``, the default: dropped with a
+    Warning header; ``Ignore``: dropped) and the warnings it collected."""
+
+    mode: str = "Warn"
+    warnings: List[str] = field(default_factory=list)
+
+
+def _builtin_schema(res: Resource, name: str, obj: JSON, fields: FieldValidation, errors: List[str]) -> JSON:
+    """A built-in object checked against Kubernetes' own schema (``k8s_schemas``): invalid fields are errors,
+    unknown ones refused (Strict, 400 like the real server's strict decoding) or dropped."""
+    problems = k8s_schemas.check(obj)
+    errors.extend(problems.invalid)
+    if not problems.unknown:
+        return obj
+    paths = problems.unknown_paths()
+    if fields.mode == "Strict":
+        raise ApiError(400, "BadRequest", f'{res.kind} in version "{res.version}" cannot be handled as a '
+                       f'{res.kind}: strict decoding error: ' + ", ".join(f'unknown field "{p}"' for p in paths))
+    if fields.mode == "Warn":
+        fields.warnings.extend(f'unknown field "{p}"' for p in paths)
+    return k8s_schemas.prune(obj, problems.unknown)
+
+
 def _not_found(res: Resource, name: str) -> ApiError:
     return ApiError(404, "NotFound", f'{res.qualified} "{name}" not found',
                     {"name": name, "group": res.group, "kind": res.plural})
 
 
 def _invalid(res: Resource, name: str, causes: List[str]) -> ApiError:
+    """422 Invalid, each cause as the real server gives it: ``field``, ``message`` and ``reason`` apart."""
     return ApiError(422, "Invalid", f'{res.kind}{"." + res.group if res.group else ""} "{name}" is invalid: '
                     + ("[" + ", ".join(causes) + "]" if len(causes) > 1 else causes[0]),
-                    {"name": name, "group": res.group, "kind": res.kind,
-                     "causes": [{"reason": "FieldValueInvalid", "message": c, "field": c.split(":", 1)[0]}
-                                for c in causes]})
+                    {"name": name, "group": res.group, "kind": res.kind, "causes": [_cause(c) for c in causes]})
+
+
+def _cause(text: str) -> JSON:
+    field_path, _sep, message = text.partition(": ")
+    reason = ("FieldValueRequired" if message.startswith("Required value") else
+              "FieldValueNotSupported" if message.startswith("Unsupported value") else
+              "FieldValueForbidden" if message.startswith("Forbidden") else "FieldValueInvalid")
+    return {"reason": reason, "message": message or text, "field": field_path}
 
 
 def _conflict(res: Resource, name: str, why: str = "the object has been modified; please apply your changes "
@@ -638,10 +683,12 @@ class Api:
     def _bucket(self, res: Resource) -> Dict[Tuple[str, str], JSON]:
         return self.store.objects.setdefault((res.group, res.plural), {})
 
-    def _validate(self, res: Resource, obj: JSON, old: Optional[JSON]) -> JSON:
+    def _validate(self, res: Resource, obj: JSON, old: Optional[JSON], fields: Optional["FieldValidation"] = None) -> JSON:
         """Schema pruning/type checks, immutability rules, built-in checks; returns the object to store."""
         name = obj["metadata"].get("name", "")
         errors: List[str] = []
+        if not res.custom:
+            obj = _builtin_schema(res, name, obj, fields or FieldValidation(), errors)
         if not DNS1123_SUBDOMAIN.match(name) or len(name) > 253:
             errors.append(f'metadata.name: Invalid value: "{name}": a lowercase RFC 1123 subdomain must consist of '
                           "lower case alphanumeric characters, '-' or '.', and must start and end with an "
@@ -717,7 +764,8 @@ class Api:
             return {"kind": res.kind + "List", "apiVersion": res.api_version,
                     "metadata": {"resourceVersion": str(self.store.rv)}, "items": items}
 
-    def create(self, res: Resource, namespace: str, body: Any, dry_run: bool) -> JSON:
+    def create(self, res: Resource, namespace: str, body: Any, dry_run: bool,
+               fields: Optional["FieldValidation"] = None) -> JSON:
         if not isinstance(body, dict):
             raise ApiError(400, "BadRequest", "the body of the request was in an unknown format")
         obj = copy.deepcopy(body)
@@ -747,7 +795,7 @@ class Api:
                 if res.plural == "pods":
                     obj["status"] = {"phase": "Pending", "qosClass": "BestEffort"}
             obj["apiVersion"], obj["kind"] = res.api_version, res.kind
-            obj = self._validate(res, obj, None)
+            obj = self._validate(res, obj, None, fields)
             if self._key(res, namespace, meta["name"]) in self._bucket(res):
                 raise ApiError(409, "AlreadyExists", f'{res.qualified} "{meta["name"]}" already exists',
                                {"name": meta["name"], "group": res.group, "kind": res.plural})
@@ -757,7 +805,7 @@ class Api:
             return copy.deepcopy(self.store._insert(res, obj))
 
     def _write(self, res: Resource, namespace: str, name: str, new: JSON, old: JSON, status_only: bool,
-               dry_run: bool, require_rv: bool) -> JSON:
+               dry_run: bool, require_rv: bool, fields: Optional["FieldValidation"] = None) -> JSON:
         """Store ``new`` as the next version of ``old`` (the common tail of update and patch)."""
         new = copy.deepcopy(new)
         meta = new.setdefault("metadata", {})
@@ -793,7 +841,7 @@ class Api:
                 else:
                     new.pop("status", None)
         new["apiVersion"], new["kind"] = res.api_version, res.kind
-        new = self._validate(res, new, old)
+        new = self._validate(res, new, old, fields)
         if _spec_part(new) != _spec_part(old):
             new["metadata"]["generation"] = int(old["metadata"].get("generation", 1)) + 1
         if _without_rv(new) == _without_rv(old):
@@ -812,15 +860,16 @@ class Api:
         return copy.deepcopy(new)
 
     def replace(self, res: Resource, namespace: str, name: str, body: Any, status_only: bool,
-                dry_run: bool) -> JSON:
+                dry_run: bool, fields: Optional["FieldValidation"] = None) -> JSON:
         if not isinstance(body, dict):
             raise ApiError(400, "BadRequest", "the body of the request was in an unknown format")
         with self.store.lock:
             old = self.get(res, namespace, name)
-            return self._write(res, namespace, name, body, old, status_only, dry_run, require_rv=res.custom)
+            return self._write(res, namespace, name, body, old, status_only, dry_run, require_rv=res.custom,
+                               fields=fields)
 
     def patch(self, res: Resource, namespace: str, name: str, body: Any, content_type: str, status_only: bool,
-              dry_run: bool) -> JSON:
+              dry_run: bool, fields: Optional["FieldValidation"] = None) -> JSON:
         with self.store.lock:
             old = self.get(res, namespace, name)
             if content_type == "application/json-patch+json":
@@ -836,7 +885,7 @@ class Api:
                                f"accepted media types include: {accepted}")
             if not isinstance(new, dict):
                 raise ApiError(400, "BadRequest", "the patch does not produce an object")
-            return self._write(res, namespace, name, new, old, status_only, dry_run, require_rv=False)
+            return self._write(res, namespace, name, new, old, status_only, dry_run, require_rv=False, fields=fields)
 
     def delete(self, res: Resource, namespace: str, name: str, body: Any, dry_run: bool) -> JSON:
         with self.store.lock:
@@ -1009,9 +1058,11 @@ class _Handler(BaseHTTPRequestHandler):
     def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - BaseHTTPRequestHandler's signature
         pass
 
-    def _send(self, code: int, doc: Any) -> None:
+    def _send(self, code: int, doc: Any, warnings: Sequence[str] = ()) -> None:
         data = json.dumps(doc).encode()
         self.send_response(code)
+        for warning in warnings:
+            self.send_header("Warning", '299 - ' + json.dumps(warning))
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(data)))
         self.end_headers()
@@ -1032,14 +1083,18 @@ class _Handler(BaseHTTPRequestHandler):
         parts = urlsplit(self.path)
         query = {k: v[-1] for k, v in parse_qs(parts.query).items()}
         ctype = (self.headers.get("Content-Type") or "").split(";")[0].strip()
+        warnings: List[str] = []
         try:
+            if ctype and ctype not in JSON_TYPES:  # protobuf (kubectl's typed commands), CBOR, YAML: not spoken here
+                raise ApiError(415, "UnsupportedMediaType", f'the body of the request was in an unknown format - '
+                               f'accepted media types include: {", ".join(JSON_TYPES)}')
             body = self._body()
             with fake.store.lock:
                 fake.requests.append({"method": self.command, "path": parts.path, "query": query,
                                       "content_type": ctype})
             if fake.token is not None and self.headers.get("Authorization") != f"Bearer {fake.token}":
                 raise ApiError(401, "Unauthorized", "Unauthorized")
-            code, doc = fake.route(self.command, parts.path, query, body, ctype)
+            code, doc = fake.route(self.command, parts.path, query, body, ctype, warnings)
             if isinstance(doc, WatchRequest):
                 self._watch(WatchStream(fake, self, doc))
                 return
@@ -1047,7 +1102,7 @@ class _Handler(BaseHTTPRequestHandler):
             code, doc = exc.code, exc.status()
         except Exception as exc:  # noqa: BLE001 - a bug in the fake must show as 500, not hang the client
             code, doc = 500, ApiError(500, "InternalError", f"fake apiserver: {type(exc).__name__}: {exc}").status()
-        self._send(code, doc)
+        self._send(code, doc, warnings)
 
     def _watch(self, stream: WatchStream) -> None:
         """Answer a watch: its first events, then the changes, as a chunked stream of JSON lines."""
@@ -1323,7 +1378,10 @@ class FakeApiServer:
             return {"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": gv, "resources": resources}
         return None
 
-    def route(self, method: str, path: str, query: Dict[str, str], body: Any, ctype: str) -> Tuple[int, Any]:
+    def route(self, method: str, path: str, query: Dict[str, str], body: Any, ctype: str,
+              warnings: Optional[List[str]] = None) -> Tuple[int, Any]:
+        """The answer to one request; ``warnings`` collects the Warning headers it carries (unknown fields)."""
+        warnings = warnings if warnings is not None else []
         if method == "GET":
             doc = self._discovery(path.rstrip("/") or "/")
             if doc is not None:
@@ -1350,6 +1408,10 @@ class FakeApiServer:
             raise ApiError(404, "NotFound", "the server could not find the requested resource")
         ns = namespace or ""
         dry_run = query.get("dryRun") == "All"
+        fields = FieldValidation(query.get("fieldValidation") or "Warn", warnings)
+        if fields.mode not in ("Ignore", "Warn", "Strict"):
+            raise ApiError(400, "BadRequest", f"fieldValidation must be one of Ignore, Warn or Strict, not "
+                           f"{fields.mode!r}")
         self._injected_error(method, res, namespace, name, watch and name is None)
         if name is None:
             if method == "GET" and watch:
@@ -1357,15 +1419,15 @@ class FakeApiServer:
             if method == "GET":
                 return 200, self.api.list(res, namespace, query)
             if method == "POST":
-                return 201, self.api.create(res, ns, body, dry_run)
+                return 201, self.api.create(res, ns, body, dry_run, fields)
             raise ApiError(405, "MethodNotAllowed", f"the server does not allow this method on the requested "
                            f"resource ({method} on a collection)")
         if method == "GET":
             return 200, self.api.get(res, ns, name)
         if method == "PUT":
-            return 200, self.api.replace(res, ns, name, body, sub == "status", dry_run)
+            return 200, self.api.replace(res, ns, name, body, sub == "status", dry_run, fields)
         if method == "PATCH":
-            return 200, self.api.patch(res, ns, name, body, ctype, sub == "status", dry_run)
+            return 200, self.api.patch(res, ns, name, body, ctype, sub == "status", dry_run, fields)
         if method == "DELETE" and sub is None:
             return 200, self.api.delete(res, ns, name, body, dry_run)
         raise ApiError(405, "MethodNotAllowed", "the server does not allow this method on the requested resource")
@@ -1373,7 +1435,7 @@ class FakeApiServer:
 
 try:
     import pytest
-except ImportError:  # pragma: no cover - the server itself needs only the standard library
+except ImportError:  # pragma: no cover - the server itself needs no pytest
     pytest = None  # type: ignore[assignment]
 
 if pytest is not None:

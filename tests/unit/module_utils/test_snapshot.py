@@ -75,7 +75,7 @@ def test_restore_check_mode_touches_nothing(engine: Path) -> None:
     tcp = result.pop("tcp")  # this node (the engine fixture's) did not take the snapshot (node-a did)
     assert tcp["mode"] == "close" and tcp["reason"].endswith("the snapshot was taken on node node-a")
     assert result == {"id": doc["id"], "name": "embed", "verified": True, "compat_checked": False,
-                      "gpu_state": False, "passed_over": []}
+                      "gpu_state": False, "passed_over": [], "app_profile": None}
     assert tree(engine / "store") == before
     assert not (engine / "restore").exists() and not (engine / "locks").exists()
     assert not (engine / "verified").exists()  # this node's record of hashed files is not written either
