@@ -80,7 +80,7 @@ lint: venv link
 # Two at a time (a module stays on one worker, so its module fixtures hold), then the modules marked
 # `serial` alone: they check the node's whole mount table or watch for any CRIU worker.
 integration: venv link
-	$(BIN)/python -m pytest -q --tx 2*popen//python=tests/integration/worker-python --dist loadfile -m "not serial" tests/integration
+	$(BIN)/python -m pytest -q -n 2 --dist loadfile -m "not serial" tests/integration
 	$(BIN)/python -m pytest -q -m serial tests/integration
 
 molecule: venv link

@@ -101,6 +101,7 @@ def test_check_mode_first_writes_nothing(api: FakeApiServer) -> None:
 def test_deploys_least_privilege_rbac_and_the_daemonset_then_changes_nothing(api: FakeApiServer) -> None:
     first = deploy(api)
     assert ok(first)["changed"] > 0
+    assert api.warnings == [], "the role renders fields Kubernetes does not know"
     crds = {c["metadata"]["name"] for c in api.store.list("customresourcedefinitions", group="apiextensions.k8s.io")}
     assert {f"{p}.{GROUP}" for p in ("podsnapshots", "podsnapshotcontents", "podsnapshotpolicies")} <= crds
     assert get(api, "namespaces", NS)["metadata"]["name"] == NS

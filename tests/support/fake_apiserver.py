@@ -55,8 +55,8 @@ Built-in objects (pods, secrets, configmaps, namespaces, service accounts, Daemo
 are checked on every write against Kubernetes' own schemas (``k8s_schemas``: the ``kubernetes-validate``
 package's, for ``k8s_schemas.VERSION``), every violation at once (422 Invalid); a field the schema does not
 know is refused with ``?fieldValidation=Strict`` (400, strict decoding error, as kubectl asks by default),
-dropped with a ``Warning`` header with ``Warn`` (the default, as the Python client gets) and dropped silently
-with ``Ignore``.
+dropped with a ``Warning`` header with ``Warn`` (the default, as the Python client gets; ``server.warnings``
+keeps them for a test to check) and dropped silently with ``Ignore``.
 
 No server-side apply, no pagination. Every request is recorded in ``server.requests`` (method, path, query,
 content type) so a test can assert that check mode wrote nothing.
@@ -1095,6 +1095,9 @@ class _Handler(BaseHTTPRequestHandler):
             if fake.token is not None and self.headers.get("Authorization") != f"Bearer {fake.token}":
                 raise ApiError(401, "Unauthorized", "Unauthorized")
             code, doc = fake.route(self.command, parts.path, query, body, ctype, warnings)
+            if warnings:
+                with fake.store.lock:
+                    fake.warnings.extend(f"{self.command} {parts.path}: {w}" for w in warnings)
             if isinstance(doc, WatchRequest):
                 self._watch(WatchStream(fake, self, doc))
                 return
@@ -1152,6 +1155,7 @@ class FakeApiServer:
         self.store = Store(history)
         self.api = Api(self.store)
         self.requests: List[JSON] = []
+        self.warnings: List[str] = []  # every Warning header answered (unknown fields dropped), for tests to check
         self.kubeconfig: Optional[Path] = None
         self.bookmark_interval = bookmark_interval
         self.watch_timeout = watch_timeout

@@ -14,8 +14,9 @@ needs that). CRIU dumps such a namespace with the tree. ``plan`` decides what of
   source's copy was a slave, so the restored copy keeps receiving the node's mounts;
 - the /proc of the tree's own PID namespace, mounted anew in the restored one;
 - not: mounts that belong to other containers, pods, sessions or kernel facilities (``NODE_LOCAL_DIRS``,
-  ``NODE_LOCAL_FS``) and that no process of the tree holds anything on - they differ from node to node and
-  would have to exist wherever the snapshot is restored. The restored copy does not see them.
+  ``NODE_LOCAL_FS``, a container id in the path, a kernel file system away from its place: ``node_local``) and
+  that no process of the tree holds anything on - they differ from node to node, come and go with what they
+  belong to, and would have to exist wherever the snapshot is restored. The restored copy does not see them.
 
 ``restore_problems`` is the restore's preflight for it: every kept mount's path present on this node and,
 where the source's copy was a slave, a shared mount here (CRIU makes the copy a slave of it).
@@ -27,6 +28,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Sequence, Set, Tuple
 
@@ -50,13 +52,30 @@ NODE_LOCAL_FS = frozenset({
 })
 
 
+# Kernel file systems at their own place; mounted anywhere else they are another root's (a container's, a
+# chroot's, a build's): /data/containers/.../rootfs/proc is not this tree's /proc.
+KERNEL_FS_HOMES = {
+    "proc": ("/proc",), "sysfs": ("/sys",), "devpts": ("/dev/pts",), "mqueue": ("/dev/mqueue",),
+    "cgroup": ("/sys/fs/cgroup",), "cgroup2": ("/sys/fs/cgroup",), "hugetlbfs": ("/dev/hugepages",),
+    "devtmpfs": ("/dev",),
+}
+# A path component that is a container's id (podman, Docker, containerd, CRI-O: 64 hex digits), wherever the
+# runtime keeps its state (custom graph roots included): .../overlay-containers/<id>/userdata/shm.
+CONTAINER_ID = re.compile(r"(^|/)[0-9a-f]{64}(/|$)")
+
+
 class MountNsError(WarmstartError):
     """The target's mount namespace cannot be read."""
 
 
 def node_local(m: nsu.Mount) -> bool:
-    """Whether a mount is one a snapshot leaves out when nothing of the tree is on it."""
-    if m.fstype in NODE_LOCAL_FS:
+    """Whether a mount is one a snapshot leaves out when nothing of the tree is on it: a kernel facility, another
+    container's, pod's or session's (by directory, by a container id in its path), or a kernel file system
+    mounted away from its own place (another root's)."""
+    if m.fstype in NODE_LOCAL_FS or CONTAINER_ID.search(m.mountpoint):
+        return True
+    homes = KERNEL_FS_HOMES.get(m.fstype)
+    if homes and not any(m.mountpoint == h or m.mountpoint.startswith(h + "/") for h in homes):
         return True
     return any(m.mountpoint == d or m.mountpoint.startswith(d + "/") for d in NODE_LOCAL_DIRS)
 

@@ -199,12 +199,18 @@ def norm_path(path: Any) -> Any:
 def locate(obj: Any) -> Tuple[Dict[str, Any], str]:
     """The dict that holds ``metadata`` + ``spec`` of the pod in ``obj`` (not a copy) and how to name it.
 
-    ``obj`` is a Pod, a pod template (``{metadata, spec}``) or a workload whose
-    ``spec.template`` is one (Deployment, StatefulSet, Job, ...).
+    ``obj`` is a Pod, a pod template (``{metadata, spec}``), a workload whose
+    ``spec.template`` is one (Deployment, StatefulSet, DaemonSet, ReplicaSet, Job) or a
+    CronJob (``spec.jobTemplate.spec.template``).
     """
     if not isinstance(obj, dict):
         raise ContractError(f"expected a Pod or pod template mapping, got {type(obj).__name__}")
     spec = obj.get("spec")
+    if obj.get("kind") == "CronJob" and isinstance(spec, dict):
+        job = as_dict(as_dict(spec.get("jobTemplate")).get("spec")).get("template")
+        if not isinstance(job, dict) or not isinstance(job.get("spec"), dict):
+            raise ContractError(f"{object_ref(obj)} has no spec.jobTemplate.spec.template.spec")
+        return job, "pod template of " + object_ref(obj)
     if isinstance(spec, dict):
         template = spec.get("template")
         if obj.get("kind") != "Pod" and "containers" not in spec and isinstance(template, dict):

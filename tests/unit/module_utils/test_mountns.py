@@ -57,6 +57,29 @@ def test_node_local_mounts_are_those_of_other_containers_pods_sessions_and_kerne
     assert mns.node_local(by_path(path)) is local
 
 
+CID = "a60e81c85468e14e999df0e6d3707b959c98cfa973c043c0622cf7c0f2cf9b23"
+ELSEWHERE = f"""\
+50 22 0:80 / /data/containers/graph/overlay-containers/{CID}/userdata/shm rw - tmpfs shm rw
+51 22 0:81 / /var/tmp/build.x1/rootfs/proc rw - proc proc rw
+52 22 0:82 / /var/tmp/build.x1/rootfs/sys rw - sysfs sysfs rw
+53 22 0:83 / /srv/chroot/dev/pts rw - devpts devpts rw
+54 22 0:84 / /proc rw - proc proc rw
+55 22 0:85 / /sys/fs/cgroup rw - cgroup2 cgroup2 rw
+56 22 0:86 / /scratch rw - tmpfs tmpfs rw
+57 22 0:87 / /run/k8s/{CID[:12]} rw - tmpfs tmpfs rw
+"""
+
+
+@pytest.mark.parametrize("path, local", [
+    (f"/data/containers/graph/overlay-containers/{CID}/userdata/shm", True),  # a container's, any graph root
+    ("/var/tmp/build.x1/rootfs/proc", True), ("/var/tmp/build.x1/rootfs/sys", True), ("/srv/chroot/dev/pts", True),
+    ("/proc", False), ("/sys/fs/cgroup", False), ("/scratch", False),
+    (f"/run/k8s/{CID[:12]}", False),  # 12 hex digits are no container id
+])
+def test_other_roots_kernel_file_systems_and_container_paths_are_node_local(path: str, local: bool) -> None:
+    assert mns.node_local(by_path(path, NODE + ELSEWHERE)) is local
+
+
 def test_node_local_dirs_match_whole_components_only() -> None:
     lookalike = nsu.parse_mountinfo("40 22 0:70 / /run/username rw - tmpfs tmpfs rw\n")[0]
     assert not mns.node_local(lookalike)

@@ -11,6 +11,7 @@ from ansible_collections.warmstart.snapshot.plugins.module_utils.k8s import _pod
 from ansible_collections.warmstart.snapshot.plugins.module_utils.k8s import _podbuild as podbuild
 from ansible_collections.warmstart.snapshot.plugins.module_utils.k8s import _podcontract as pc
 from ansible_collections.warmstart.snapshot.plugins.module_utils.k8s import _spechash as spechash
+from tests.support import k8s_schemas
 from tests.support.pod_fixtures import append_path, deployment, pod, restore_pod, set_path, template
 
 PROFILE = {"type": "Localhost", "localhostProfile": podapi.SECCOMP_PROFILE}
@@ -284,3 +285,39 @@ def test_the_cold_start_fallback_refusals() -> None:
     inert["metadata"]["annotations"][podapi.ANN_RESTORE_FALLBACK] = "sometimes"
     assert ("annotation snapshot.warmstart.io/restore-fallback of pod template is 'sometimes', not one of none, "
             "cold-start") in pc.validate(inert)
+
+
+# --- what build renders is a valid Kubernetes object ------------------------------------------------
+
+def _controller(kind: str, api_version: str, **spec: Any) -> Dict[str, Any]:
+    return {"apiVersion": api_version, "kind": kind, "metadata": {"name": "embed", "namespace": "default"},
+            "spec": dict(spec, template=template())}
+
+
+@pytest.mark.parametrize("source", [
+    pod(),
+    deployment(),
+    _controller("StatefulSet", "apps/v1", serviceName="embed", selector={"matchLabels": {"app": "embed"}}),
+    _controller("ReplicaSet", "apps/v1", selector={"matchLabels": {"app": "embed"}}),
+    _controller("DaemonSet", "apps/v1", selector={"matchLabels": {"app": "embed"}}),
+    _controller("Job", "batch/v1"),
+    {"apiVersion": "batch/v1", "kind": "CronJob", "metadata": {"name": "embed", "namespace": "default"},
+     "spec": {"schedule": "*/5 * * * *", "jobTemplate": {"spec": {"template": template()}}}},
+], ids=lambda s: s["kind"])
+@pytest.mark.parametrize("fallback", [None, "cold-start"])
+def test_every_restore_object_build_renders_passes_the_kubernetes_schema(source: Dict[str, Any],
+                                                                          fallback: Any) -> None:
+    """The source and what build makes of it, against Kubernetes' own schema (unknown fields are errors)."""
+    if source["kind"] == "Job":
+        source["spec"]["template"]["spec"]["restartPolicy"] = "Never"
+    if source["kind"] == "CronJob":
+        source["spec"]["jobTemplate"]["spec"]["template"]["spec"]["restartPolicy"] = "Never"
+    assert k8s_schemas.known(source["kind"], source["apiVersion"])
+    before = k8s_schemas.check(source)
+    assert before.unknown == [] and before.invalid == [], "the fixture itself is not a valid object"
+    kwargs: Dict[str, Any] = {"fallback": fallback} if fallback else {}
+    if fallback:
+        kwargs["entrypoint"] = "standby"
+    out = podbuild.build(source, "embed-abc", container_map="main=main", **kwargs)
+    problems = k8s_schemas.check(out)
+    assert problems.unknown_paths() == [] and problems.invalid == [], problems
