@@ -128,7 +128,8 @@ class Kubelet(threading.Thread):
             stored = self.api.store.get("pods", name, NS, group="")
             stored["spec"]["nodeName"] = self.node
             stored["status"] = {"phase": "Running", "podIP": self.lab.ip(full), "containerStatuses": [{
-                "name": container["name"], "image": container["image"], "containerID": f"{self.lab.scheme}://{cid}",
+                "name": container["name"], "image": container["image"],
+                "imageID": f"{container['image']}@sha256:{'cd' * 32}", "containerID": f"{self.lab.scheme}://{cid}",
                 "ready": False, "restartCount": 0, "state": {"running": {"startedAt": _stamp()}}}]}
             self.api.store.put("pods", stored, group="")
             self.running_at[name] = time.time()
