@@ -305,8 +305,7 @@ def _controller(kind: str, api_version: str, **spec: Any) -> Dict[str, Any]:
      "spec": {"schedule": "*/5 * * * *", "jobTemplate": {"spec": {"template": template()}}}},
 ], ids=lambda s: s["kind"])
 @pytest.mark.parametrize("fallback", [None, "cold-start"])
-def test_every_restore_object_build_renders_passes_the_kubernetes_schema(source: Dict[str, Any],
-                                                                          fallback: Any) -> None:
+def test_every_restore_object_build_renders_passes_the_kubernetes_schema(source: Dict[str, Any], fallback: Any) -> None:
     """The source and what build makes of it, against Kubernetes' own schema (unknown fields are errors)."""
     if source["kind"] == "Job":
         source["spec"]["template"]["spec"]["restartPolicy"] = "Never"
