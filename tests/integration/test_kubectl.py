@@ -53,7 +53,7 @@ def api(tmp_path: Path) -> Iterator[FakeApiServer]:
 
 
 def run(kubectl: str, api: FakeApiServer, *args: str, stdin: Any = None, ok: bool = True) -> subprocess.CompletedProcess:
-    done = subprocess.run([kubectl, *args], capture_output=True, text=True, timeout=60,
+    done = subprocess.run([kubectl, *args], capture_output=True, text=True, timeout=60, check=False,
                           input=json.dumps(stdin) if stdin is not None else None,
                           env=dict(os.environ, KUBECONFIG=str(api.kubeconfig), HOME=str(api.kubeconfig.parent)))
     if ok:
