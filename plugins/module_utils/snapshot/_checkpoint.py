@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import shutil
 import signal
 import time
@@ -90,13 +91,41 @@ def checkpoint(store: Store, target: snap.Target, name: str, labels: Dict[str, s
     try:
         with app.quiesced(target, what, leave_running, timings, profiled):
             gh.quiesce(plan, target, ready_timeout, timings)
-            result = _checkpoint_locked(store, target, name, labels, options, leave_running, criu, timings, t_start,
-                                        pod, plan, gpu_node)
+            result = _checkpoint_replanned(store, target, name, labels, options, leave_running, criu, timings,
+                                           t_start, pod, plan, gpu_node)
         if profiled:
             result["app_profile"] = profiled
         return result
     finally:
         os.close(lock)
+
+
+# CRIU's words when the node's mount table changed between the plan of what to dump of a mount namespace and the
+# dump (a container or a network namespace came or went meanwhile): the dump is planned again.
+MOUNT_RACE = re.compile(r"mnt: No parent found for mountpoint|mnt: Can't find parent|mnt: Unable to find mount")
+MOUNT_RACE_TRIES = 3
+
+
+def _checkpoint_replanned(store: Store, target: snap.Target, name: str, labels: Dict[str, str],
+                          options: CriuOptions, leave_running: bool, criu: str, timings: Dict[str, float],
+                          t_start: float, pod: Optional[Dict[str, Any]], plan: gh.CudaPlan,
+                          gpu_node: Optional[GpuNode]) -> Dict[str, Any]:
+    """``_checkpoint_locked``, planned and dumped again when the node's mounts changed under the dump.
+
+    Only a tree that nothing else was told about is tried again: no GPU state (its rollback is no free retry)
+    and no checkpoint hooks (the workload heard ``failed`` and went on). A failed try has rolled back: the source
+    runs, nothing was staged."""
+    for attempt in range(1, MOUNT_RACE_TRIES + 1):
+        try:
+            return _checkpoint_locked(store, target, name, labels, options, leave_running, criu, timings, t_start,
+                                      pod, plan, gpu_node)
+        except CriuError as exc:
+            said = f"{exc} {exc.log_tail or ''}"
+            if attempt == MOUNT_RACE_TRIES or plan.used or plan.hooks or not MOUNT_RACE.search(said):
+                raise
+            prog.phase(f"the node's mounts changed during the dump: planning it again (try {attempt + 1})")
+            timings["mount_race_retries"] = attempt
+    raise AssertionError("unreachable")  # pragma: no cover
 
 
 def _refuse_io_uring(what: str, pid: int) -> None:
