@@ -209,7 +209,8 @@ notes:
   - A container's workload keeps its PIDs inside the container's PID namespace; a placeholder container whose
     only process is its PID 1 has them free.
   - GPU snapshots need an NVIDIA driver >= 570 (>= 580 to restore onto other GPUs of the same model), no UVM, IPC
-    memory, MIG or MPS in the workload, and the same GPU model and count on the restoring node.
+    memory, MIG or MPS in the workload, and the same GPU model and count on the restoring node. A process on a
+    MIG instance is refused before anything is locked.
 """
 
 EXAMPLES = r"""

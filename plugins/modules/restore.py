@@ -69,7 +69,9 @@ options:
     type: bool
     default: true
   skip_compat_check:
-    description: Restore even if the node does not match the source (at your own risk).
+    description:
+      - Restore even if the node does not match the source (CPU, kernel, CRIU), or has less free host memory
+        (C(MemAvailable)) than the snapshot's page images hold (at your own risk).
     type: bool
     default: false
   skip_unreadable:

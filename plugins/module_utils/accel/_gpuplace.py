@@ -18,6 +18,11 @@ open file description* of an NVIDIA device file (``kcmp(KCMP_FILE)``): a descrip
 (a VMM export) or inherited across ``fork``. A legacy ``cuIpcGetMemHandle`` handle, exchanged as 64 opaque bytes,
 leaves no such sign (tests/device/container_gpu.py shows it on a real GPU): NVIDIA documents IPC memory as
 unsupported by the CUDA checkpoint, so a driver refusal (``CUDA_ERROR_NOT_SUPPORTED``) rolls the checkpoint back.
+
+MIG: the CUDA checkpoint cannot save a process on a MIG instance. ``mig_problems`` finds one before anything is
+locked from what such a process shows: a MIG device (``MIG-<uuid>``) in its visible-devices variable, or an open
+MIG capability (``/dev/nvidia-caps/nvidia-cap<N>``, or ``/proc/driver/nvidia/capabilities/.../mig/...`` where
+the driver hands capabilities out through procfs).
 """
 from __future__ import annotations
 
@@ -36,6 +41,7 @@ from ansible_collections.warmstart.snapshot.plugins.module_utils.core._errors im
 VISIBLE_ENV = ("NVIDIA_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES")
 NO_GPU = ("none", "void", "")
 DEVICE_PREFIXES = ("/dev/nvidia",)
+MIG_CAPS = ("/dev/nvidia-caps/", "/proc/driver/nvidia/capabilities/")
 KCMP_FILE = 0
 SYS_KCMP = {"x86_64": 312, "aarch64": 272, "ppc64le": 364, "s390x": 343}
 Gpu = Dict[str, Any]
@@ -197,3 +203,27 @@ def shared_memory_problems(pids: Sequence[int], prefixes: Sequence[str] = DEVICE
     return [f"cuda: {s}: CUDA memory shared between processes (an exported or IPC allocation, or a worker forked "
             "after CUDA was initialised) cannot be checkpointed process by process; start workers with 'spawn' "
             "and disable CUDA IPC / P2P (see the README's GPU section)" for s in shared_device_files(pids, prefixes)]
+
+
+# --- MIG --------------------------------------------------------------------------
+
+def mig_problems(pids: Sequence[int]) -> List[str]:
+    """Each CUDA process of ``pids`` that runs on a MIG instance, with the sign it shows; before anything is locked."""
+    found = []
+    for pid in pids:
+        signs = []
+        try:
+            env = proc.environ(pid)
+        except OSError:
+            env = {}
+        for key in VISIBLE_ENV:
+            tokens = [t.strip() for t in env.get(key, "").split(",")]
+            signs += [f"{key} names {t}" for t in tokens if t.upper().startswith("MIG-")][:2]
+        caps = [path for _fd, path in device_fds(pid, MIG_CAPS)
+                if path.startswith(MIG_CAPS[0]) or "/mig/" in path]
+        if caps:
+            signs.append(f"it holds MIG capability {caps[0]} open")
+        if signs:
+            found.append(f"cuda: pid {pid} runs on a MIG instance ({'; '.join(signs)}): the CUDA checkpoint cannot "
+                         "save a MIG process; run it on a whole GPU (MIG mode off) to snapshot it")
+    return found

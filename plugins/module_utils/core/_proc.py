@@ -67,6 +67,18 @@ def environ(pid: int) -> Dict[str, str]:
     return out
 
 
+def memory_available(meminfo: str = "/proc/meminfo") -> Optional[int]:
+    """The kernel's estimate of memory that can be had without swapping (``MemAvailable``), in bytes; None unknown."""
+    try:
+        with open(meminfo, "r", encoding="ascii", errors="replace") as handle:
+            for line in handle:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
 def ns_pids(pid: int) -> List[int]:
     """The PID in each nested namespace, outermost first (NSpid)."""
     return [int(p) for p in status(pid).get("NSpid", str(pid)).split()]

@@ -2,8 +2,8 @@
 # Copyright (c) warmstart developers
 # GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
-"""The restore compatibility check: two node descriptions (``_node.describe_node``), and a snapshot's GPU state
-against this node's GPUs."""
+"""The restore compatibility check: two node descriptions (``_node.describe_node``), a snapshot's GPU state
+against this node's GPUs, and the host memory its page images need against what this node has free."""
 from __future__ import annotations
 
 from typing import Any, Dict, List, Optional
@@ -12,6 +12,8 @@ from ansible_collections.warmstart.snapshot.plugins.module_utils.accel import _c
 from ansible_collections.warmstart.snapshot.plugins.module_utils.accel import _cudaabi as cuabi
 from ansible_collections.warmstart.snapshot.plugins.module_utils.accel import _gpu
 from ansible_collections.warmstart.snapshot.plugins.module_utils.accel._gpunode import GpuNode
+from ansible_collections.warmstart.snapshot.plugins.module_utils.core import _proc as proc
+from ansible_collections.warmstart.snapshot.plugins.module_utils.core._progress import human
 from ansible_collections.warmstart.snapshot.plugins.module_utils.core._version import compare_versions
 
 
@@ -42,6 +44,35 @@ def incompatibilities(source: Dict[str, Any], target: Dict[str, Any]) -> List[st
         shown = ", ".join(missing[:12]) + (f" and {len(missing) - 12} more" if len(missing) > 12 else "")
         reasons.append(f"cpu flags: this node lacks {shown}")
     return reasons
+
+
+def page_bytes(doc: Dict[str, Any]) -> int:
+    """The bytes of memory a snapshot's page images hold once restored (plaintext sizes where compressed)."""
+    compression = doc.get("compression") if isinstance(doc.get("compression"), dict) else {}
+    plain = compression.get("files") if isinstance(compression.get("files"), dict) else {}
+    total = 0
+    for entry in doc.get("files") or []:
+        path = str(entry.get("path") or "") if isinstance(entry, dict) else ""
+        name = path.rsplit("/", 1)[-1]
+        if name.startswith("pages-") and name.endswith(".img"):
+            size = (plain.get(path) or {}).get("size", entry.get("size"))
+            total += size if isinstance(size, int) and not isinstance(size, bool) else 0
+    return total
+
+
+def memory_problems(doc: Dict[str, Any], available: Optional[int] = None) -> List[str]:
+    """Why this node lacks the host memory the restore needs: every page of the snapshot comes back into memory.
+
+    With GPU state those pages include the device memory the CUDA checkpoint staged in host memory; it is
+    moved back onto the GPU only after CRIU has restored it, so the node needs it all at once.
+    """
+    need = page_bytes(doc)
+    have = proc.memory_available() if available is None else available
+    if have is None or need <= have:
+        return []
+    gpu = " (with the GPU memory the CUDA checkpoint staged there)" if doc.get("gpu") else ""
+    return [f"memory: the snapshot's page images need {human(need)} of host memory{gpu}, this node has "
+            f"{human(have)} available (MemAvailable); free memory or restore on a larger node"]
 
 
 CUDA_MODES = ("auto", "required", "off")

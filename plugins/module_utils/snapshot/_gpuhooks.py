@@ -104,10 +104,13 @@ def find_cuda(plan: CudaPlan, root: int) -> None:
         raise snap.SnapshotError(f"{node.asked(plan.mode)}: cannot tell which processes of pid {root}'s tree use "
                                  f"{node.process_word}: {exc}; nothing was touched") from None
     shown = ", ".join(map(str, tree[:16])) + (f" and {len(tree) - 16} more" if len(tree) > 16 else "")
-    shared = gpl.shared_memory_problems(plan.pids)  # before anything is locked: see _gpuplace
-    if shared:
-        raise snap.SnapshotError(f"cuda: the CUDA processes of pid {root}'s tree share GPU memory; nothing was touched",
-                                 reasons=shared)
+    mig = gpl.mig_problems(plan.pids)               # before anything is locked: see _gpuplace
+    shared = gpl.shared_memory_problems(plan.pids)
+    if mig or shared:
+        what = "run on a MIG instance" if mig and not shared else \
+            "share GPU memory" if shared and not mig else "run on a MIG instance and share GPU memory"
+        raise snap.SnapshotError(f"cuda: the CUDA processes of pid {root}'s tree {what}; nothing was touched",
+                                 reasons=mig + shared)
     if plan.pids:
         plan.reason = f"CUDA process(es) {', '.join(map(str, plan.pids))} checkpointed through {plan.backend.describe()}"
     elif plan.mode == "required":

@@ -8,7 +8,7 @@ Guarantee: a restore touches no process before checksums and compatibility pass.
 
 ``select`` picks the manifest (by id, or the newest compatible one by name and labels, never an older one
 silently); ``preflight`` lists every reason it cannot be restored here (compatibility, GPUs, checksums, files
-in use, layout, the workload already running); ``refusal`` is the error that lists them.
+in use, host memory, layout, the workload already running); ``refusal`` is the error that lists them.
 """
 from __future__ import annotations
 
@@ -25,6 +25,7 @@ from ansible_collections.warmstart.snapshot.plugins.module_utils.accel._gpunode 
 from ansible_collections.warmstart.snapshot.plugins.module_utils.node._compat import (
     gpu_incompatibilities,
     incompatibilities,
+    memory_problems,
 )
 from ansible_collections.warmstart.snapshot.plugins.module_utils.store._storeapi import Store
 
@@ -95,7 +96,7 @@ def preflight(store: Store, doc: Dict[str, Any], node: Dict[str, Any], verify: b
     """
     problems = []
     if not skip_compat:
-        problems += incompatibilities(doc["source"], node)
+        problems += incompatibilities(doc["source"], node) + memory_problems(doc)
     problems += _gpu_reasons(doc, gpu_node, cuda, skip_compat)
     if verify:
         problems += [f"checksum: {p}" for p in _checksums(store, doc, fetch, deferred, copying)]

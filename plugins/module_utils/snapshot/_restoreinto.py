@@ -51,7 +51,11 @@ from ansible_collections.warmstart.snapshot.plugins.module_utils.snapshot import
 from ansible_collections.warmstart.snapshot.plugins.module_utils.store import _storecopy as sc
 from ansible_collections.warmstart.snapshot.plugins.module_utils.criu import _tcp as tcpm
 from ansible_collections.warmstart.snapshot.plugins.module_utils.accel._gpunode import GpuNode
-from ansible_collections.warmstart.snapshot.plugins.module_utils.node._compat import gpu_incompatibilities, incompatibilities
+from ansible_collections.warmstart.snapshot.plugins.module_utils.node._compat import (
+    gpu_incompatibilities,
+    incompatibilities,
+    memory_problems,
+)
 from ansible_collections.warmstart.snapshot.plugins.module_utils.node._node import describe_node
 from ansible_collections.warmstart.snapshot.plugins.module_utils.runtime._containerinfo import ContainerInfo
 from ansible_collections.warmstart.snapshot.plugins.module_utils.criu._criu import CriuError, find_criu
@@ -346,7 +350,7 @@ def _select(store: Store, snapshot_id: Optional[str], name: Optional[str], label
                         passed_over=passed_over)
     except snap.SnapshotError as exc:  # with reasons: snapshots were found, and none fits this node
         raise exc.with_details(outcome="incompatible") if exc.reasons else exc
-    problems = [] if skip_compat else incompatibilities(doc["source"], node)
+    problems = [] if skip_compat else incompatibilities(doc["source"], node) + memory_problems(doc)
     if verify and getattr(store, "reads_in_place", False) and fetch:  # each destination hashes its copy (restore_one)
         problems += [f"checksum: {p}" for p in ck.verify_files(store.local_dir(doc["id"]), doc, phase=False,
                                                                hashed=False)]

@@ -227,3 +227,29 @@ def test_the_container_restore_without_an_inventory_refuses_a_snapshot_that_list
     assert problems and UUID_A in problems[0] and "NVML unavailable" in problems[0]
     assert ph.GpuCheck(gpu, node, True).check(_destination(), [])[1] == []
     assert ph.GpuCheck(None, node, False).check(_destination(), ["x"])[1] == ["x"]
+
+
+def test_a_process_on_a_mig_instance_is_named_with_each_sign(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    caps = tmp_path / "nvidia-caps"
+    caps.mkdir()
+    (caps / "nvidia-cap21").write_text("")
+    (tmp_path / "nvidia0").write_text("")
+    monkeypatch.setattr(gpl, "MIG_CAPS", (f"{caps}/", "/proc/driver/nvidia/capabilities/"))
+    mig = "MIG-5c89f6d3-2b2a-5b2c-9a4e-4d5e6f708192"
+    on_mig = subprocess.Popen([sys.executable, "-c", HOLD, str(caps / "nvidia-cap21")], stdout=subprocess.PIPE,
+                              text=True, env={**os.environ, "NVIDIA_VISIBLE_DEVICES": f"{mig},0"})
+    whole = subprocess.Popen([sys.executable, "-c", HOLD, str(tmp_path / "nvidia0")], stdout=subprocess.PIPE,
+                             text=True, env={**os.environ, "CUDA_VISIBLE_DEVICES": "GPU-aaaaaaaa-1111"})
+    try:
+        for p in (on_mig, whole):
+            assert p.stdout and p.stdout.readline().strip() == "ok"
+        found = gpl.mig_problems([on_mig.pid, whole.pid])
+        assert len(found) == 1, found
+        assert found[0].startswith(f"cuda: pid {on_mig.pid} runs on a MIG instance (NVIDIA_VISIBLE_DEVICES names {mig}; "
+                                   f"it holds MIG capability {caps}/nvidia-cap21 open)")
+        assert "MIG mode off" in found[0]
+        assert gpl.mig_problems([]) == [] and gpl.mig_problems([1 << 22]) == []  # no such process: no sign
+    finally:
+        for p in (on_mig, whole):
+            p.kill()
+            p.wait()

@@ -34,7 +34,8 @@ from ansible_collections.warmstart.snapshot.plugins.module_utils.snapshot import
 from ansible_collections.warmstart.snapshot.plugins.module_utils.snapshot import _snapshot as snap
 from ansible_collections.warmstart.snapshot.plugins.module_utils.store import _store as st
 from ansible_collections.warmstart.snapshot.plugins.module_utils.accel._gpunode import GpuNode
-from ansible_collections.warmstart.snapshot.plugins.module_utils.node._compat import gpu_incompatibilities
+from ansible_collections.warmstart.snapshot.plugins.module_utils.core import _proc as proc
+from ansible_collections.warmstart.snapshot.plugins.module_utils.node._compat import gpu_incompatibilities, page_bytes
 from ansible_collections.warmstart.snapshot.plugins.module_utils.criu._criu import CriuError
 from ansible_collections.warmstart.snapshot.plugins.module_utils.criu._criu_rpc import CriuOptions
 from tests.support.fake_cuda import Fake, compile_fake, install
@@ -77,8 +78,9 @@ def node_with(lib: Optional[Path], *gpus: Any, driver: str = "580.65.06") -> Gpu
 class Ns:
     """``sleep`` as the init of its own PID namespace: ``pid`` on the host, 1 inside."""
 
-    def __init__(self) -> None:
-        self.outer = subprocess.Popen(["unshare", "--pid", "--fork", "--kill-child", "sleep", "600"])
+    def __init__(self, env: Optional[Dict[str, str]] = None) -> None:
+        self.outer = subprocess.Popen(["unshare", "--pid", "--fork", "--kill-child", "sleep", "600"],
+                                      env=None if env is None else {**os.environ, **env})
         end = time.monotonic() + 10
         self.pid = 0
         while time.monotonic() < end and not self.pid:
@@ -290,6 +292,21 @@ def test_a_lock_timeout_fails_before_criu_and_leaves_the_process_running(
     assert nothing_published(engine)
 
 
+def test_a_process_on_a_mig_instance_is_refused_before_anything_is_locked(
+        fake: Fake, libs: Dict[str, Path], engine: Dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    mig = "MIG-5c89f6d3-2b2a-5b2c-9a4e-4d5e6f708192"
+    world = Ns(env={"CUDA_VISIBLE_DEVICES": mig})
+    try:
+        fake.add(world.pid)
+        with pytest.raises(snap.SnapshotError, match="run on a MIG instance; nothing was touched") as err:
+            run_checkpoint(engine, world, node_with(libs["full"], (UUID_A, H100)), None, "auto", monkeypatch)
+        assert f"pid {world.pid} runs on a MIG instance (CUDA_VISIBLE_DEVICES names {mig})" in err.value.reasons[0]
+        assert short(fake) == [] and fake.states() == {world.pid: "running"} and world.alive()
+        assert nothing_published(engine)
+    finally:
+        world.stop()
+
+
 def test_a_failed_checkpoint_call_is_rolled_back(
         fake: Fake, libs: Dict[str, Path], engine: Dict[str, Any], ns: Ns, monkeypatch: pytest.MonkeyPatch) -> None:
     fake.add(ns.pid)
@@ -492,6 +509,28 @@ def test_cpu_only_restore_never_probes_the_gpus(engine: Dict[str, Any]) -> None:
     node = GpuNode(availability=boom, inventory=boom)
     doc = {"id": "x", "name": "n", "source": dict(NODE), "targets": [{"kind": "process", "name": "p"}]}
     assert pf.preflight(engine["store"], doc, dict(NODE), False, False, gpu_node=node, cuda="auto") == []
+
+
+def test_a_node_without_host_memory_for_the_pages_and_staged_gpu_state_is_refused(
+        engine: Dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    gib = 1 << 30
+    files = [{"path": "t0/criu/pages-1.img", "size": 3 * gib}, {"path": "t0/criu/pages-2.img", "size": gib // 4},
+             {"path": "t0/criu/mm-1.img", "size": 5 * gib}, {"path": "t0/pages-3.img.txt", "size": gib}]
+    doc = {"id": "x", "name": "n", "source": dict(NODE), "targets": [{"kind": "process", "name": "p"}],
+           "files": files, "compression": {"files": {"t0/criu/pages-2.img": {"size": 2 * gib}}}}
+    assert page_bytes(doc) == 5 * gib  # page images only, at their plaintext size
+    real = proc.memory_available()
+    assert isinstance(real, int) and real > 0 and proc.memory_available("/nonexistent") is None
+    monkeypatch.setattr(proc, "memory_available", lambda meminfo="": 4 * gib)
+    problems = pf.preflight(engine["store"], doc, dict(NODE), False, False)
+    assert problems == ["memory: the snapshot's page images need 5.0 GiB of host memory, this node has 4.0 GiB "
+                        "available (MemAvailable); free memory or restore on a larger node"]
+    doc["gpu"] = section((UUID_A, H100))
+    problems = pf.preflight(engine["store"], doc, dict(NODE), False, False, cuda="auto")
+    assert "need 5.0 GiB of host memory (with the GPU memory the CUDA checkpoint staged there)" in problems[0]
+    assert pf.preflight(engine["store"], doc, dict(NODE), False, True) == []  # skip_compat_check: at the user's risk
+    monkeypatch.setattr(proc, "memory_available", lambda meminfo="": 5 * gib)
+    assert pf.preflight(engine["store"], doc, dict(NODE), False, False) == []
 
 
 def test_preflight_and_check_mode_report_gpu_reasons(fake: Fake, libs: Dict[str, Path], engine: Dict[str, Any]) -> None:
