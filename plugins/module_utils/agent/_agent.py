@@ -22,6 +22,12 @@ server has it *now*, so a stale, repeated or replayed event does nothing. Invari
 - **Refusals spend the attempt before anything is touched.** A snapshot that cannot be restored into this pod
   (another pod spec, a broken binding, conflicting annotations) is claimed and recorded RestoreIncompatible with
   every reason; the node is not asked.
+- **A store that fails for a while is not the pod's fault.** A restore that stops on a transient store error
+  (the endpoint unreachable or cut off, the server overloaded: the error's ``transient`` detail) before any
+  process was touched gives the attempt back: the claim is lifted, the annotation
+  ``snapshot.warmstart.io/restore-retry: <tries> <not before>`` says when the next event may try again (backoff
+  doubling from ``RETRY_BASE`` seconds), and the condition says it waits. After ``RETRY_LIMIT`` tries the attempt
+  is spent (RestoreFailed). A download cut off resumes from what was verified.
 - **Cold-start fallback** (pod annotation ``snapshot.warmstart.io/restore-fallback: cold-start``, or the agent's
   ``fallback`` setting): when the restore fails or is refused, the placeholder is not killed; the node writes
   ``cold-start`` into each container's snapshot-control dir, and a standby-aware entrypoint starts the app cold.
@@ -48,8 +54,13 @@ ANN_ATTEMPT = podapi.GROUP + "/restore-attempt"
 ANN_FALLBACK = podapi.ANN_RESTORE_FALLBACK
 FALLBACK_COLD_START = podapi.FALLBACK_COLD_START
 FALLBACKS = podapi.FALLBACKS
+ANN_RETRY = podapi.GROUP + "/restore-retry"
 WAITING = "waiting: "
 CLAIM_TRIES = 3
+RETRY = "retry"          # a NodeResult outcome: stopped by a transient store error, nothing touched
+RETRY_LIMIT = 5          # tries of one pod's restore the store may fail before the attempt is spent
+RETRY_BASE = 15.0        # seconds before the first retry; doubled for each later one
+RETRY_CAP = 600.0
 
 # attempt states the node reports for a claimed pod
 COMPLETE, FAILED, RUNNING, UNFINISHED = "complete", "failed", "running", "unfinished"
@@ -71,6 +82,8 @@ class Work:
     created: Optional[float] = None  # the PodSnapshot's status.createdAt (epoch s): the snapshot's age at restore
     running_since: Optional[float] = None  # when the placeholder containers were all running (epoch s)
     size: int = 0  # the PodSnapshot's status.size (bytes)
+    retries: int = 0  # earlier tries the store failed (the pod's restore-retry annotation)
+    also: List[str] = field(default_factory=list)  # the reference's condition, for a pod that speaks its contract
 
     @classmethod
     def of(cls, pod: JSON, plan: Optional[JSON], fallback: bool) -> "Work":
@@ -80,7 +93,8 @@ class Work:
         return cls(namespace=str(meta.get("namespace") or ""), name=str(meta.get("name") or ""),
                    uid=str(meta.get("uid") or ""), snapshot=str(plan.get("snapshot") or ""),
                    snapshot_id=store.get("snapshotId"), store=dict(store), pairs=list(plan.get("pairs") or []),
-                   skip_compat_check=bool(plan.get("skip_compat_check")), cold_start=fallback)
+                   skip_compat_check=bool(plan.get("skip_compat_check")), cold_start=fallback,
+                   also=pc.reference_conditions(pod))
 
 
 @dataclass
@@ -97,7 +111,9 @@ class Node(Protocol):
 
     def restore(self, work: Work) -> NodeResult:
         """Restore ``work`` into its placeholders; never raises for a failed restore (the result says it). With
-        ``work.cold_start`` a failed restore leaves the placeholders running and writes ``cold-start``."""
+        ``work.cold_start`` a failed restore leaves the placeholders running and writes ``cold-start``. A restore
+        stopped by a transient store error before anything was touched is outcome ``RETRY``, placeholders as
+        they were."""
 
     def attempt_state(self, work: Work) -> str:
         """``complete``, ``failed``, ``running`` (a restore of it holds the lock now) or ``unfinished``."""
@@ -122,9 +138,18 @@ def _containers_running(pod: JSON) -> bool:
     return bool(wanted) and all(name in running for name in wanted)
 
 
-def decide(pod: JSON, agent: str, node_name: Optional[str]) -> Tuple[str, str]:
-    """``(action, why)`` for ``pod`` as it is now: ``skip``, ``recover`` (this agent's unrecorded attempt) or
-    ``restore`` (the snapshot is looked at next). Pure."""
+def retry_of(pod: JSON) -> Tuple[int, Optional[float]]:
+    """``(tries the store failed, not before: epoch s)`` from the pod's restore-retry annotation; (0, None)."""
+    value = str(((pod.get("metadata") or {}).get("annotations") or {}).get(ANN_RETRY) or "").split()
+    try:
+        return (int(value[0]), _epoch(value[1])) if len(value) == 2 and int(value[0]) > 0 else (0, None)
+    except ValueError:
+        return 0, None
+
+
+def decide(pod: JSON, agent: str, node_name: Optional[str], at: Optional[float] = None) -> Tuple[str, str]:
+    """``(action, why)`` for ``pod`` as it is now (``at``, epoch s: now): ``skip``, ``recover`` (this agent's
+    unrecorded attempt) or ``restore`` (the snapshot is looked at next). Pure given ``at``."""
     meta = pod.get("metadata") or {}
     node = (pod.get("spec") or {}).get("nodeName")
     if meta.get("deletionTimestamp") and podapi.FINALIZER not in (meta.get("finalizers") or []):
@@ -146,6 +171,9 @@ def decide(pod: JSON, agent: str, node_name: Optional[str]) -> Tuple[str, str]:
         return "skip", "the pod is being deleted"
     if not _containers_running(pod):
         return "skip", "its containers are not all running yet"
+    tries, not_before = retry_of(pod)
+    if not_before is not None and not_before > (time.time() if at is None else at):
+        return "skip", f"the store failed {tries} time(s); the next try is not before {_stamp(not_before)}"
     return "restore", ""
 
 
@@ -175,6 +203,10 @@ def _epoch(stamp: Any) -> Optional[float]:
         return datetime.datetime.fromisoformat(str(stamp).replace("Z", "+00:00")).timestamp()
     except ValueError:
         return None
+
+
+def _stamp(epoch: float) -> str:
+    return datetime.datetime.fromtimestamp(epoch, datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def running_since(pod: JSON) -> Optional[float]:
@@ -209,13 +241,13 @@ def mark_waiting(cluster: Cluster, pod: JSON, reasons: List[str]) -> bool:
     meta = pod.get("metadata") or {}
     changed, _pod = cluster.set_pod_condition(str(meta.get("namespace")), str(meta.get("name")),
                                               podapi.RESTORE_CONDITION, "False", podapi.REASON_IN_PROGRESS,
-                                              WAITING + "; ".join(reasons))
+                                              WAITING + "; ".join(reasons), also=pc.reference_conditions(pod))
     return changed
 
 
 def _in_progress(cluster: Cluster, work: Work, node: str) -> None:
     cluster.set_pod_condition(work.namespace, work.name, podapi.RESTORE_CONDITION, "False", podapi.REASON_IN_PROGRESS,
-                              f"restoring from PodSnapshot {work.snapshot} on node {node or '?'}")
+                              f"restoring from PodSnapshot {work.snapshot} on node {node or '?'}", also=work.also)
 
 
 def settle(cluster: Cluster, work: Work, outcome: str, message: str) -> JSON:
@@ -301,6 +333,7 @@ def _try_restore(cluster: Cluster, s: Settings, pod: JSON, node: Node, check_mod
     work.created = _epoch(((snap or {}).get("status") or {}).get("createdAt"))
     work.running_since = running_since(pod)
     work.size = int(((snap or {}).get("status") or {}).get("size") or 0)
+    work.retries = retry_of(pod)[0]
     if refusal:
         return _refused(cluster, s, work, node, refusal)
     return _restore(cluster, s, work, node)
@@ -321,6 +354,11 @@ def _restore(cluster: Cluster, s: Settings, work: Work, node: Node) -> JSON:
     _in_progress(cluster, work, s.node_name or "")
     started = time.monotonic()
     result = node.restore(work)
+    if result.outcome == RETRY:
+        if work.retries + 1 < RETRY_LIMIT:
+            return _retry_later(cluster, s, work, result)
+        result = NodeResult("failed", f"{result.message}; the store failed {RETRY_LIMIT} tries, the attempt is "
+                                      f"spent; placeholder {node.give_up(work)}", result.details)
     out = {"changed": True, "action": "restored", "pod": f"{s.namespace}/{s.name}", "outcome": result.outcome,
            "message": result.message, "snapshot": work.snapshot, "seconds": round(time.monotonic() - started, 3)}
     if work.running_since is not None:  # placeholder running -> restore complete (the agent's own latency in)
@@ -331,6 +369,32 @@ def _restore(cluster: Cluster, s: Settings, work: Work, node: Node) -> JSON:
     out.update(result.details)
     out.update(settle(cluster, work, result.outcome, result.message))
     return out
+
+
+def _retry_later(cluster: Cluster, s: Settings, work: Work, result: NodeResult) -> JSON:
+    """A transient store error before anything was touched: give the attempt back, say when it is tried again."""
+    tries = work.retries + 1
+    not_before = time.time() + min(RETRY_CAP, RETRY_BASE * 2 ** (tries - 1))
+    for _try in range(CLAIM_TRIES):
+        pod = cluster.get("Pod", work.name, work.namespace)
+        meta = pod.get("metadata") or {}
+        patch = {"metadata": {"resourceVersion": meta.get("resourceVersion"),
+                              "finalizers": [f for f in meta.get("finalizers") or [] if f != podapi.FINALIZER],
+                              "annotations": {ANN_ATTEMPT: None, ANN_RETRY: f"{tries} {_stamp(not_before)}"}}}
+        try:
+            cluster.patch("Pod", work.name, patch, work.namespace)
+            break
+        except K8sError as exc:
+            if not exc.conflict:
+                raise
+    else:
+        raise K8sError(f"Pod {work.namespace}/{work.name}: its attempt could not be given back: the pod kept "
+                       "changing", "Pod")
+    why = (f"the store failed before anything was touched ({result.message}); try {tries} of {RETRY_LIMIT} failed, "
+           f"the next is not before {_stamp(not_before)}")
+    mark_waiting(cluster, pod, [why])
+    return {"changed": True, "action": "waiting", "pod": f"{s.namespace}/{s.name}", "reasons": [why],
+            "outcome": "Pending", "retry": tries, "retry_at": _stamp(not_before), "message": result.message}
 
 
 def _recover(cluster: Cluster, s: Settings, pod: JSON, node: Node, check_mode: bool) -> JSON:

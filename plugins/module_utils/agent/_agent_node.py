@@ -94,6 +94,8 @@ class LocalNode:
                                         kill_on_failure=not work.cold_start, runtime_name=self.runtime_name,
                                         criu_path=self.criu_path, **kwargs)
         except WarmstartError as exc:
+            if exc.details.get("transient"):  # the store failed before anything was touched: try again later
+                return agent.NodeResult(agent.RETRY, exc.full_message(), {})
             outcome = str(exc.details.get("outcome") or "failed")
             return self._failed(work, outcome, exc.full_message(), {"criu_log_tail": (exc.log_tail or "").splitlines()})
         except OSError as exc:

@@ -19,6 +19,10 @@ Invariants:
 - A read-modify-write (conditions, finalizers, CRDs) sends what it computed guarded by what it read
   (resourceVersion or a JSON-patch test) and reads again on a conflict, at most ``RETRIES`` times.
 - ``check_mode`` methods read and report, and never write.
+- A request the API server did not take (429 Too Many Requests, 503, no connection) is sent again after a
+  backoff (``Retry-After`` when the server gives one, else doubling from ``BACKOFF`` s), at most ``SENDS`` times
+  in all; a read (GET) also after a 500/502/504 or a lost answer. A write whose answer was lost is not resent:
+  whether it was applied is unknown, and the caller's guarded retry reads again.
 
 The domain records built on it live in ``_k8s_records`` (PodSnapshot + PodSnapshotContent),
 ``_k8s_restorepods`` and ``_k8s_summaries``, the modules' entry points in ``runners/_<module>.py`` and the
@@ -70,6 +74,11 @@ LABEL_SNAPSHOT_NAME = podapi.GROUP + "/snapshot-name"
 MERGE_PATCH = "application/merge-patch+json"
 JSON_PATCH = "application/json-patch+json"
 RETRIES = 5
+SENDS = 4                 # a request the server did not take is sent at most this often
+BACKOFF = 0.5             # seconds before the second send; doubled for each later one
+BACKOFF_CAP = 8.0
+NOT_TAKEN = (429, 503)    # the server did not process the request (priority and fairness, overload)
+READ_AGAIN = (500, 502, 504)
 
 
 class K8sError(WarmstartError):
@@ -79,6 +88,8 @@ class K8sError(WarmstartError):
                  reasons: Optional[Sequence[str]] = None, **details: Any) -> None:
         super().__init__(message, reasons, **details)
         self.what, self.status, self.reason = what, status, reason
+        self.retry_after: Optional[float] = None  # the answer's Retry-After, seconds
+        self.not_sent = False                     # no connection: the server never saw the request
 
     @property
     def not_found(self) -> bool:
@@ -168,6 +179,20 @@ def _status_message(body: Any) -> Tuple[str, str]:
     return "", ""
 
 
+def pause(seconds: float) -> None:
+    """The backoff between two sends of a request (tests record it instead)."""
+    time.sleep(seconds)
+
+
+def _retry_after(exc: Any) -> Optional[float]:
+    """The seconds of a 429/503 answer's ``Retry-After`` header (at most ``BACKOFF_CAP``); None without one."""
+    try:
+        value = float(str((getattr(exc, "headers", None) or {}).get("Retry-After")))
+    except (TypeError, ValueError):
+        return None
+    return min(BACKOFF_CAP, max(0.0, value))
+
+
 def _object(doc: Any) -> JSON:
     """A response body as the dict it must be (an empty body is an empty object)."""
     return doc if isinstance(doc, dict) else {}
@@ -185,6 +210,29 @@ class Cluster:
 
     def request(self, method: str, path: str, what: str, body: Any = None, query: Optional[Dict[str, Any]] = None,
                 content_type: Optional[str] = None) -> Any:
+        """One API call, sent again while the server did not take it (see the module's invariants)."""
+        for send in range(1, SENDS + 1):
+            try:
+                return self._send(method, path, what, body, query, content_type)
+            except K8sError as exc:
+                wait = self._again(method, exc, send)
+                if wait is None:
+                    raise
+                pause(wait)
+        raise AssertionError("unreachable")  # pragma: no cover - the last send raises or returns
+
+    @staticmethod
+    def _again(method: str, exc: K8sError, send: int) -> Optional[float]:
+        """Seconds to wait before sending again, or None: not again."""
+        if send >= SENDS:
+            return None
+        answer_lost = exc.status is None and not exc.not_sent
+        if exc.status in NOT_TAKEN or exc.not_sent or (method == "GET" and (exc.status in READ_AGAIN or answer_lost)):
+            return exc.retry_after if exc.retry_after is not None else min(BACKOFF_CAP, BACKOFF * 2 ** (send - 1))
+        return None
+
+    def _send(self, method: str, path: str, what: str, body: Any, query: Optional[Dict[str, Any]],
+              content_type: Optional[str]) -> Any:
         from kubernetes.client.exceptions import ApiException  # pylint: disable=import-outside-toplevel
         import urllib3  # pylint: disable=import-outside-toplevel
 
@@ -209,10 +257,14 @@ class Cluster:
                 text = f"{what}: forbidden ({message or 'no permission'})"
             else:
                 text = f"{what}: {message or exc.reason} ({code} {reason or exc.reason})"
-            raise K8sError(text, what, code, reason) from None
+            error = K8sError(text, what, code, reason)
+            error.retry_after = _retry_after(exc)
+            raise error from None
         except (urllib3.exceptions.HTTPError, OSError) as exc:
             cause = getattr(exc, "reason", None) or exc
-            raise K8sError(f"API server {self.host} unreachable: {cause}", what) from None
+            error = K8sError(f"API server {self.host} unreachable: {cause}", what)
+            error.not_sent = isinstance(cause, (urllib3.exceptions.NewConnectionError, ConnectionRefusedError))
+            raise error from None
 
     # paths ---------------------------------------------------------------------
 
@@ -316,8 +368,9 @@ class Cluster:
         return self.delete("Pod", name, namespace, uid)
 
     def set_pod_condition(self, namespace: str, name: str, type_: str, status: Any, reason: str, message: str,
-                          check_mode: bool = False) -> Tuple[bool, JSON]:
-        """Set one condition in the pod's status.conditions (status subresource); ``(changed, pod)``.
+                          check_mode: bool = False, also: Sequence[str] = ()) -> Tuple[bool, JSON]:
+        """Set one condition in the pod's status.conditions (status subresource); ``(changed, pod)``. The
+        condition types ``also`` get the same status, reason and message in the same write.
 
         The whole list is sent with the resourceVersion it was computed from; a concurrent change (409) is
         read again and retried.
@@ -325,7 +378,9 @@ class Cluster:
         for _attempt in range(RETRIES):
             pod = self.get_pod(namespace, name)
             conditions = (pod.get("status") or {}).get("conditions") or []
-            new = podapi.set_condition(conditions, type_, status, reason, message, now())
+            new = conditions
+            for each in [type_, *also]:
+                new = podapi.set_condition(new, each, status, reason, message, now())
             if new == conditions:
                 return False, pod
             if check_mode:

@@ -130,14 +130,16 @@ def begin_restore(cluster: Cluster, namespace: str, name: str, message: str = ""
     plan = restore_plan(cluster, pod)
     added = cluster.add_finalizer("Pod", name, podapi.FINALIZER, namespace, check_mode)
     changed, pod = cluster.set_pod_condition(namespace, name, podapi.RESTORE_CONDITION, "False", podapi.REASON_IN_PROGRESS,
-                                             message or f"restoring from PodSnapshot {plan['snapshot']}", check_mode)
+                                             message or f"restoring from PodSnapshot {plan['snapshot']}", check_mode,
+                                             also=pc.reference_conditions(pod))
     return dict(plan, changed=added or changed, pod=pod, **outcome_fields(pod))
 
 
 def restore_plan(cluster: Cluster, pod: JSON) -> JSON:
     """What the node must do for restore pod ``pod``: the artifact, and (source, destination container) pairs.
 
-    The PodSnapshot named by the pod's restore-from annotation (ours or the reference's) must be bound to its
+    The pod must be a restore pod (``_podcontract.validate``: every problem of it is a reason too); the
+    PodSnapshot named by its restore-from annotation (ours or the reference's) must be bound to its
     content (backlink uid, Ready) and taken from the pod's spec (``check_pod_spec``: the condensed pod-spec hash,
     unless the pod's skip-compat annotation says "true"); the pairs are ``restore_pairs``. Reads only.
     """
@@ -153,10 +155,10 @@ def restore_plan(cluster: Cluster, pod: JSON) -> JSON:
     if not podapi.is_dns_subdomain(source) or len(str(source)) > 253:
         raise K8sError(f"Pod {namespace}/{name}: its {podapi.ANN_RESTORE_FROM} annotation {str(source)[:80]!r} is not a "
                        "PodSnapshot name (a DNS subdomain of its own namespace)", "Pod")
+    problems = pc.validate(pod)  # the pod itself is a restore pod (placeholders, control volume, map) ...
     snap = cluster.get(podapi.KIND_SNAPSHOT, source, namespace)
-    content, problems = rec.binding_problems(cluster, snap)
-    if not problems:
-        problems = selection.check_pod_spec(snap, pod, content)
+    content, bound = rec.binding_problems(cluster, snap)  # ... and its snapshot fits it: every reason at once
+    problems += bound or selection.check_pod_spec(snap, pod, content)
     if problems:
         raise K8sError(f"Pod {namespace}/{name}: PodSnapshot {namespace}/{source} cannot be restored from",
                        "Pod", reasons=problems)
@@ -207,7 +209,8 @@ def finish_restore(cluster: Cluster, namespace: str, name: str, outcome: str, me
     if pod is None:
         raise K8sError(f"Pod {namespace}/{name} not found (deleted during its restore?)", "Pod")
     changed, pod = cluster.set_pod_condition(namespace, name, podapi.RESTORE_CONDITION, status, reason,
-                                             message or outcome.replace("_", " "), check_mode)
+                                             message or outcome.replace("_", " "), check_mode,
+                                             also=pc.reference_conditions(pod))
     removed = cluster.remove_finalizer("Pod", name, podapi.FINALIZER, namespace, check_mode)
     if removed and not check_mode:
         pod = cluster.find("Pod", name, namespace) or pod

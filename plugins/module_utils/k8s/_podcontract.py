@@ -409,6 +409,19 @@ def restore_destinations(pod: Dict[str, Any]) -> List[str]:
     return sorted({dst for _src, dst in pairs}) if pairs else [str(n) for n in container_names(spec) if n]
 
 
+def reference_conditions(pod: Any) -> List[str]:
+    """``[nvidia.com/Restored]`` for a pod that speaks the reference contract (one of its annotations, or its
+    condition already there), so that tools written for it see the outcome too; else ``[]``."""
+    try:
+        meta = podapi.pod_parts(pod)[0]
+    except podapi.ContractError:
+        return []
+    refs = {theirs for _mine, theirs in podapi.ANNOTATION_ALIASES}
+    if refs & set(annotations_of(meta)) or podapi.get_condition(pod, podapi.REF_RESTORE_CONDITION):
+        return [podapi.REF_RESTORE_CONDITION]
+    return []
+
+
 def restore_condition(pod: Any) -> Optional[Dict[str, Any]]:
     """The pod's restore condition: ours (``Restored``), else the reference's (``nvidia.com/Restored``); None."""
     return podapi.get_condition(pod, podapi.RESTORE_CONDITION) or podapi.get_condition(pod, podapi.REF_RESTORE_CONDITION)

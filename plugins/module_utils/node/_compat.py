@@ -48,14 +48,15 @@ def incompatibilities(source: Dict[str, Any], target: Dict[str, Any]) -> List[st
 
 def page_bytes(doc: Dict[str, Any]) -> int:
     """The bytes of memory a snapshot's page images hold once restored (plaintext sizes where compressed)."""
-    compression = doc.get("compression") if isinstance(doc.get("compression"), dict) else {}
-    plain = compression.get("files") if isinstance(compression.get("files"), dict) else {}
+    compression: Dict[str, Any] = doc["compression"] if isinstance(doc.get("compression"), dict) else {}
+    plain: Dict[str, Any] = compression["files"] if isinstance(compression.get("files"), dict) else {}
     total = 0
     for entry in doc.get("files") or []:
         path = str(entry.get("path") or "") if isinstance(entry, dict) else ""
         name = path.rsplit("/", 1)[-1]
         if name.startswith("pages-") and name.endswith(".img"):
-            size = (plain.get(path) or {}).get("size", entry.get("size"))
+            known = plain.get(path)
+            size = known.get("size") if isinstance(known, dict) else entry.get("size")
             total += size if isinstance(size, int) and not isinstance(size, bool) else 0
     return total
 

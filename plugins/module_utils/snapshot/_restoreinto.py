@@ -418,9 +418,11 @@ def restore_into(store: Store, into: Any, snapshot_id: Optional[str] = None, nam
     The result's ``outcome`` is computed here, once: over the destinations on
     return; on a raise, in the error's details - ``incompatible`` when the
     snapshot does not fit this node (refused before any container is touched),
-    ``failed`` otherwise.
+    ``failed`` otherwise; the detail ``transient`` (a store error a later try
+    may not meet, ``_s3bucket``) is kept only while no container was touched.
     """
     t_start = time.monotonic()
+    touching = False
     try:
         if tcpm.invalid(tcp):
             raise snap.SnapshotError(str(tcpm.invalid(tcp)))
@@ -438,9 +440,12 @@ def restore_into(store: Store, into: Any, snapshot_id: Optional[str] = None, nam
         gpu = ph.GpuCheck(doc.get("gpu"), gpu_node, skip_compat)
         checked = [gpu.check(*ph.check_destination(runtime, sources[src], dst, skip_image_check)) for src, dst in pairs]
         copying = bool(getattr(store, "reads_in_place", False) and verify)
+        touching = not check_mode  # from here an error may come after a placeholder was touched
         results = [_destination(runtime, criu, store, doc, d, problems, options, restore_root, kill_on_failure,
                                 skip_image_check, check_mode, tcp, gpu, copying) for d, problems in checked]
     except WarmstartError as exc:
+        if touching:  # "transient" (a store error a later try may not meet) only while nothing was touched
+            exc.details.pop("transient", None)
         raise exc.with_details(outcome=exc.details.get("outcome", "failed"))
     return {"id": doc["id"], "name": doc["name"], "outcome": _outcome(results), "destinations": results,
             "timings": {"total": round(time.monotonic() - t_start, 3)}, "passed_over": passed_over}

@@ -77,6 +77,13 @@ def sse_settings(sse: Optional[str] = None, kms_key_id: Optional[str] = None,
     return upload, {}
 
 
+# What a later try may not meet (details ``transient``: the agent tries again without spending a pod's attempt):
+# the endpoint unreachable or cut off mid-stream, the server overloaded or failing.
+UNREACHABLE = ("EndpointConnectionError", "ConnectTimeoutError", "ConnectionClosedError")
+CUT_OFF = ("ReadTimeoutError", "IncompleteReadError", "ResponseStreamingError", "ProtocolError")
+TRANSIENT_CODES = ("500", "502", "503", "504", "InternalError", "ServiceUnavailable", "SlowDown", "RequestTimeout")
+
+
 class S3Bucket:
     """An S3-compatible bucket (AWS, MinIO, Ceph RGW, ...) at ``url`` (``s3://bucket[/prefix]``)."""
 
@@ -136,13 +143,14 @@ class S3Bucket:
         }.get(code)
         name = type(exc).__name__
         if text is None:
-            if name in ("EndpointConnectionError", "ConnectTimeoutError", "ConnectionClosedError"):
+            if name in UNREACHABLE:
                 text = f"cannot reach the endpoint {self.endpoint_url or 'of AWS S3'} ({exc})"
             elif name == "NoCredentialsError":
                 text = "no credentials found (set AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY or a profile)"
             else:
                 text = str(exc)
-        return StoreError(f"store {self.root}: {what}: {text}")
+        transient = code in TRANSIENT_CODES or name in UNREACHABLE or name in CUT_OFF or isinstance(exc, OSError)
+        return StoreError(f"store {self.root}: {what}: {text}", transient=transient)
 
     def _call(self, what: str, func: Callable[..., Any], **kwargs: Any) -> Any:
         try:

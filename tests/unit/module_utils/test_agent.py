@@ -15,11 +15,13 @@ import pytest
 import yaml
 
 from ansible_collections.warmstart.snapshot.plugins.module_utils.agent import _agent as agent
+from ansible_collections.warmstart.snapshot.plugins.module_utils.agent import _agent_node as an
 from ansible_collections.warmstart.snapshot.plugins.module_utils.k8s import _k8s_client as k8s
 from ansible_collections.warmstart.snapshot.plugins.module_utils.k8s import _k8s_records as rec
 from ansible_collections.warmstart.snapshot.plugins.module_utils.k8s import _podapi as podapi
 from ansible_collections.warmstart.snapshot.plugins.module_utils.k8s import _podbuild as podbuild
 from ansible_collections.warmstart.snapshot.plugins.module_utils.k8s import _podcontract as pc
+from ansible_collections.warmstart.snapshot.plugins.module_utils.store._store import StoreError
 from tests.support import fake_apiserver as fake_server_module
 from tests.support.fake_apiserver import FakeApiServer
 
@@ -267,3 +269,118 @@ def test_a_pod_that_selects_at_restore_gets_the_newest_fitting_snapshot_pinned(f
     assert (out["action"], out["outcome"], out["snapshot"]) == ("restored", "succeeded", "snap-a")
     pod = fake_apiserver.store.get("pods", "r-sel", "default")
     assert pod["metadata"]["annotations"][podapi.ANN_RESTORE_FROM] == "snap-a"
+
+
+class FlakyStoreNode(FakeNode):
+    """A node whose store fails (transiently) the first ``failures`` restores, before anything is touched."""
+
+    def __init__(self, failures: int) -> None:
+        super().__init__()
+        self.failures = failures
+
+    def restore(self, work: agent.Work) -> agent.NodeResult:
+        with self.lock:
+            self.restored.append(work)
+        if len(self.restored) <= self.failures:
+            return agent.NodeResult(agent.RETRY, "store s3://snaps: downloading pages-1.img: cannot reach the endpoint")
+        return agent.NodeResult("succeeded", "node says succeeded")
+
+
+def _due_now(server: FakeApiServer, name: str) -> None:
+    """The retry annotation's time has come (as after the backoff)."""
+    pod = server.store.get("pods", name, "default")
+    tries = pod["metadata"]["annotations"][agent.ANN_RETRY].split()[0]
+    pod["metadata"]["annotations"][agent.ANN_RETRY] = f"{tries} 2026-01-01T00:00:00Z"
+    server.store.put("pods", pod, group="")
+
+
+def test_a_store_that_fails_for_a_while_gives_the_attempt_back_with_backoff(fake_apiserver: FakeApiServer) -> None:
+    _snapshot(fake_apiserver)
+    _restore_pod(fake_apiserver, "r-s")
+    node = FlakyStoreNode(failures=2)
+    cluster = _cluster(fake_apiserver)
+    out = agent.restore_pod(cluster, _settings("r-s"), node)
+    assert (out["action"], out["outcome"], out["retry"]) == ("waiting", "Pending", 1)
+    assert "cannot reach the endpoint" in out["reasons"][0] and "try 1 of 5 failed" in out["reasons"][0]
+    pod = fake_apiserver.store.get("pods", "r-s", "default")
+    assert agent.ANN_ATTEMPT not in pod["metadata"]["annotations"], "the attempt is given back"
+    assert podapi.FINALIZER not in (pod["metadata"].get("finalizers") or [])
+    assert pod["metadata"]["annotations"][agent.ANN_RETRY] == f"1 {out['retry_at']}"
+    cond = _condition(fake_apiserver, "r-s")
+    assert (cond["status"], cond["reason"]) == ("False", podapi.REASON_IN_PROGRESS)
+    assert cond["message"].startswith("waiting: the store failed before anything was touched")
+    # an event before the backoff ends does nothing
+    early = agent.restore_pod(cluster, _settings("r-s"), node)
+    assert early["action"] == "skipped" and "the next try is not before" in early["reason"]
+    assert len(node.restored) == 1
+    _due_now(fake_apiserver, "r-s")
+    out = agent.restore_pod(cluster, _settings("r-s"), node)
+    assert (out["action"], out["retry"]) == ("waiting", 2)
+    second, first = agent.retry_of(fake_apiserver.store.get("pods", "r-s", "default"))[1], agent.time.time()
+    assert second is not None and second - first > agent.RETRY_BASE * 1.5, "the backoff doubles"
+    _due_now(fake_apiserver, "r-s")
+    out = agent.restore_pod(cluster, _settings("r-s"), node)
+    assert (out["action"], out["outcome"]) == ("restored", "succeeded")
+    assert len(node.restored) == 3 and not node.given_up
+    assert (_condition(fake_apiserver, "r-s")["reason"]) == podapi.REASON_SUCCEEDED
+
+
+def test_a_store_that_keeps_failing_spends_the_attempt_after_the_limit(fake_apiserver: FakeApiServer) -> None:
+    _snapshot(fake_apiserver)
+    _restore_pod(fake_apiserver, "r-f")
+    node = FlakyStoreNode(failures=99)
+    for n in range(1, agent.RETRY_LIMIT):
+        out = agent.restore_pod(_cluster(fake_apiserver), _settings("r-f"), node)
+        assert (out["action"], out["retry"]) == ("waiting", n)
+        _due_now(fake_apiserver, "r-f")
+    out = agent.restore_pod(_cluster(fake_apiserver), _settings("r-f"), node)
+    assert (out["action"], out["outcome"], out["recorded"]) == ("restored", "failed", True)
+    assert f"the store failed {agent.RETRY_LIMIT} tries, the attempt is spent; placeholder main: killed" in out["message"]
+    assert len(node.restored) == agent.RETRY_LIMIT and len(node.given_up) == 1
+    assert _condition(fake_apiserver, "r-f")["reason"] == podapi.REASON_FAILED
+    assert agent.decide(fake_apiserver.store.get("pods", "r-f", "default"), "node-1", "node-1")[0] == "skip"
+
+
+def test_the_node_side_turns_a_transient_store_error_into_a_retry_and_leaves_the_placeholders(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    raised: List[StoreError] = []
+
+    def restore_into(*args: Any, **kwargs: Any) -> Dict[str, Any]:
+        raise raised[0]
+
+    monkeypatch.setattr(an.rinto, "restore_into", restore_into)
+    monkeypatch.setattr(an, "open_store", lambda url, options: object())
+    node = an.LocalNode()
+    monkeypatch.setattr(node, "_container_id", lambda work, pair: "c" * 64)
+    gave_up: List[str] = []
+    monkeypatch.setattr(node, "give_up", lambda work: gave_up.append(work.name) or "started cold")
+    work = agent.Work("default", "r-0", "uid", "snap-a", "id", {"url": "s3://snaps"},
+                      [{"container": "main", "source": "main"}], cold_start=True)
+    raised[:] = [StoreError("store s3://snaps: checking the bucket: cannot reach the endpoint", transient=True)]
+    result = node.restore(work)
+    assert (result.outcome, result.message) == (agent.RETRY, str(raised[0])) and gave_up == []
+    raised[:] = [StoreError("store s3://snaps: snapshot id: not found")]
+    result = node.restore(work)
+    assert result.outcome == "failed" and gave_up == ["r-0"]  # not transient: spent, started cold
+
+
+def test_a_pod_that_speaks_the_reference_contract_gets_its_condition_too(fake_apiserver: FakeApiServer) -> None:
+    _snapshot(fake_apiserver)
+    template = {"metadata": {"labels": {"app": "embed"}}, "spec": {"containers": [dict(SOURCE[0])]}}
+    built = podbuild.build(template, "snap-a")
+    ours = built["metadata"]["annotations"]
+    for mine, theirs in podapi.ANNOTATION_ALIASES:  # only the reference's names on this pod
+        if mine in ours:
+            ours[theirs] = ours.pop(mine)
+    fake_apiserver.add_pod("r-ref", containers=built["spec"]["containers"], spec=dict(built["spec"]), node="node-1",
+                           labels={"app": "embed"}, annotations=ours, phase="Running")
+    _restore_pod(fake_apiserver, "r-own")
+    for name in ("r-ref", "r-own"):
+        out = agent.restore_pod(_cluster(fake_apiserver), _settings(name), FakeNode())
+        assert (out["action"], out["outcome"]) == ("restored", "succeeded")
+    ref = fake_apiserver.store.get("pods", "r-ref", "default")
+    both = [podapi.get_condition(ref, t) for t in (podapi.RESTORE_CONDITION, podapi.REF_RESTORE_CONDITION)]
+    assert all(c and (c["status"], c["reason"]) == ("True", podapi.REASON_SUCCEEDED) for c in both), both
+    assert both[0]["message"] == both[1]["message"]
+    own = fake_apiserver.store.get("pods", "r-own", "default")
+    assert podapi.get_condition(own, podapi.REF_RESTORE_CONDITION) is None  # ours only: nothing else written

@@ -189,3 +189,21 @@ def test_an_inert_placeholder_and_its_pids(world: Dict[str, Any], monkeypatch: p
     shared = ph._pid_problems(_info(), {"ns_pids": [2]}, pod)
     assert "not inert" in shared[0] and "4 (leftover)" in shared[0] and "sidecar" not in shared[0]
     assert "PID 2" in shared[1] and "taken by sleep" in shared[1] and "init container" in shared[1]
+
+
+def test_a_transient_store_error_is_transient_only_while_nothing_was_touched(
+        engine: Dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    def unreachable(*args: Any, **kwargs: Any) -> List[str]:
+        raise ctr.snap.SnapshotError("store s3://snaps: downloading app/criu/pages-1.img: cannot reach the endpoint",
+                                     transient=True)
+
+    monkeypatch.setattr(rinto.ck, "verify_local", unreachable)
+    with pytest.raises(WarmstartError) as err:
+        rinto.restore_into(object(), "app=ph", snapshot_id=DOC["id"])
+    assert err.value.details == {"transient": True, "outcome": "failed"}  # the agent may try again
+
+    monkeypatch.setattr(rinto.ck, "verify_local", lambda *a, **kw: [])
+    monkeypatch.setattr(rinto, "_destination", unreachable)  # raised once a placeholder may have been touched
+    with pytest.raises(WarmstartError) as err:
+        rinto.restore_into(object(), "app=ph", snapshot_id=DOC["id"])
+    assert err.value.details == {"outcome": "failed"}

@@ -37,10 +37,10 @@ def test_file_mismatches_name_each_file_and_hint_at_node_local_ones(tmp_path: Pa
     same.write_bytes(b"x" * 10)
     other = tmp_path / "model.bin"
     other.write_bytes(b"y" * 5)
-    got = proc.file_mismatches({str(same): 10, str(other): 7, "/tmp/hsperfdata_root/1": 32768,
+    got = proc.file_mismatches({str(same): 10, str(other): 7, "/tmp/hsperfdata_root/999999999": 32768,
                                 "/dev/shm/psm_1234": 4096, str(tmp_path / "gone.so"): 3})
     assert got[0].startswith("file /dev/shm/psm_1234: missing on this node; a shared-memory file"), got
-    jvm = next(r for r in got if r.startswith("file /tmp/hsperfdata_root/1: "))
+    jvm = next(r for r in got if r.startswith("file /tmp/hsperfdata_root/999999999: "))
     assert "missing on this node; a JVM's performance-data file" in jvm and "-XX:-UsePerfData" in jvm, jvm
     assert f"file {tmp_path / 'gone.so'}: missing on this node" in got
     assert f"file {other}: 5 bytes on this node, 7 at checkpoint (different software)" in got

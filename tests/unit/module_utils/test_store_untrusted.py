@@ -322,6 +322,7 @@ sys.path.insert(0, sys.argv[1])
 from ansible_collections.warmstart.snapshot.plugins.module_utils.core import _restorer as rst
 out = sys.argv[2]
 def slow_restore():
+    open(out + ".started", "w").close()
     time.sleep(1.5)   # the caller is SIGKILLed meanwhile
     return 31337
 rst.restore_recorded(slow_restore, lambda pid: open(out, "w").write(str(pid)), RuntimeError)
@@ -332,7 +333,11 @@ def test_a_killed_caller_still_gets_its_tree_recorded(tmp_path: Path) -> None:
     record = tmp_path / "pidfile"
     collections = str(Path(__file__).resolve().parents[3] / ".collections")
     caller = subprocess.Popen([sys.executable, "-c", CALLER, collections, str(record)])
-    time.sleep(0.5)
+    started = Path(f"{record}.started")
+    end = time.monotonic() + 30
+    while not started.exists() and time.monotonic() < end and caller.poll() is None:
+        time.sleep(0.02)
+    assert started.exists(), "the restore never started"
     caller.send_signal(signal.SIGKILL)
     caller.wait()
     end = time.monotonic() + 10
