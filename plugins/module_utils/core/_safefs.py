@@ -24,12 +24,12 @@ Pure stdlib.
 """
 from __future__ import annotations
 
-import contextlib
 import os
+import re
+import secrets
 import shutil
 import stat
-import threading
-from typing import Iterable, Iterator, Optional, Tuple
+from typing import Callable, Iterable, Optional, Tuple
 
 from ansible_collections.warmstart.snapshot.plugins.module_utils.core._errors import WarmstartError
 
@@ -83,29 +83,61 @@ def open_source(src: str, within: Iterable[str] = ()) -> int:
     return os.open(src, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
 
 
-@contextlib.contextmanager
-def _fresh_temp(dfd: int, tmp: str) -> Iterator[int]:
-    """A new file ``tmp`` in the directory ``dfd`` (a stale one of this process's name removed first), created
-    ``O_EXCL|O_NOFOLLOW`` with mode 0600; the caller closes it. Removed again when the block fails."""
-    try:
-        os.unlink(tmp, dir_fd=dfd)
-    except FileNotFoundError:
-        pass
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=dfd)
-    try:
-        yield fd
-    except BaseException:
+PLACE_TRIES = 5  # a temporary file someone removed or replaced before it was renamed into place: tried again
+TEMP_RE = re.compile(r"\..+\.ws-[0-9a-f]{16}")
+
+
+def is_temp(name: str) -> bool:
+    """Whether ``name`` (a file name) is one of ``_place``'s temporary files: never a file of its own."""
+    return TEMP_RE.fullmatch(os.path.basename(name)) is not None
+
+
+def _place(dfd: int, name: str, where: str, fill: Callable[[int], None],
+           before_rename: Optional[Callable[[], None]] = None) -> None:
+    """Write a file into the directory ``dfd`` as ``name``, atomically: a temporary file of a random name created
+    ``O_EXCL|O_NOFOLLOW`` (mode 0600), ``fill``-ed through its descriptor, renamed over ``name`` (a symlink there is
+    replaced itself, never followed). In a directory others can write, the temporary file may be removed or
+    replaced before the rename, and ``name`` replaced right after it: each is noticed (the rename fails, or the
+    inode at ``name`` is not the one written) and the whole write is tried again, ``PLACE_TRIES`` times, before
+    ``UnsafePath`` says so. ``before_rename`` runs once, before the first rename."""
+    for _try in range(PLACE_TRIES):
+        tmp = f".{name}.ws-{secrets.token_hex(8)}"
         try:
-            os.unlink(tmp, dir_fd=dfd)
-        except OSError:
-            pass
-        raise
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=dfd)
+        except FileExistsError:
+            continue
+        try:  # the file stays open until it was seen in place: its inode number cannot be another file's meanwhile
+            try:
+                fill(fd)
+                mine = os.fstat(fd)
+                if before_rename is not None:
+                    before_rename()
+                    before_rename = None
+                os.rename(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd)
+            except FileNotFoundError:
+                continue  # the temporary file was removed before the rename
+            except BaseException:
+                try:
+                    os.unlink(tmp, dir_fd=dfd)
+                except OSError:
+                    pass
+                raise
+            try:
+                there = os.lstat(name, dir_fd=dfd)
+            except FileNotFoundError:
+                continue
+            if (there.st_dev, there.st_ino) == (mine.st_dev, mine.st_ino):
+                return
+        finally:
+            os.close(fd)
+    raise UnsafePath(16, f"{where}: the file written there was removed or replaced before it was in place, "
+                         f"{PLACE_TRIES} times (someone else writes that directory); gave up")
 
 
 def copy_into(base: str, rel: str, src: str, mode: int, keep_old_suffix: Optional[str] = None,
               src_within: Iterable[str] = ()) -> str:
     """Copy ``src`` (a regular file; a symlink only when it resolves inside ``src_within``) to ``base/rel``,
-    mode ``mode & 0o777``.
+    mode ``mode & 0o777`` (``_place``: atomic, tried again when someone removes or replaces it meanwhile).
 
     With ``keep_old_suffix``, an existing ``rel`` is first renamed to ``rel + keep_old_suffix``.
     Returns the destination path.
@@ -117,20 +149,22 @@ def copy_into(base: str, rel: str, src: str, mode: int, keep_old_suffix: Optiona
         with os.fdopen(sfd, "rb") as source:
             if not stat.S_ISREG(os.fstat(source.fileno()).st_mode):
                 raise UnsafePath(22, f"{src}: not a regular file")
-            tmp = f".{name}.restore-tmp-{os.getpid()}"
-            with _fresh_temp(dfd, tmp) as out:
-                with os.fdopen(out, "wb") as dest:
+
+            def fill(out: int) -> None:
+                source.seek(0)
+                with os.fdopen(os.dup(out), "wb") as dest:
                     shutil.copyfileobj(source, dest, 4 << 20)
                     os.fchmod(dest.fileno(), mode & 0o777)
-                if keep_old_suffix:
-                    try:
-                        info = os.lstat(name, dir_fd=dfd)
-                        if stat.S_ISREG(info.st_mode):
-                            os.rename(name, name + keep_old_suffix, src_dir_fd=dfd, dst_dir_fd=dfd)
-                    except FileNotFoundError:
-                        pass
-                # replaces a symlink named ``name`` itself, never its target
-                os.rename(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd)
+
+            def keep_old() -> None:
+                try:
+                    info = os.lstat(name, dir_fd=dfd)
+                    if stat.S_ISREG(info.st_mode):
+                        os.rename(name, name + str(keep_old_suffix), src_dir_fd=dfd, dst_dir_fd=dfd)
+                except FileNotFoundError:
+                    pass
+
+            _place(dfd, name, os.path.join(base, rel), fill, keep_old if keep_old_suffix else None)
     finally:
         os.close(dfd)
     return os.path.join(base, rel)
@@ -159,26 +193,24 @@ def _checked(fd: int, where: str) -> int:
 
 def write_file(path: str, data: bytes, mode: int = 0o600, owner: Optional[Tuple[int, int]] = None,
                sync: bool = False, create_dirs: bool = False) -> str:
-    """Replace ``path`` atomically: a temporary file created ``O_EXCL|O_NOFOLLOW`` in its directory (opened without
-    following a symlink), written, ``fchmod`` (and ``fchown`` to ``owner``), renamed over the name. A symlink
-    there is replaced itself, never followed. Returns ``path``."""
+    """Replace ``path`` atomically (``_place``): a temporary file created ``O_EXCL|O_NOFOLLOW`` in its directory
+    (opened without following a symlink), written, ``fchmod`` (and ``fchown`` to ``owner``), renamed over the name.
+    A symlink there is replaced itself, never followed. Returns ``path``."""
     base, name = os.path.split(path)
     dfd = open_dir(base, create=False) if not create_dirs else open_dir("/", base.lstrip("/"), create=True)
-    tmp = f".{name}.tmp-{os.getpid()}-{threading.get_ident()}"
+
+    def fill(fd: int) -> None:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
+        os.fchmod(fd, mode & 0o777)
+        if owner is not None:
+            os.fchown(fd, owner[0], owner[1])
+        if sync:
+            os.fsync(fd)
+
     try:
-        with _fresh_temp(dfd, tmp) as fd:
-            try:
-                view = memoryview(data)
-                while view:
-                    view = view[os.write(fd, view):]
-                os.fchmod(fd, mode & 0o777)
-                if owner is not None:
-                    os.fchown(fd, owner[0], owner[1])
-                if sync:
-                    os.fsync(fd)
-            finally:
-                os.close(fd)
-            os.rename(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd)
+        _place(dfd, name, path, fill)
     finally:
         os.close(dfd)
     return path

@@ -35,6 +35,7 @@ from ansible_collections.warmstart.snapshot.plugins.module_utils.accel import _c
 from ansible_collections.warmstart.snapshot.plugins.module_utils.snapshot import _gpuhooks as gh
 from ansible_collections.warmstart.snapshot.plugins.module_utils.snapshot import _guardian as grd
 from ansible_collections.warmstart.snapshot.plugins.module_utils.core import _iouring as iou
+from ansible_collections.warmstart.snapshot.plugins.module_utils.core import _safefs as safefs
 from ansible_collections.warmstart.snapshot.plugins.module_utils.criu import _lazy as lz
 from ansible_collections.warmstart.snapshot.plugins.module_utils.store import _manifest as mf
 from ansible_collections.warmstart.snapshot.plugins.module_utils.criu import _mountns as mns
@@ -182,7 +183,7 @@ def _copy_workload_files(target: snap.Target, dest: str) -> List[Dict[str, Any]]
     p = wl.paths(target.workloads_root, target.workload or "")
     out = []
     for rel in ck.walk_files(p["dir"]):
-        if rel in ("pid", "pid.tmp") or rel.endswith(".tmp") or ".tmp-" in rel:
+        if rel in ("pid", "pid.tmp") or rel.endswith(".tmp") or ".tmp-" in rel or safefs.is_temp(rel):
             continue
         src = os.path.join(p["dir"], rel)
         dst = os.path.join(dest, rel)

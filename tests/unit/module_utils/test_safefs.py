@@ -83,3 +83,35 @@ def test_set_mode_and_lock_down_never_follow(tmp_path: Path, secret: Path) -> No
     os.chmod(secret, 0o640)
     safefs.lock_down_tree(str(top))
     assert stat.S_IMODE(secret.stat().st_mode) == 0o640, "a symlink in the tree changed its target's mode"
+
+
+def test_a_temporary_file_removed_or_a_result_replaced_by_a_racer_is_written_again(
+        tmp_path: Path, secret: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    box = tmp_path / "box"
+    box.mkdir()
+    real_rename = os.rename
+    calls = {"n": 0}
+
+    def remove_first_temp(src: str, dst: str, **kw: int) -> None:
+        calls["n"] += 1
+        if calls["n"] == 1:  # the racer removes the first temporary file just before it is renamed
+            os.unlink(src, dir_fd=kw["src_dir_fd"])
+        real_rename(src, dst, **kw)
+
+    monkeypatch.setattr(safefs.os, "rename", remove_first_temp)
+    safefs.write_file(str(box / "ready"), b"mine")
+    assert (box / "ready").read_bytes() == b"mine" and calls["n"] == 2
+    assert os.listdir(box) == ["ready"], "no temporary file left"
+
+    def swap_after(src: str, dst: str, **kw: int) -> None:
+        real_rename(src, dst, **kw)
+        os.unlink(dst, dir_fd=kw["dst_dir_fd"])  # the racer puts its own link in place at once, every time
+        os.symlink(secret, dst, dir_fd=kw["dst_dir_fd"])
+
+    monkeypatch.setattr(safefs.os, "rename", swap_after)
+    with pytest.raises(safefs.UnsafePath, match=r"removed or replaced before it was in place, 5 times"):
+        safefs.write_file(str(box / "ready"), b"again")
+    with pytest.raises(safefs.UnsafePath, match="someone else writes that directory"):
+        safefs.copy_into(str(box), "copied", str(secret), 0o644)
+    assert secret.read_bytes() == b"root's\n" and sorted(os.listdir(box)) == ["copied", "ready"]
+    assert safefs.is_temp(".ready.ws-0123456789abcdef") and not safefs.is_temp("ready.ws-0123456789abcdef")
