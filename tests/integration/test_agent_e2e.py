@@ -49,7 +49,8 @@ class Agent:
             "warmstart_become": False}}}}))
         (tmp / "vars.yml").write_text(yaml.safe_dump({
             "warmstart_k8s_auth": {"kubeconfig": str(kubeconfig)}, "warmstart_namespaces": [NS],
-            "warmstart_agent_fallback": "none", "warmstart_resync_seconds": 5, "warmstart_metrics_dir": str(metrics),
+            "warmstart_agent_fallback": "none", "warmstart_resync_seconds": 5, "warmstart_retention_seconds": 3,
+            "warmstart_metrics_dir": str(metrics),
             "warmstart_metrics_port": port, "warmstart_capture_attempts": 2}))
 
     def start(self) -> "Agent":
@@ -125,19 +126,19 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Dict[str, Any]]:
         lab.cleanup()
 
 
-def request(c: Dict[str, Any], name: str) -> None:
+def request(c: Dict[str, Any], name: str, policy: str = "embed-store") -> None:
     """A user asks for a snapshot of the source pod: a PodSnapshot with no content (through the policy's store)."""
     k8s.cluster_from({"kubeconfig": str(c["kubeconfig"])}).create(podapi.KIND_SNAPSHOT, {
         "apiVersion": podapi.API_VERSION, "kind": podapi.KIND_SNAPSHOT, "metadata": {"name": name, "namespace": NS},
-        "spec": {"source": {"podRef": {"name": "embed-0"}, "containers": ["main"]}, "policyName": "embed-store"}}, NS)
+        "spec": {"source": {"podRef": {"name": "embed-0"}, "containers": ["main"]}, "policyName": policy}}, NS)
 
 
 def snapshot(c: Dict[str, Any], name: str) -> Dict[str, Any]:
     return c["api"].store.get("podsnapshots", name, NS, group=podapi.GROUP) or {}
 
 
-def ready_snapshot(c: Dict[str, Any], name: str) -> Dict[str, Any]:
-    request(c, name)
+def ready_snapshot(c: Dict[str, Any], name: str, policy: str = "embed-store") -> Dict[str, Any]:
+    request(c, name, policy)
     return dict(wait_for(f"PodSnapshot {name} Ready", lambda: podapi.is_ready(snapshot(c, name)) and snapshot(c, name),
                          240, c["agent"]))
 
@@ -320,3 +321,29 @@ def test_a_workload_policy_captures_its_source_once_it_is_ready(world: Dict[str,
     time.sleep(world["resync"] * 2)
     assert len([s for s in world["api"].store.list("podsnapshots", NS, group=podapi.GROUP)
                 if s["spec"].get("policyName") == "embed-auto"]) == 1, "one request per pod incarnation"
+
+
+def test_the_agent_keeps_a_policys_group_limit_as_snapshots_come(world: Dict[str, Any]) -> None:
+    """A policy keeps 1 snapshot per group: once a newer one is Ready, the agent's retention removes the older one,
+    its record and its store snapshot, on its own (no playbook run by anyone)."""
+    world["api"].store.put("podsnapshotpolicies", {
+        "apiVersion": podapi.API_VERSION, "kind": podapi.KIND_POLICY, "metadata": {"name": "embed-keep1", "namespace": NS},
+        "spec": {"selector": {"matchLabels": {"app": "embed-none"}}, "storeUrl": str(world["lab"].store),
+                 "triggerConfig": {"type": "manual", "postCheckpoint": "resume"},
+                 "snapshotGroupingRules": {"groupRetentionPolicy": {"maxSnapshotCountPerGroup": 1}}}},
+        group=podapi.GROUP)
+    cluster = k8s.cluster_from({"kubeconfig": str(world["kubeconfig"])})
+
+    def store_id(name: str) -> str:
+        snap = snapshot(world, name)
+        content = cluster.get(podapi.KIND_CONTENT, snap["status"]["boundSnapshotContentName"])
+        return str(content["spec"]["store"]["snapshotId"])
+
+    ready_snapshot(world, "keep-old", "embed-keep1")
+    old = store_id("keep-old")
+    ready_snapshot(world, "keep-new", "embed-keep1")
+    new = store_id("keep-new")
+    wait_for("the older snapshot removed by retention", lambda: not snapshot(world, "keep-old"), 120, world["agent"])
+    assert not (world["lab"].store / "snapshots" / old).exists(), "its store snapshot went with it"
+    assert (world["lab"].store / "snapshots" / new).exists() and podapi.is_ready(snapshot(world, "keep-new"))
+    assert "agent_retention" in world["agent"].output()

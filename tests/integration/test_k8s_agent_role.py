@@ -30,14 +30,15 @@ RBAC = "rbac.authorization.k8s.io"
 NAMESPACED_RULES = [
     {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch", "patch"]},
     {"apiGroups": [""], "resources": ["pods/status"], "verbs": ["patch"]},
-    {"apiGroups": [GROUP], "resources": ["podsnapshots"], "verbs": ["get", "list", "watch", "create", "patch"]},
+    {"apiGroups": [GROUP], "resources": ["podsnapshots"],
+     "verbs": ["get", "list", "watch", "create", "patch", "delete"]},
     {"apiGroups": [GROUP], "resources": ["podsnapshots/status"], "verbs": ["patch"]},
     {"apiGroups": [GROUP], "resources": ["podsnapshotpolicies"], "verbs": ["get", "list", "watch"]},
     {"apiGroups": [GROUP], "resources": ["podsnapshotmanualtriggers"], "verbs": ["get", "list", "watch"]},
     {"apiGroups": [GROUP], "resources": ["podsnapshotmanualtriggers/status"], "verbs": ["patch"]},
 ]
 CLUSTER_RULES = [
-    {"apiGroups": [GROUP], "resources": ["podsnapshotcontents"], "verbs": ["get", "list", "create"]},
+    {"apiGroups": [GROUP], "resources": ["podsnapshotcontents"], "verbs": ["get", "list", "create", "delete"]},
     {"apiGroups": [GROUP], "resources": ["podsnapshotcontents/status"], "verbs": ["patch"]},
     {"apiGroups": [GROUP], "resources": ["podsnapshotstorageconfigs"], "verbs": ["get"]},
 ]
@@ -129,13 +130,15 @@ def test_deploys_least_privilege_rbac_and_the_daemonset_then_changes_nothing(api
     every_rule = [r for role in api.store.list("clusterroles", group=RBAC) + api.store.list("roles", group=RBAC)
                   for r in role["rules"]]
     assert not [r for r in every_rule if {"secrets", "configmaps"} & set(r["resources"]) and not r.get("resourceNames")]
-    assert not [r for r in every_rule if "*" in r["verbs"] or "*" in r["resources"] or "delete" in r["verbs"]]
+    assert not [r for r in every_rule if "*" in r["verbs"] or "*" in r["resources"]]
+    assert [r["resources"] for r in every_rule if "delete" in r["verbs"]] == [["podsnapshots"], ["podsnapshotcontents"]]
 
     # configuration
     config = get(api, "configmaps", f"{NAME}-config", NS)["data"]
     rulebook_vars = yaml.safe_load(config["agent-vars.yml"])
     assert rulebook_vars == {"warmstart_k8s_auth": {}, "warmstart_namespaces": ["ml", "ops"],
                              "warmstart_agent_fallback": "none", "warmstart_resync_seconds": 30,
+                             "warmstart_retention_seconds": 300,
                              "warmstart_capture_attempts": 3, "warmstart_metrics_dir": "/var/lib/warmstart/metrics",
                              "warmstart_metrics_port": 9479}
     localhost = yaml.safe_load(config["inventory.yml"])["all"]["hosts"]["localhost"]
@@ -198,8 +201,10 @@ def test_a_new_setting_rolls_the_agent_and_absent_removes_it(api: FakeApiServer)
 
 def test_all_namespaces_bind_cluster_wide_and_an_image_is_required(api: FakeApiServer) -> None:
     ok(deploy(api, k8s_agent_watch_namespaces=[], k8s_agent_storage_secrets=[], k8s_agent_profile_configmaps=[],
-              k8s_agent_metrics_port=0,
+              k8s_agent_metrics_port=0, k8s_agent_retention_seconds=0,
               k8s_agent_install_crds=False))
+    every_rule = [r for role in api.store.list("clusterroles", group=RBAC) for r in role["rules"]]
+    assert not [r for r in every_rule if "delete" in r["verbs"]], "no retention: nothing to delete"
     binding = get(api, "clusterrolebindings", NAME, group=RBAC)
     assert binding["roleRef"]["name"] == NAME and binding["subjects"] == SUBJECTS
     assert api.store.list("roles", group=RBAC) == [] and api.store.list("rolebindings", group=RBAC) == []

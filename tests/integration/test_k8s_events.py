@@ -107,7 +107,8 @@ class Source:
 
 
 def source_args(api: FakeApiServer, **kw: Any) -> Dict[str, Any]:
-    args: Dict[str, Any] = {"kubeconfig": str(api.kubeconfig), "node_name": NODE, "resync_seconds": 0}
+    args: Dict[str, Any] = {"kubeconfig": str(api.kubeconfig), "node_name": NODE, "resync_seconds": 0,
+                            "retention_seconds": 0}
     args.update(kw)
     return args
 
@@ -209,6 +210,19 @@ def test_an_unreachable_api_server_logs_backs_off_and_the_watch_resumes(api: Fak
 
 
 # --- node filtering and the object kinds ---------------------------------------------------
+
+def test_the_retention_timer_ticks_with_this_node_and_the_namespaces(api: FakeApiServer) -> None:
+    with Source(source_args(api, types=["retention", "restore_pod"], retention_seconds=1, namespaces=["ml"])) as src:
+        api.wait_watches(2)
+        src.wait(lambda ev: len([e for e in ev if e[0] == "retention"]) >= 2, timeout=10)
+    ticks = [e for e in src.events if e["type"] == "retention"]
+    assert {(e["node"], e["reason"], e["name"]) for e in ticks} == {(NODE, "timer", "")}
+    assert ticks[0]["object"] == {"namespaces": ["ml"]}
+    with Source(source_args(api, types=["restore_pod"], retention_seconds=1)) as src:  # not asked for: none
+        api.wait_watches(2)
+        time.sleep(1.5)
+    assert not [e for e in src.events if e["type"] == "retention"]
+
 
 def test_node_filtering_and_every_event_type(api: FakeApiServer) -> None:
     api.add_pod("src-here", namespace="ml", labels={"app": "embed"}, node=NODE)

@@ -32,6 +32,9 @@ PodSnapshotPolicies) and answers each change (``observe``) with the events it ma
 ``pod_deleted``
     A watched pod with a restore annotation was deleted (reason ``deleted``; ``relist`` when a re-list found it
     gone).
+``retention``
+    Not made from an object: the source's timer (``retention_event``, reason ``timer``) says it is time to apply
+    the PodSnapshotPolicies' retention on ``node`` (``agent_retention``); its object holds the watched namespaces.
 
 Reasons: ``added`` / ``modified`` (the change that made it so), ``relist`` (found by a re-list after 410 Gone),
 ``resync`` (``resync()``: every event whose condition still holds, of the types in ``resync_types``, is made
@@ -57,7 +60,8 @@ PodLookup = Callable[[str, str], Optional[JSON]]
 
 RESTORE_POD, CAPTURE_REQUEST, MANUAL_TRIGGER = "restore_pod", "capture_request", "manual_trigger"
 SOURCE_READY, POD_DELETED = "source_ready", "pod_deleted"
-TYPES = (RESTORE_POD, CAPTURE_REQUEST, MANUAL_TRIGGER, SOURCE_READY, POD_DELETED)
+RETENTION = "retention"  # a tick of the source's timer (``retention_event``), not made from an object
+TYPES = (RESTORE_POD, CAPTURE_REQUEST, MANUAL_TRIGGER, SOURCE_READY, POD_DELETED, RETENTION)
 LEVEL_TYPES = (RESTORE_POD, CAPTURE_REQUEST, MANUAL_TRIGGER, SOURCE_READY)  # made again on resync
 WITH_SOURCE = (CAPTURE_REQUEST, MANUAL_TRIGGER, SOURCE_READY)
 REASON_ADDED, REASON_MODIFIED, REASON_RESYNC = "added", "modified", "resync"
@@ -189,6 +193,12 @@ def make_event(type_: str, obj: JSON, node: Optional[str], reason: str, source_p
     if type_ in WITH_SOURCE:
         body["source_pod"] = copy.deepcopy(source_pod)
     return {"warmstart": body}
+
+
+def retention_event(node: Optional[str], namespaces: List[Optional[str]]) -> JSON:
+    """The timer's event: time to apply the PodSnapshotPolicies' retention (``agent_retention``) on ``node``."""
+    return {"warmstart": {"type": RETENTION, "namespace": "", "name": "", "uid": "", "node": node, "reason": "timer",
+                          "object": {"namespaces": [n for n in namespaces if n]}}}
 
 
 def _types(value: Optional[Iterable[str]], default: Iterable[str], what: str) -> Set[str]:

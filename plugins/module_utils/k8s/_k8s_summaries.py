@@ -7,12 +7,13 @@
 Pure functions over what ``_k8s_client.Cluster`` read; nothing here talks to the cluster. ``summary`` and
 ``waiting_for`` are pod_info's (``WAIT_FOR`` its choices), ``snapshot_summary`` pod_snapshot_info's,
 ``selector_string`` and ``policy_settings`` what the k8s_snapshot playbook and a restore pod's
-``restore-policy`` take from a PodSnapshotPolicy.
+``restore-policy`` take from a PodSnapshotPolicy, ``expired`` what a policy's retention removes.
 """
 from __future__ import annotations
 
-from typing import Optional
+from typing import List, Optional
 
+from ansible_collections.warmstart.snapshot.plugins.module_utils.catalog import _retention as ret
 from ansible_collections.warmstart.snapshot.plugins.module_utils.k8s import _podapi as podapi
 from ansible_collections.warmstart.snapshot.plugins.module_utils.k8s import _podcontract as pc
 from ansible_collections.warmstart.snapshot.plugins.module_utils.k8s import _spechash as spechash
@@ -113,3 +114,16 @@ def policy_settings(policy: JSON) -> JSON:
         "max_per_group": int(((grouping.get("groupRetentionPolicy") or {}).get("maxSnapshotCountPerGroup")) or 0),
         "last_access_timeout": (spec.get("retentionConfig") or {}).get("lastAccessTimeout"),
     }
+
+
+def expired(summaries: List[JSON], keep_last: int, group_by: Optional[List[str]],
+            last_access_timeout: Optional[str] = None) -> List[JSON]:
+    """The summaries (``snapshot_summary``) retention removes, each with its ``reason``: Ready snapshots compete for
+    the ``keep_last`` places of their group (the ``group_by`` label values; without them, one group per source
+    pod), and go when not restored from (or, never restored from, not created) within ``last_access_timeout``."""
+    pol = ret.policy(keep_last=keep_last, group_by=group_by or None, last_access_timeout=last_access_timeout)
+    docs = [{"id": s["name"], "name": s["source_pod"], "labels": s["labels"], "created_at": s["created_at"],
+             "last_access_at": s.get("last_access_time")}
+            for s in summaries if s["ready"]]
+    why = {e["id"]: e.get("reason") for e in ret.plan(docs, [], pol).remove}
+    return [dict(s, reason=why[s["name"]]) for s in summaries if s["name"] in why]

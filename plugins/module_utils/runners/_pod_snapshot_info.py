@@ -9,12 +9,11 @@ Keeps the runners' invariants (``_common``); it only reads.
 """
 from __future__ import annotations
 
-from typing import List, Optional
+from typing import Optional
 
 from ansible_collections.warmstart.snapshot.plugins.module_utils.k8s import _k8s_storage as storage
 from ansible_collections.warmstart.snapshot.plugins.module_utils.k8s import _k8s_summaries as summ
 from ansible_collections.warmstart.snapshot.plugins.module_utils.k8s import _podapi as podapi
-from ansible_collections.warmstart.snapshot.plugins.module_utils.catalog import _retention as ret
 from ansible_collections.warmstart.snapshot.plugins.module_utils.k8s._k8s_client import JSON, Params, cluster_from
 
 
@@ -42,23 +41,10 @@ def run(params: Params, check_mode: bool = False) -> JSON:  # pylint: disable=un
         bound = (snap.get("status") or {}).get("boundSnapshotContentName")
         summaries.append(summ.snapshot_summary(snap, cluster.find(podapi.KIND_CONTENT, bound) if bound else None))
     idle = params.get("last_access_timeout")
-    expired = (_expired(summaries, params.get("keep_last") or 0, params.get("group_by"), idle)
+    expired = (summ.expired(summaries, params.get("keep_last") or 0, params.get("group_by"), idle)
                if params.get("keep_last") or idle else [])
     options = {k: v for k, v in where["store_options"].items()
                if params.get("include_credentials") or k not in storage.SECRET_OPTIONS}
     return {"changed": False, "snapshots": summaries, "expired": expired, "policy": policy, "store": where["store"],
             "store_options": options, "storage_config": where["storage_config"],
             "credentials_secret": where["credentials_secret"]}
-
-
-def _expired(summaries: List[JSON], keep_last: int, group_by: Optional[List[str]],
-             last_access_timeout: Optional[str] = None) -> List[JSON]:
-    """The summaries retention removes: Ready snapshots compete for the ``keep_last`` places of their group (the
-    ``group_by`` label values; without them, one group per source pod), and go when not restored from (or, never
-    restored from, not created) within ``last_access_timeout``."""
-    pol = ret.policy(keep_last=keep_last, group_by=group_by or None, last_access_timeout=last_access_timeout)
-    docs = [{"id": s["name"], "name": s["source_pod"], "labels": s["labels"], "created_at": s["created_at"],
-             "last_access_at": s.get("last_access_time")}
-            for s in summaries if s["ready"]]
-    why = {e["id"]: e.get("reason") for e in ret.plan(docs, [], pol).remove}
-    return [dict(s, reason=why[s["name"]]) for s in summaries if s["name"] in why]

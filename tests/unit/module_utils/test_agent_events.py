@@ -224,11 +224,19 @@ def test_event_shape_is_the_contract() -> None:
     assert "source_pod" not in ae.make_event(ae.RESTORE_POD, pod("a"), NODE, ae.REASON_RESYNC)["warmstart"]
 
 
+def test_the_retention_event_names_the_node_and_the_watched_namespaces() -> None:
+    event = ae.retention_event(NODE, [None])["warmstart"]
+    assert (event["type"], event["node"], event["reason"], event["object"]) == ("retention", NODE, "timer",
+                                                                                {"namespaces": []})
+    assert ae.retention_event(None, ["ml", "ops"])["warmstart"]["object"] == {"namespaces": ["ml", "ops"]}
+    assert ae.RETENTION in ae.TYPES and ae.RETENTION not in ae.LEVEL_TYPES  # a timer: never made from an object
+
+
 def test_unknown_types_are_refused_naming_each() -> None:
     with pytest.raises(ae.EventsError) as bad:
         ae.AgentEvents(types=["restore_pod", "capture", "bogus"])
     assert bad.value.message == ("types: unknown event type(s) bogus, capture; known: restore_pod, capture_request, "
-                                 "manual_trigger, source_ready, pod_deleted")
+                                 "manual_trigger, source_ready, pod_deleted, retention")
     with pytest.raises(ae.EventsError):
         ae.AgentEvents(resync_types=["nope"])
 

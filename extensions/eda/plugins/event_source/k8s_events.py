@@ -39,6 +39,9 @@ description:
     workload PodSnapshotPolicy selects and that has no PodSnapshot of that policy yet) or C(pod_deleted) (a
     restore pod was deleted). C(reason) says why now - added, modified, relist, resync, snapshot-ready, deleted.
     Events whose condition still holds are emitted again every O(resync_seconds); consumers must be idempotent.
+  - C(retention) events come from a timer, not from an object - once the first lists are in, then every
+    O(retention_seconds) - with C(node) this node and C(object.namespaces) the watched namespaces; each says it is
+    time to apply the PodSnapshotPolicies' retention on this node (M(warmstart.snapshot.agent_retention)).
   - Needs the kubernetes Python library where ansible-rulebook runs.
 options:
   auth:
@@ -86,6 +89,10 @@ options:
     type: list
     elements: str
     default: [restore_pod, capture_request, manual_trigger, source_ready]
+  retention_seconds:
+    description: Emit a C(retention) event this often; 0 turns it off.
+    type: int
+    default: 300
   backoff_max_seconds:
     description: The longest wait between two tries after errors (the backoff starts at 0.5 s and doubles).
     type: int
@@ -94,7 +101,7 @@ options:
     description: The event types to emit; default all. Only the resources those types need are watched.
     type: list
     elements: str
-    default: [restore_pod, capture_request, manual_trigger, source_ready, pod_deleted]
+    default: [restore_pod, capture_request, manual_trigger, source_ready, pod_deleted, retention]
   request_timeout:
     description: Seconds for one list or get request.
     type: int
@@ -187,7 +194,8 @@ from ansible_collections.warmstart.snapshot.plugins.module_utils.k8s._k8s_client
 # pylint: enable=wrong-import-position
 
 AUTH_KEYS = tuple(AUTH_ENV)
-OPTIONS = AUTH_KEYS + ("auth", "namespaces", "node_name", "resync_seconds", "resync_types", "backoff_max_seconds",
+OPTIONS = AUTH_KEYS + ("auth", "namespaces", "node_name", "resync_seconds", "resync_types", "retention_seconds",
+                       "backoff_max_seconds",
                        "types", "request_timeout", "metrics_dir", "metrics_port", "metrics_host")
 SYNC_WAIT_SECONDS = 15.0  # how long the first lists may take before the events of what holds go out anyway
 
@@ -201,6 +209,7 @@ class Settings:
     node_name: Optional[str]
     resync_seconds: float
     resync_types: List[str]
+    retention_seconds: float
     backoff_max_seconds: float
     types: List[str]
     request_timeout: float
@@ -278,6 +287,7 @@ def parse(args: Dict[str, Any]) -> Settings:
         auth=_auth(args, problems), namespaces=list(dict.fromkeys(namespaces)) or [None], node_name=node or None,
         resync_seconds=_number(args, "resync_seconds", 30, problems) or 0,
         resync_types=_types(args, "resync_types", ae.LEVEL_TYPES, problems),
+        retention_seconds=_number(args, "retention_seconds", 300, problems) or 0,
         backoff_max_seconds=_number(args, "backoff_max_seconds", 30, problems, minimum=0.5) or 30,
         types=_types(args, "types", ae.TYPES, problems),
         request_timeout=_number(args, "request_timeout", 30, problems, minimum=1) or 30,
@@ -326,6 +336,7 @@ class Agent:
                          for target, kind in targets(settings)]
         self.threads: List[threading.Thread] = []
         self.metrics: Any = None
+        self.ticker: Optional["asyncio.Task[None]"] = None
 
     def _lookup(self, namespace: str, name: str) -> Optional[Dict[str, Any]]:
         return self.cluster.find("Pod", name, namespace)
@@ -363,12 +374,20 @@ class Agent:
         await self._wait_synced()
         for event in self.state.start():
             await self.queue.put(event)
+        if ae.RETENTION in self.settings.types and self.settings.retention_seconds > 0:
+            self.ticker = self.loop.create_task(self._retention())
         while True:
             if self.settings.resync_seconds <= 0:
                 await asyncio.Event().wait()  # no resync: wait to be cancelled
             await asyncio.sleep(self.settings.resync_seconds)
             for event in await self.loop.run_in_executor(None, self.state.resync):
                 await self.queue.put(event)
+
+    async def _retention(self) -> None:
+        """A retention event now, then every retention_seconds, until cancelled."""
+        while True:
+            await self.queue.put(ae.retention_event(self.settings.node_name, self.settings.namespaces))
+            await asyncio.sleep(self.settings.retention_seconds)
 
     async def _wait_synced(self) -> None:
         deadline = self.loop.time() + SYNC_WAIT_SECONDS
@@ -389,7 +408,10 @@ class Agent:
         return server
 
     def stop(self, join_seconds: float = 5.0) -> None:
-        """Stop every watch (closing open streams) and the metrics server; wait a little for the threads."""
+        """Stop every watch (closing open streams), the retention timer and the metrics server; wait a little for
+        the threads."""
+        if self.ticker is not None:
+            self.loop.call_soon_threadsafe(self.ticker.cancel)
         for watcher in self.watchers:
             watcher.stop()
         for thread in self.threads:

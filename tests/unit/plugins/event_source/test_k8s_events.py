@@ -40,7 +40,8 @@ def test_defaults(plugin: Dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> No
     s = plugin["parse"]({"eda_feedback_queue": object()})
     assert (s.node_name, s.namespaces, s.resync_seconds, s.backoff_max_seconds, s.request_timeout) == (
         "gpu-7", [None], 30, 30, 30)
-    assert s.types == ["restore_pod", "capture_request", "manual_trigger", "source_ready", "pod_deleted"]
+    assert s.types == ["restore_pod", "capture_request", "manual_trigger", "source_ready", "pod_deleted", "retention"]
+    assert s.retention_seconds == 300
     assert s.resync_types == ["restore_pod", "capture_request", "manual_trigger", "source_ready"]
     assert (s.auth, s.metrics_dir, s.metrics_port, s.metrics_host) == ({}, None, None, "0.0.0.0")
     monkeypatch.delenv("NODE_NAME")
@@ -94,6 +95,7 @@ def test_only_what_the_event_types_need_is_watched_and_pods_only_of_this_node(pl
         "podsnapshotmanualtriggers.snapshot.warmstart.io (namespace b) -> PodSnapshotManualTrigger"]
     assert len(_targets(plugin, node_name="n1")) == 4
     assert _targets(plugin, types=["pod_deleted"], node_name="") == ["pods (all namespaces) -> Pod"]
+    assert _targets(plugin, types=["retention"], node_name="n1") == []  # a timer: nothing to watch
 
 
 def _run_path(path: Path, env: Dict[str, str]) -> subprocess.CompletedProcess:
