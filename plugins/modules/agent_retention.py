@@ -11,7 +11,7 @@ short_description: Apply every PodSnapshotPolicy's retention to this node's snap
 version_added: 0.2.0
 description:
   - What the node agent (the rulebook C(warmstart.snapshot.node_agent)) runs for each C(retention) event of
-    C(warmstart.snapshot.k8s_events) (every O(warmstart.snapshot.k8s_events#event_source:retention_seconds)), so
+    C(warmstart.snapshot.k8s_events) (every C(retention_seconds) of that event source), so
     that a policy's grouping rules (C(snapshotGroupingRules), the newest C(maxSnapshotCountPerGroup) Ready
     PodSnapshots of each group are kept) and C(retentionConfig.lastAccessTimeout) (a PodSnapshot not restored
     from, or never restored from and not created, within it goes) hold as time passes, not only when the
