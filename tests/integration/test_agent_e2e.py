@@ -33,7 +33,6 @@ from .k8s_lab import NS, POD_LABELS, Kubelet, PodmanNode, source_pod, template
 
 pytestmark = pytest.mark.integration
 
-CRDS = REPO / "roles" / "k8s_crds" / "files" / "crds.yaml"
 NODE = "localhost"  # the fake kubelet's node, and the agent's NODE_NAME
 
 
@@ -102,8 +101,7 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Dict[str, Any]]:
     lab = PodmanNode(tmp)
     api = FakeApiServer(token="agent-token").start()
     api.store.put("namespaces", {"metadata": {"name": NS}, "status": {"phase": "Active"}}, group="")
-    for crd in yaml.safe_load(CRDS.read_text())["items"]:
-        api.store.put("customresourcedefinitions", crd, group="apiextensions.k8s.io")
+    api.install_crds()
     kubeconfig = api.write_kubeconfig(tmp / "kubeconfig")
     kubelet = Kubelet(api, lab, node=NODE)
     kubelet.start()

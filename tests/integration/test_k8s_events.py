@@ -16,7 +16,6 @@ from pathlib import Path
 from typing import Any, Callable, Dict, Iterator, List, Optional
 
 import pytest
-import yaml
 
 from ansible_collections.warmstart.snapshot.plugins.module_utils.k8s import _podapi as podapi
 
@@ -29,7 +28,6 @@ pytestmark = pytest.mark.integration
 COLLECTIONS = REPO / ".collections"
 SOURCE = COLLECTIONS / "ansible_collections" / "warmstart" / "snapshot" / "extensions" / "eda" / "plugins" / \
     "event_source" / "k8s_events.py"
-CRDS = REPO / "roles" / "k8s_crds" / "files" / "crds.yaml"
 NODE = "node-1"
 PODS = "/api/v1/pods"
 
@@ -43,8 +41,7 @@ def api(tmp_path: Path) -> Iterator[FakeApiServer]:
     """A fake API server (bookmarks every 0.2 s) serving the collection's CRDs, with namespace ml."""
     server = FakeApiServer(bookmark_interval=0.2).start()
     server.write_kubeconfig(tmp_path / "kubeconfig")
-    for crd in yaml.safe_load(CRDS.read_text())["items"]:
-        server.store.put("customresourcedefinitions", crd)
+    server.install_crds()
     server.store.put("namespaces", {"metadata": {"name": "ml"}})
     try:
         yield server

@@ -19,12 +19,10 @@ from pathlib import Path
 from typing import Any, Dict, Iterator
 
 import pytest
-import yaml
 
 from tests.support.fake_apiserver import FakeApiServer
 
 pytestmark = pytest.mark.integration
-CRDS = Path(__file__).resolve().parents[2] / "roles" / "k8s_crds" / "files" / "crds.yaml"
 
 
 @pytest.fixture(scope="module")
@@ -44,8 +42,7 @@ def kubectl() -> str:
 def api(tmp_path: Path) -> Iterator[FakeApiServer]:
     server = FakeApiServer().start()
     server.write_kubeconfig(tmp_path / "kubeconfig")
-    for crd in yaml.safe_load(CRDS.read_text())["items"]:
-        server.store.put("customresourcedefinitions", crd, group="apiextensions.k8s.io")
+    server.install_crds()
     try:
         yield server
     finally:

@@ -9,7 +9,6 @@ from pathlib import Path
 from typing import Iterator
 
 import pytest
-import yaml
 
 from ansible_collections.warmstart.snapshot.plugins.module_utils.k8s import _k8s_client as _k8s
 from ansible_collections.warmstart.snapshot.plugins.module_utils.k8s import _k8s_storage as storage
@@ -18,12 +17,9 @@ from ansible_collections.warmstart.snapshot.plugins.module_utils.store._store im
 from ansible_collections.warmstart.snapshot.plugins.module_utils.store._stores import open_store
 from tests.support.fake_apiserver import FakeApiServer
 
-from .ansible_run import REPO
 from .s3_lab import SECRET
 
 pytestmark = pytest.mark.integration
-
-CRDS = REPO / "roles" / "k8s_crds" / "files" / "crds.yaml"
 
 
 @pytest.fixture(name="server")
@@ -31,8 +27,7 @@ def fixture_server(tmp_path: Path) -> Iterator[FakeApiServer]:
     """A fake API server with the CRDs."""
     server = FakeApiServer().start()
     server.write_kubeconfig(tmp_path / "kubeconfig")
-    for crd in yaml.safe_load(CRDS.read_text())["items"]:
-        server.store.put("customresourcedefinitions", crd, group="apiextensions.k8s.io")
+    server.install_crds()
     try:
         yield server
     finally:

@@ -81,6 +81,8 @@ from urllib.parse import parse_qs, unquote, urlsplit
 
 from tests.support import k8s_schemas
 
+CRDS = Path(__file__).resolve().parents[2] / "roles" / "k8s_crds" / "files" / "crds.yaml"
+
 JSON = Dict[str, Any]
 
 CORE_GROUP = ""
@@ -1201,6 +1203,14 @@ class FakeApiServer:
     def url(self) -> str:
         assert self._port, "server not started"
         return f"http://127.0.0.1:{self._port}"
+
+    def install_crds(self, path: Optional[Path] = None) -> "FakeApiServer":
+        """Store the collection's CRDs (roles/k8s_crds/files/crds.yaml, or ``path``), as the k8s_crds role would."""
+        import yaml  # pylint: disable=import-outside-toplevel  # only the tests that need CRDs pay for it
+
+        for crd in yaml.safe_load((path or CRDS).read_text())["items"]:
+            self.store.put("customresourcedefinitions", crd, group="apiextensions.k8s.io")
+        return self
 
     def write_kubeconfig(self, path: Path, context: str = "fake", namespace: str = "default",
                          token: Optional[str] = None) -> Path:

@@ -3,16 +3,13 @@ of the k8s records and restore pods."""
 from __future__ import annotations
 
 import copy
-from pathlib import Path
 from typing import Any, Dict
 
-import yaml
 
 from ansible_collections.warmstart.snapshot.plugins.module_utils.k8s import _k8s_client as _k8s
 from ansible_collections.warmstart.snapshot.plugins.module_utils.k8s import _k8s_records as rec
 from tests.support.fake_apiserver import FakeApiServer
 
-CRDS = Path(__file__).resolve().parents[2] / "roles" / "k8s_crds" / "files" / "crds.yaml"
 SOURCE = [{"name": "main", "image": "registry.local/embed:1.0", "command": ["python", "/app/server.py"]}]
 
 
@@ -22,8 +19,7 @@ def cluster_of(server: FakeApiServer) -> _k8s.Cluster:
 
 def recorded(server: FakeApiServer, name: str = "snap-a") -> Dict[str, Any]:
     """A Ready PodSnapshot + content of pod embed-0 (SOURCE), made by the engine the module uses."""
-    for crd in yaml.safe_load(CRDS.read_text())["items"]:
-        server.store.put("customresourcedefinitions", crd, group="apiextensions.k8s.io")
+    server.install_crds()
     server.add_pod("embed-0", containers=copy.deepcopy(SOURCE), labels={"app": "embed"})
     params = {"namespace": "default", "name": name, "source_pod": "embed-0", "containers": ["main"], "scope": "whole-pod",
               "policy_name": None, "labels": None, "content_name": None,

@@ -8,11 +8,9 @@ from __future__ import annotations
 
 import copy
 import threading
-from pathlib import Path
 from typing import Any, Dict, List, Optional
 
 import pytest
-import yaml
 
 from ansible_collections.warmstart.snapshot.plugins.module_utils.agent import _agent as agent
 from ansible_collections.warmstart.snapshot.plugins.module_utils.agent import _agent_node as an
@@ -27,7 +25,6 @@ from tests.support.fake_apiserver import FakeApiServer
 
 fake_apiserver = fake_server_module.fake_apiserver  # the pytest fixture
 
-CRDS = Path(__file__).resolve().parents[3] / "roles" / "k8s_crds" / "files" / "crds.yaml"
 SOURCE = [{"name": "main", "image": "registry.local/embed:1.0", "command": ["python", "/app/server.py"]}]
 
 
@@ -62,8 +59,7 @@ def _cluster(server: FakeApiServer) -> k8s.Cluster:
 
 def _snapshot(server: FakeApiServer, ready: bool = True) -> None:
     """PodSnapshot snap-a of pod embed-0 (SOURCE), bound and Ready unless ``ready`` is false."""
-    for crd in yaml.safe_load(CRDS.read_text())["items"]:
-        server.store.put("customresourcedefinitions", crd, group="apiextensions.k8s.io")
+    server.install_crds()
     if server.store.get("pods", "embed-0", "default") is None:
         server.add_pod("embed-0", containers=copy.deepcopy(SOURCE), labels={"app": "embed"})
     params = {"namespace": "default", "name": "snap-a", "source_pod": "embed-0", "containers": ["main"],
@@ -115,8 +111,7 @@ def test_a_ready_snapshot_is_restored_once_and_recorded(fake_apiserver: FakeApiS
 
 def test_a_missing_or_unready_snapshot_makes_the_pod_wait_without_spending_its_attempt(
         fake_apiserver: FakeApiServer) -> None:
-    for crd in yaml.safe_load(CRDS.read_text())["items"]:
-        fake_apiserver.store.put("customresourcedefinitions", crd, group="apiextensions.k8s.io")
+    fake_apiserver.install_crds()
     _restore_pod(fake_apiserver, "r-w")
     node = FakeNode()
     out = agent.restore_pod(_cluster(fake_apiserver), _settings("r-w"), node)
@@ -257,8 +252,7 @@ def test_a_pod_that_selects_at_restore_gets_the_newest_fitting_snapshot_pinned(f
     template = {"metadata": {"labels": {"app": "embed"}}, "spec": {"containers": copy.deepcopy(SOURCE)}}
     built = podbuild.build(template, None)
     assert pc.restore_mode(built)["select"] and not pc.restore_mode(built)["restore_from"]
-    for crd in yaml.safe_load(CRDS.read_text())["items"]:
-        fake_apiserver.store.put("customresourcedefinitions", crd, group="apiextensions.k8s.io")
+    fake_apiserver.install_crds()
     fake_apiserver.add_pod("r-sel", containers=built["spec"]["containers"], spec=dict(built["spec"]),
                            labels={"app": "embed"}, annotations=built["metadata"]["annotations"])
     node = FakeNode()

@@ -4,10 +4,8 @@ The node's checkpoint is a double (``FakeCapturer``); the real one runs in tests
 """
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any, Dict, List
 
-import yaml
 
 from ansible_collections.warmstart.snapshot.plugins.module_utils.agent import _agent_capture as cap
 from ansible_collections.warmstart.snapshot.plugins.module_utils.k8s import _k8s_client as k8s
@@ -17,8 +15,6 @@ from tests.support import fake_apiserver as fake_server_module
 from tests.support.fake_apiserver import FakeApiServer
 
 fake_apiserver = fake_server_module.fake_apiserver  # the pytest fixture
-
-CRDS = Path(__file__).resolve().parents[3] / "roles" / "k8s_crds" / "files" / "crds.yaml"
 
 
 class FakeCapturer:
@@ -42,8 +38,7 @@ def _cluster(server: FakeApiServer) -> k8s.Cluster:
 
 
 def _setup(server: FakeApiServer, name: str = "warm", uid: str = "") -> None:
-    for crd in yaml.safe_load(CRDS.read_text())["items"]:
-        server.store.put("customresourcedefinitions", crd, group="apiextensions.k8s.io")
+    server.install_crds()
     if server.store.get("pods", "embed-0", "default") is None:
         server.add_pod("embed-0", labels={"app": "embed"})
     ref: Dict[str, Any] = {"name": "embed-0"}

@@ -8,7 +8,6 @@ from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional
 
 import pytest
-import yaml
 
 from ansible_collections.warmstart.snapshot.plugins.module_utils.agent import _agent_retention as retention
 from ansible_collections.warmstart.snapshot.plugins.module_utils.k8s import _k8s_client as k8s
@@ -22,7 +21,6 @@ from tests.support.fake_apiserver import FakeApiServer
 
 fake_apiserver = fake_server_module.fake_apiserver  # the pytest fixture
 
-CRDS = Path(__file__).resolve().parents[3] / "roles" / "k8s_crds" / "files" / "crds.yaml"
 SOURCE = [{"name": "main", "image": "registry.local/embed:1.0", "command": ["python", "/app/server.py"]}]
 
 
@@ -31,8 +29,7 @@ def _cluster(server: FakeApiServer) -> k8s.Cluster:
 
 
 def _world(server: FakeApiServer, store: Path, **spec: Any) -> None:
-    for crd in yaml.safe_load(CRDS.read_text())["items"]:
-        server.store.put("customresourcedefinitions", crd, group="apiextensions.k8s.io")
+    server.install_crds()
     server.add_pod("embed-0", containers=copy.deepcopy(SOURCE), labels={"app": "embed"})
     server.store.put("podsnapshotpolicies", {"metadata": {"name": "embed", "namespace": "default"},
                                              "spec": dict({"selector": {"matchLabels": {"app": "embed"}},

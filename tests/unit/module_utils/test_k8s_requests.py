@@ -2,11 +2,9 @@
 against the fake API server with the real kubernetes client."""
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any, Dict, Optional
 
 import pytest
-import yaml
 
 from ansible_collections.warmstart.snapshot.plugins.module_utils.k8s import _k8s_client as _k8s
 from ansible_collections.warmstart.snapshot.plugins.module_utils.k8s import _k8s_records as rec
@@ -17,15 +15,13 @@ from tests.support.fake_apiserver import FakeApiServer
 
 fake_apiserver = fake_server_module.fake_apiserver  # the pytest fixture
 
-CRDS = Path(__file__).resolve().parents[3] / "roles" / "k8s_crds" / "files" / "crds.yaml"
 STORE = {"url": "/mnt/snapshots", "snapshot_id": "20261202T120000Z-1a2b3c4d"}
 
 
 @pytest.fixture(name="server")
 def fixture_server(fake_apiserver: FakeApiServer) -> FakeApiServer:
     """The fake API server with the CRDs and a running source pod embed-0 (label app=embed)."""
-    for crd in yaml.safe_load(CRDS.read_text())["items"]:
-        fake_apiserver.store.put("customresourcedefinitions", crd, group="apiextensions.k8s.io")
+    fake_apiserver.install_crds()
     fake_apiserver.add_pod("embed-0", labels={"app": "embed"})
     return fake_apiserver
 

@@ -3,11 +3,9 @@
 from __future__ import annotations
 
 import base64
-from pathlib import Path
 from typing import Any, Dict, Optional
 
 import pytest
-import yaml
 
 from ansible_collections.warmstart.snapshot.plugins.module_utils.k8s import _k8s_client as _k8s
 from ansible_collections.warmstart.snapshot.plugins.module_utils.k8s import _k8s_storage as storage
@@ -18,14 +16,12 @@ from tests.support.fake_apiserver import FakeApiServer
 
 fake_apiserver = fake_server_module.fake_apiserver  # the pytest fixture
 
-CRDS = Path(__file__).resolve().parents[3] / "roles" / "k8s_crds" / "files" / "crds.yaml"
 ACCESS, SECRET, TOKEN = "AKIAEXAMPLE", "s3cr3t-Value/with+chars", "session-token-xyz"
 
 
 @pytest.fixture(name="server")
 def fixture_server(fake_apiserver: FakeApiServer) -> FakeApiServer:
-    for crd in yaml.safe_load(CRDS.read_text())["items"]:
-        fake_apiserver.store.put("customresourcedefinitions", crd, group="apiextensions.k8s.io")
+    fake_apiserver.install_crds()
     return fake_apiserver
 
 
