@@ -40,13 +40,9 @@ def kubectl() -> str:
 
 @pytest.fixture
 def api(tmp_path: Path) -> Iterator[FakeApiServer]:
-    server = FakeApiServer().start()
-    server.write_kubeconfig(tmp_path / "kubeconfig")
-    server.install_crds()
-    try:
-        yield server
-    finally:
-        server.stop()
+    with FakeApiServer() as server:
+        server.write_kubeconfig(tmp_path / "kubeconfig")
+        yield server.install_crds()
 
 
 def run(kubectl: str, api: FakeApiServer, *args: str, stdin: Any = None, ok: bool = True) -> subprocess.CompletedProcess:

@@ -25,13 +25,9 @@ pytestmark = pytest.mark.integration
 @pytest.fixture(name="server")
 def fixture_server(tmp_path: Path) -> Iterator[FakeApiServer]:
     """A fake API server with the CRDs."""
-    server = FakeApiServer().start()
-    server.write_kubeconfig(tmp_path / "kubeconfig")
-    server.install_crds()
-    try:
-        yield server
-    finally:
-        server.stop()
+    with FakeApiServer() as server:
+        server.write_kubeconfig(tmp_path / "kubeconfig")
+        yield server.install_crds()
 
 
 @pytest.fixture(name="bare_node")

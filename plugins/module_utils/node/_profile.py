@@ -38,7 +38,7 @@ import json
 import re
 import signal
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Mapping, Optional, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from ansible_collections.warmstart.snapshot.plugins.module_utils.core._errors import WarmstartError
 from ansible_collections.warmstart.snapshot.plugins.module_utils.node._profiles_shipped import SHIPPED
@@ -180,17 +180,26 @@ def _check_fields(kind: str, spec: Any, where: str, problems: List[str]) -> None
                 problems.append(f"{where}.{key}: the regex does not compile: {exc}")
 
 
-def _probe(entry: Any, where: str, problems: List[str]) -> Optional[Probe]:
+def _one_kind(entry: Any, kinds: Sequence[str], extra: Sequence[str], where: str,
+              problems: List[str]) -> Optional[str]:
+    """The one kind ``entry`` (a mapping) has of ``kinds``, besides the keys ``extra``; None (and why) otherwise."""
     if not isinstance(entry, dict):
-        problems.append(f"{where}: must be a mapping with one of {', '.join(PROBE_KINDS)}, not {entry!r}")
+        problems.append(f"{where}: must be a mapping with one of {', '.join(kinds)}, not {entry!r}")
         return None
-    kinds = [k for k in PROBE_KINDS if k in entry]
-    for key in sorted(set(entry) - set(PROBE_KINDS) - {"timeout", "interval"}):
+    have = [k for k in kinds if k in entry]
+    for key in sorted(set(entry) - set(kinds) - set(extra)):
         problems.append(f"{where}: unknown key {key!r}")
-    if len(kinds) != 1:
-        problems.append(f"{where}: must have exactly one of {', '.join(PROBE_KINDS)} (has {', '.join(kinds) or 'none'})")
+    if len(have) != 1:
+        problems.append(f"{where}: must have exactly one of {', '.join(kinds)} (has {', '.join(have) or 'none'})")
         return None
-    kind, spec = kinds[0], entry[kinds[0]]
+    return have[0]
+
+
+def _probe(entry: Any, where: str, problems: List[str]) -> Optional[Probe]:
+    kind = _one_kind(entry, PROBE_KINDS, ("timeout", "interval"), where, problems)
+    if kind is None:
+        return None
+    spec = entry[kind]
     timeout = _seconds(entry, "timeout", PROBE_DEFAULT_TIMEOUT, where, problems)
     interval = _seconds(entry, "interval", 0.5, where, problems)
     if kind == "control":
@@ -215,16 +224,10 @@ def _probe(entry: Any, where: str, problems: List[str]) -> Optional[Probe]:
 
 
 def _step(entry: Any, where: str, problems: List[str]) -> Optional[Step]:
-    if not isinstance(entry, dict):
-        problems.append(f"{where}: must be a mapping with one of {', '.join(STEP_KINDS)}, not {entry!r}")
+    kind = _one_kind(entry, STEP_KINDS, ("timeout",), where, problems)
+    if kind is None:
         return None
-    kinds = [k for k in STEP_KINDS if k in entry]
-    for key in sorted(set(entry) - set(STEP_KINDS) - {"timeout"}):
-        problems.append(f"{where}: unknown key {key!r}")
-    if len(kinds) != 1:
-        problems.append(f"{where}: must have exactly one of {', '.join(STEP_KINDS)} (has {', '.join(kinds) or 'none'})")
-        return None
-    kind, spec = kinds[0], entry[kinds[0]]
+    spec = entry[kind]
     timeout = _seconds(entry, "timeout", STEP_DEFAULT_TIMEOUT, where, problems)
     if kind == "http":
         _check_fields("step.http", spec, f"{where}.http", problems)
