@@ -196,9 +196,12 @@ options:
         workload reconnects), and a peer that writes to the old connection gets a reset. This also closes
         connections between processes of the restored tree.
       - Default - V(close) when the tree comes back in another network namespace or on another node than the
-        dump's (every restore O(into) a placeholder container or pod, whose address is new; a process restore on
+        dump's (a restore O(into) a placeholder container or pod, whose address is new; a process restore on
         a node other than the one that took the snapshot, as its manifest records it); V(keep) for a process
-        restored on the node that took the snapshot. RV(restore.tcp) says which was applied and why.
+        restored on the node that took the snapshot, and O(into) a placeholder when every connection the
+        checkpoint listed has both ends in the snapshot (two processes of the container talking over loopback:
+        they come back together; CRIU keeps all or closes all). RV(restore.tcp) says which was applied and why,
+        and each listed connection with what was done to it.
       - V(keep) of a snapshot taken with O(warmstart.snapshot.checkpoint#module:tcp=close) is refused (its
         connections were not dumped).
     type: str
@@ -452,6 +455,8 @@ restore:
       description:
         - What the restore did (in check mode - would do) with the snapshot's established TCP connections - C(mode)
           V(keep) or V(close) (see O(tcp)), and C(reason), why.
+        - C(connections), when the checkpoint listed them - each C(local) and C(remote) address, C(internal)
+          (its other end is in the snapshot too) and C(done) (V(kept) or V(closed)).
         - With O(into), each of RV(restore.destinations) that was restored (or would be) carries its own.
       type: dict
       returned: without into

@@ -15,15 +15,20 @@ its state; a request ``send`` first writes ``hello`` to the peer and reports how
 from __future__ import annotations
 
 import json
+import shutil
 import socket
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any, Dict, Iterator, Optional, Tuple
 
 import pytest
 
+from ansible_collections.warmstart.snapshot.plugins.module_utils.criu import _tcp as tcpm
+
 from .container_lab import Pod, pod_for, wait_file
-from .process_lab import Lab, free_port, json_line, query, read_line
+from .process_lab import Lab, free_port, json_line, needs_root_and_criu, query, read_line
 
 pytestmark = pytest.mark.integration
 
@@ -148,7 +153,8 @@ def test_keep_on_the_node_that_took_the_snapshot_the_connection_works_on(
         reason = SAME_NODE.format(host=socket.gethostname())
         if tcp == "keep":
             reason = f"tcp: keep was asked for (also the default: {reason})"
-        assert restored["tcp"] == {"mode": "keep", "reason": reason}
+        assert (restored["tcp"]["mode"], restored["tcp"]["reason"]) == ("keep", reason)
+        assert [(c["internal"], c["done"]) for c in restored["tcp"]["connections"]] == [(False, "kept")]
         # The same connection, restored: the peer's next message is echoed, the workload's own reaches the peer.
         assert exchange(conn, b"ping2\n") == b"echo:ping2\n"
         state = json_line(("127.0.0.1", port), b"send\n")
@@ -162,8 +168,9 @@ def test_close_the_workload_sees_its_connection_closed_and_the_peer_a_reset(lab:
     port, conn = warm_connection(lab, peer, "tcpclose")
     with conn:
         restored = checkpoint_and_restore(lab, "tcpclose", "close")
-        assert restored["tcp"] == {"mode": "close", "reason": "tcp: close was asked for (the default would be keep: "
-                                   f"{SAME_NODE.format(host=socket.gethostname())})"}
+        assert restored["tcp"]["reason"] == ("tcp: close was asked for (the default would be keep: "
+                                             f"{SAME_NODE.format(host=socket.gethostname())})")
+        assert [(c["internal"], c["done"]) for c in restored["tcp"]["connections"]] == [(False, "closed")]
         # The workload: its connection comes back closed - a read says end of file, a write fails.
         end = time.monotonic() + 15
         state = query(port)
@@ -200,6 +207,7 @@ def test_into_a_placeholder_the_default_closes_the_connection(pod: Pod) -> None:
     srv.bind(("0.0.0.0", 0))
     srv.listen(4)
     srv.settimeout(60)
+    port = srv.getsockname()[1]
     with srv:
         src = pod.run("tcpsrc", "python3", "/app/tcp_app.py", "--port", "8080", "--listen", "0.0.0.0",
                       "--peer", f"{gateway}:{srv.getsockname()[1]}")
@@ -213,11 +221,115 @@ def test_into_a_placeholder_the_default_closes_the_connection(pod: Pod) -> None:
                                 pod.restore("restore", name=src, into={"container": ph})], "tcp")
     dest = results["restore"]["restore"]["destinations"][0]
     assert dest["result"] == "succeeded"
-    assert dest["tcp"] == {"mode": "close", "reason": f"restored into placeholder {ph}'s network namespace, not the "
-                                                      "one the connections were dumped in"}
+    assert dest["tcp"]["mode"] == "close" and dest["tcp"]["reason"] == (
+        f"restored into placeholder {ph}'s network namespace: 1 of the 1 established connections lead out of the "
+        "snapshot (CRIU keeps all or closes all)")
+    (listed,) = dest["tcp"]["connections"]
+    assert (listed["internal"], listed["done"]) == (False, "closed") and listed["remote"] == f"{gateway}:{port}"
     end = time.monotonic() + 15
     state = json_line((pod.ip(ph), 8080), b"state\n")
     while state["peer"] == "open" and time.monotonic() < end:
         time.sleep(0.1)
         state = json_line((pod.ip(ph), 8080), b"state\n")
     assert state["peer"] == "eof" and state["received"] == ["ping1\n"], state
+
+
+LOOP_APP = r'''
+"""warmstart tcp test workload: a connection from itself to itself over loopback; --port answers its state."""
+import json, os, socket
+
+inner = socket.socket()
+inner.bind(("127.0.0.1", 0))
+inner.listen(1)
+client = socket.create_connection(inner.getsockname())
+server, _ = inner.accept()
+state = {"inner": "open", "rounds": 0, "pid": os.getpid()}
+srv = socket.socket()
+srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+srv.bind(("0.0.0.0", 8080))
+srv.listen(16)
+ctl = os.environ["SNAPSHOT_CONTROL_DIR"]
+with open(os.path.join(ctl, "ready-for-snapshot.tmp"), "w") as handle:
+    handle.write("warm\n")
+os.rename(os.path.join(ctl, "ready-for-snapshot.tmp"), os.path.join(ctl, "ready-for-snapshot"))
+while True:
+    conn, _ = srv.accept()
+    with conn:
+        conn.settimeout(5)
+        try:
+            conn.recv(64)
+        except OSError:
+            continue
+        if state["inner"] == "open":  # one round over the loopback connection: client -> server -> client
+            try:
+                server.settimeout(5)
+                client.settimeout(5)
+                client.sendall(b"ping")
+                got = server.recv(4)
+                server.sendall(got.upper())
+                back = client.recv(4)
+                state["inner"] = "open" if back == b"PING" else f"eof ({back!r})"
+                state["rounds"] += state["inner"] == "open"
+            except OSError as exc:
+                state["inner"] = f"error {exc}"
+        conn.sendall((json.dumps(state) + "\n").encode())
+'''
+
+
+def test_into_a_placeholder_a_connection_inside_the_container_is_kept(pod: Pod) -> None:
+    """Two ends of one loopback connection inside the source container: both are in the snapshot, so the default
+    keeps it in the placeholder's network namespace, and it carries data there."""
+    (pod.app / "loop_app.py").write_text(LOOP_APP)
+    src = pod.run("loopsrc", "python3", "/app/loop_app.py")
+    wait_file(pod.control("loopsrc") / "ready-for-snapshot", 60)
+    assert json_line((pod.ip(src), 8080), b"state\n")["rounds"] == 1
+    ph = pod.placeholder("loopph")
+    results = pod.play([pod.checkpoint("checkpoint", container=src, leave_running=False),
+                        pod.restore("restore", name=src, into={"container": ph})], "loop")
+    dest = results["restore"]["restore"]["destinations"][0]
+    assert dest["result"] == "succeeded", dest
+    assert dest["tcp"]["mode"] == "keep" and dest["tcp"]["reason"].startswith(
+        "every established connection (2) has both ends in the snapshot"), dest["tcp"]
+    assert sorted((c["internal"], c["done"]) for c in dest["tcp"]["connections"]) == [(True, "kept"), (True, "kept")]
+    state = json_line((pod.ip(ph), 8080), b"state\n")
+    assert (state["inner"], state["rounds"]) == ("open", 2), state  # the restored connection carried a round
+    assert json_line((pod.ip(ph), 8080), b"state\n")["rounds"] == 3
+
+
+def test_the_connections_of_a_real_dump_are_listed_with_which_stay_inside(tmp_path: Path) -> None:
+    """A process with a loopback connection to itself and one to a peer outside, dumped by this node's CRIU (the
+    session fixture prepared it): ``_tcp.connections`` tells the two apart, as a checkpoint records them."""
+    needs_root_and_criu()
+    criu = shutil.which("criu") or "/usr/local/bin/criu"
+    peer = socket.socket()
+    peer.bind(("127.0.0.2", 0))
+    peer.listen(1)
+    code = ("import socket, sys, time; s = socket.socket(); s.bind(('127.0.0.1', 0)); s.listen(2); "
+            "c = socket.create_connection(s.getsockname()); a, _ = s.accept(); "
+            "o = socket.create_connection(('127.0.0.2', int(sys.argv[1]))); print('ok', flush=True); time.sleep(60)")
+    app = subprocess.Popen([sys.executable, "-c", code, str(peer.getsockname()[1])], stdout=subprocess.PIPE,
+                           text=True, start_new_session=True)
+    out = None
+    try:
+        assert app.stdout and app.stdout.readline().strip() == "ok"
+        out, _ = peer.accept()
+        images = tmp_path / "images"
+        images.mkdir()
+        done = subprocess.run([criu, "dump", "-t", str(app.pid), "-D", str(images), "--tcp-established", "--shell-job",
+                               "--leave-running", "-o", "dump.log"], capture_output=True, text=True, check=False)
+        assert done.returncode == 0, (images / "dump.log").read_text()[-2000:]
+        conns = tcpm.connections(str(images))
+        assert sorted(c["internal"] for c in conns) == [False, True, True], conns
+        inside = [c for c in conns if c["internal"]]
+        assert {inside[0]["local"], inside[0]["remote"]} == {inside[1]["local"], inside[1]["remote"]}
+        (outside,) = [c for c in conns if not c["internal"]]
+        assert outside["remote"] == f"127.0.0.2:{peer.getsockname()[1]}" and outside["local"].startswith("127.0.0.")
+        assert tcpm.listed(str(images)) == conns and tcpm.connections(str(tmp_path)) == []  # no files.img: none
+        (images / "files.img").write_bytes(b"\0" * 8 + b"\xff\xff\xff\x0f" + b"\x01" * 12)
+        assert tcpm.listed(str(images)) is None  # undecodable: no list (a restore then closes)
+    finally:
+        app.kill()
+        app.wait()
+        peer.close()
+        if out is not None:
+            out.close()

@@ -36,6 +36,7 @@ from ansible_collections.warmstart.snapshot.plugins.module_utils.snapshot import
 from ansible_collections.warmstart.snapshot.plugins.module_utils.snapshot import _guardian as grd
 from ansible_collections.warmstart.snapshot.plugins.module_utils.core import _iouring as iou
 from ansible_collections.warmstart.snapshot.plugins.module_utils.core import _safefs as safefs
+from ansible_collections.warmstart.snapshot.plugins.module_utils.criu import _tcp as tcpm
 from ansible_collections.warmstart.snapshot.plugins.module_utils.criu import _lazy as lz
 from ansible_collections.warmstart.snapshot.plugins.module_utils.store import _manifest as mf
 from ansible_collections.warmstart.snapshot.plugins.module_utils.criu import _mountns as mns
@@ -426,6 +427,10 @@ def _target_entry(job: _Job, target: snap.Target, options: CriuOptions) -> Dict[
     }
     if job.mount_ns is not None:
         entry["mount_namespace"] = job.mount_ns
+    if options.tcp == "established":  # which connections have both ends in the snapshot (a restore decides on it)
+        conns = tcpm.listed(job.images)
+        if conns:
+            entry["tcp_connections"] = conns
     if target.profile is not None:  # what releases the copy; quiesced: what the source had done before the dump
         entry["app_profile"] = {**target.profile.record(), "quiesced": [s.describe() for s in target.profile.quiesce]}
     if target.capture:

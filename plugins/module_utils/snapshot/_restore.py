@@ -199,7 +199,8 @@ def _tcp_plan(doc: Dict[str, Any], node: Dict[str, Any], a: _RestoreArgs) -> Tup
     so the default keeps them when this node took the snapshot (its recorded hostname), else closes them."""
     target = doc["targets"][0] if doc.get("targets") else {}
     recorded = (target.get("criu") or {}).get("options", {}).get("tcp")
-    return tcpm.plan(a.tcp, recorded, None, (doc.get("source") or {}).get("hostname"), str(node.get("hostname")))
+    return tcpm.plan(a.tcp, recorded, None, (doc.get("source") or {}).get("hostname"), str(node.get("hostname")),
+                     target.get("tcp_connections"))
 
 
 def _restore_lock(target: Dict[str, Any], workloads_root: str) -> Optional[int]:

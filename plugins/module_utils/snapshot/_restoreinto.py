@@ -458,7 +458,8 @@ def _destination(runtime: Runtime, criu: str, store: Any, doc: Dict[str, Any], d
     """One destination's result: refused (its check failed), would restore (check mode), or its restore; the
     last two say what the restore does with the snapshot's TCP connections (``_tcp``)."""
     recorded = (d.source.get("criu") or {}).get("options", {}).get("tcp")
-    plan, tcp_problems = tcpm.plan(tcp, recorded, d.info.name if d.info else d.name, None, "")
+    plan, tcp_problems = tcpm.plan(tcp, recorded, d.info.name if d.info else d.name, None, "",
+                                   d.source.get("tcp_connections"))
     problems = problems + tcp_problems
     if problems:
         return {"container": d.name, "source": d.source["name"], "result": "refused",

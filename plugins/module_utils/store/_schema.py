@@ -28,6 +28,7 @@ from typing import Any, Dict, List, Optional
 
 MAX_DEPTH = 32
 MAX_FILES = 100_000
+MAX_TCP = 256           # listed TCP connections of one target (criu/_tcp.MAX_CONNECTIONS)
 MAX_TARGETS = 64
 MAX_PATH = 4096
 MIN_CHUNK, MAX_CHUNK = 1 << 20, 1 << 30   # chunk digests (_digest)
@@ -252,7 +253,23 @@ def _target(entry: Any, n: int, out: List[str]) -> None:
         _mount_namespace(entry["mount_namespace"], where, out)
     if entry.get("app_profile") is not None:
         _profile(entry["app_profile"], where, out)
+    if entry.get("tcp_connections") is not None:
+        _tcp_connections(entry["tcp_connections"], where, out)
     _criu_options(entry.get("criu"), where, out)
+
+
+def _tcp_connections(value: Any, where: str, out: List[str]) -> None:
+    """The established TCP connections the checkpoint listed (``_tcp.connections``): at most ``MAX_TCP``, each
+    ``{local, remote: "address:port" of at most 64 characters, internal: bool}``; a restore decides on them."""
+    if not isinstance(value, list) or len(value) > MAX_TCP:
+        out.append(f"{where}tcp_connections: not a list of at most {MAX_TCP} connections")
+        return
+    for n, conn in enumerate(value):
+        ok = isinstance(conn, dict) and set(conn) == {"local", "remote", "internal"} and \
+            isinstance(conn["internal"], bool) and \
+            all(isinstance(conn[k], str) and 0 < len(conn[k]) <= 64 for k in ("local", "remote"))
+        if not ok:
+            out.append(f"{where}tcp_connections[{n}]: not {{local, remote: address:port, internal: bool}}")
 
 
 def _profile(value: Any, where: str, out: List[str]) -> None:

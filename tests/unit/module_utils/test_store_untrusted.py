@@ -440,7 +440,8 @@ def full_doc() -> Dict[str, Any]:
         external_mounts=[{"mountpoint": "/data", "source": "/srv"}],
         mount_namespace={"own_proc": True, "mounts": [{"path": "/", "fstype": "ext4", "slave": True}],
                          "skipped": ["/run/user/0"]},
-        criu={"version": "4.2.1", "options": {"tcp": "close", "ghost_limit": 1, "shell_job": False}})
+        criu={"version": "4.2.1", "options": {"tcp": "close", "ghost_limit": 1, "shell_job": False}},
+        tcp_connections=[{"local": "127.0.0.1:40000", "remote": "127.0.0.1:8080", "internal": True}])
     doc["gpu"] = {"pids": [{"pid": 10, "ns_pid": 1}], "gpus": [{"index": 0, "uuid": "GPU-a", "name": "H100"}],
                   "cuda_version": 12080, "driver_version": "580.1"}
     doc["pod"] = {"namespace": "ns", "name": "p", "container": "c"}
@@ -478,6 +479,21 @@ def replaced(path: Tuple[Any, ...], value: Any) -> Dict[str, Any]:
 def test_the_full_manifest_is_accepted() -> None:
     assert schema.problems(full_doc(), mf.SCHEMA_VERSION) == []
     assert len(FULL_PATHS) > 60
+
+
+@pytest.mark.parametrize("value, problem", [
+    ({"local": "a:1", "remote": "b:2"}, "tcp_connections[0]: not {local, remote: address:port, internal: bool}"),
+    ({"local": "a:1", "remote": "b" * 65, "internal": True}, "tcp_connections[0]: not {local, remote"),
+    ({"local": "a:1", "remote": "b:2", "internal": "yes"}, "tcp_connections[0]: not {local, remote"),
+    ({"local": "a:1", "remote": "b:2", "internal": True, "more": 1}, "tcp_connections[0]: not {local, remote"),
+])
+def test_a_listed_tcp_connection_is_checked(value: Any, problem: str) -> None:
+    doc = full_doc()
+    doc["targets"][0]["tcp_connections"] = [value]
+    assert any(problem in p for p in schema.problems(doc, mf.SCHEMA_VERSION))
+    doc["targets"][0]["tcp_connections"] = [dict(local="a:1", remote="b:2", internal=False)] * 257
+    assert "targets[0].tcp_connections: not a list of at most 256 connections" in schema.problems(
+        doc, mf.SCHEMA_VERSION)
 
 
 @settings(max_examples=1500, deadline=None, suppress_health_check=[HealthCheck.too_slow])

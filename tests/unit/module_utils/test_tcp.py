@@ -78,3 +78,23 @@ def test_the_mode_becomes_crius_tcp_option(mode: str, established: Optional[bool
     to_rpc(CriuOptions(tcp=tcpm.TcpPlan(mode, "why").criu_tcp), opts)
     assert getattr(opts, "tcp_established", None) is established
     assert getattr(opts, "tcp_close", None) is close
+
+
+def _conn(local: str, remote: str, internal: bool) -> dict:
+    return {"local": local, "remote": remote, "internal": internal}
+
+
+def test_a_placeholder_keeps_connections_whose_both_ends_are_in_the_snapshot_and_says_so() -> None:
+    pair = [_conn("127.0.0.1:44011", "127.0.0.1:58596", True), _conn("127.0.0.1:58596", "127.0.0.1:44011", True)]
+    got, problems = tcpm.plan(None, "established", "web-1", "node-a", "node-b", pair)
+    assert problems == [] and got.mode == "keep" and got.criu_tcp == "established"
+    assert got.reason.startswith("every established connection (2) has both ends in the snapshot")
+    assert [c["done"] for c in got.result()["connections"]] == ["kept", "kept"]
+    leaving = pair + [_conn("10.88.0.5:8000", "10.88.0.1:40000", False)]
+    got, _ = tcpm.plan(None, "established", "web-1", "node-a", "node-b", leaving)
+    assert got.mode == "close" and "1 of the 3 established connections lead out of the snapshot" in got.reason
+    assert [(c["local"], c["done"]) for c in got.result()["connections"]][-1] == ("10.88.0.5:8000", "closed")
+    got, _ = tcpm.plan("close", "established", "web-1", "node-a", "node-b", pair)  # asked for: asked for wins
+    assert got.mode == "close" and got.result()["connections"][0]["done"] == "closed"
+    got, _ = tcpm.plan(None, "close", "web-1", "node-a", "node-b", pair)  # not dumped: nothing to keep
+    assert got.mode == "close" and "connections" not in got.result()
