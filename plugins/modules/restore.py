@@ -199,8 +199,8 @@ options:
         dump's (a restore O(into) a placeholder container or pod, whose address is new; a process restore on
         a node other than the one that took the snapshot, as its manifest records it); V(keep) for a process
         restored on the node that took the snapshot, and O(into) a placeholder when every connection the
-        checkpoint listed has both ends in the snapshot (two processes of the container talking over loopback:
-        they come back together; CRIU keeps all or closes all). RV(restore.tcp) says which was applied and why,
+        checkpoint listed has both ends in the snapshot (two processes of the container talking over loopback
+        come back together; CRIU keeps all or closes all). RV(restore.tcp) says which was applied and why,
         and each listed connection with what was done to it.
       - V(keep) of a snapshot taken with O(warmstart.snapshot.checkpoint#module:tcp=close) is refused (its
         connections were not dumped).

@@ -91,10 +91,10 @@ def test_a_placeholder_keeps_connections_whose_both_ends_are_in_the_snapshot_and
     assert got.reason.startswith("every established connection (2) has both ends in the snapshot")
     assert [c["done"] for c in got.result()["connections"]] == ["kept", "kept"]
     leaving = pair + [_conn("10.88.0.5:8000", "10.88.0.1:40000", False)]
-    got, _ = tcpm.plan(None, "established", "web-1", "node-a", "node-b", leaving)
+    got = tcpm.plan(None, "established", "web-1", "node-a", "node-b", leaving)[0]
     assert got.mode == "close" and "1 of the 3 established connections lead out of the snapshot" in got.reason
     assert [(c["local"], c["done"]) for c in got.result()["connections"]][-1] == ("10.88.0.5:8000", "closed")
-    got, _ = tcpm.plan("close", "established", "web-1", "node-a", "node-b", pair)  # asked for: asked for wins
+    got = tcpm.plan("close", "established", "web-1", "node-a", "node-b", pair)[0]  # asked for: asked for wins
     assert got.mode == "close" and got.result()["connections"][0]["done"] == "closed"
-    got, _ = tcpm.plan(None, "close", "web-1", "node-a", "node-b", pair)  # not dumped: nothing to keep
+    got = tcpm.plan(None, "close", "web-1", "node-a", "node-b", pair)[0]  # not dumped: nothing to keep
     assert got.mode == "close" and "connections" not in got.result()
