@@ -25,8 +25,7 @@ from typing import Any, Dict, Iterator, Optional, Tuple
 
 import pytest
 
-from ansible_collections.warmstart.snapshot.plugins.module_utils.criu import _tcp as tcpm
-
+from .ansible_run import REPO
 from .container_lab import Pod, pod_for, wait_file
 from .process_lab import Lab, free_port, json_line, needs_root_and_criu, query, read_line
 
@@ -296,6 +295,17 @@ def test_into_a_placeholder_a_connection_inside_the_container_is_kept(pod: Pod) 
     assert json_line((pod.ip(ph), 8080), b"state\n")["rounds"] == 3
 
 
+def tcp_module(function: str, images: Path) -> Any:
+    """``_tcp.<function>(images)`` as a checkpoint runs it: in the node's module interpreter, which has pycriu."""
+    code = ("import json, sys; sys.path.insert(0, sys.argv[1]); "
+            "from ansible_collections.warmstart.snapshot.plugins.module_utils.criu import _tcp; "
+            f"print(json.dumps(_tcp.{function}(sys.argv[2])))")
+    done = subprocess.run(["/usr/bin/python3", "-c", code, str(REPO / ".collections"), str(images)],
+                          capture_output=True, text=True, check=False, timeout=60)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return json.loads(done.stdout)
+
+
 def test_the_connections_of_a_real_dump_are_listed_with_which_stay_inside(tmp_path: Path) -> None:
     """A process with a loopback connection to itself and one to a peer outside, dumped by this node's CRIU (the
     session fixture prepared it): ``_tcp.connections`` tells the two apart, as a checkpoint records them."""
@@ -318,15 +328,15 @@ def test_the_connections_of_a_real_dump_are_listed_with_which_stay_inside(tmp_pa
         done = subprocess.run([criu, "dump", "-t", str(app.pid), "-D", str(images), "--tcp-established", "--shell-job",
                                "--leave-running", "-o", "dump.log"], capture_output=True, text=True, check=False)
         assert done.returncode == 0, (images / "dump.log").read_text()[-2000:]
-        conns = tcpm.connections(str(images))
+        conns = tcp_module("connections", images)
         assert sorted(c["internal"] for c in conns) == [False, True, True], conns
         inside = [c for c in conns if c["internal"]]
         assert {inside[0]["local"], inside[0]["remote"]} == {inside[1]["local"], inside[1]["remote"]}
         (outside,) = [c for c in conns if not c["internal"]]
         assert outside["remote"] == f"127.0.0.2:{peer.getsockname()[1]}" and outside["local"].startswith("127.0.0.")
-        assert tcpm.listed(str(images)) == conns and tcpm.connections(str(tmp_path)) == []  # no files.img: none
+        assert tcp_module("listed", images) == conns and tcp_module("connections", tmp_path) == []  # no files.img
         (images / "files.img").write_bytes(b"\0" * 8 + b"\xff\xff\xff\x0f" + b"\x01" * 12)
-        assert tcpm.listed(str(images)) is None  # undecodable: no list (a restore then closes)
+        assert tcp_module("listed", images) is None  # undecodable: no list (a restore then closes)
     finally:
         app.kill()
         app.wait()
