@@ -173,7 +173,7 @@ def decide(pod: JSON, agent: str, node_name: Optional[str], at: Optional[float] 
         return "skip", "its containers are not all running yet"
     tries, not_before = retry_of(pod)
     if not_before is not None and not_before > (time.time() if at is None else at):
-        return "skip", f"the store failed {tries} time(s); the next try is not before {_stamp(not_before)}"
+        return "skip", f"the store failed {tries} time(s); the next try is not before {now(not_before)}"
     return "restore", ""
 
 
@@ -203,10 +203,6 @@ def _epoch(stamp: Any) -> Optional[float]:
         return datetime.datetime.fromisoformat(str(stamp).replace("Z", "+00:00")).timestamp()
     except ValueError:
         return None
-
-
-def _stamp(epoch: float) -> str:
-    return datetime.datetime.fromtimestamp(epoch, datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def running_since(pod: JSON) -> Optional[float]:
@@ -380,7 +376,7 @@ def _retry_later(cluster: Cluster, s: Settings, work: Work, result: NodeResult) 
         meta = pod.get("metadata") or {}
         patch = {"metadata": {"resourceVersion": meta.get("resourceVersion"),
                               "finalizers": [f for f in meta.get("finalizers") or [] if f != podapi.FINALIZER],
-                              "annotations": {ANN_ATTEMPT: None, ANN_RETRY: f"{tries} {_stamp(not_before)}"}}}
+                              "annotations": {ANN_ATTEMPT: None, ANN_RETRY: f"{tries} {now(not_before)}"}}}
         try:
             cluster.patch("Pod", work.name, patch, work.namespace)
             break
@@ -391,10 +387,10 @@ def _retry_later(cluster: Cluster, s: Settings, work: Work, result: NodeResult) 
         raise K8sError(f"Pod {work.namespace}/{work.name}: its attempt could not be given back: the pod kept "
                        "changing", "Pod")
     why = (f"the store failed before anything was touched ({result.message}); try {tries} of {RETRY_LIMIT} failed, "
-           f"the next is not before {_stamp(not_before)}")
+           f"the next is not before {now(not_before)}")
     mark_waiting(cluster, pod, [why])
     return {"changed": True, "action": "waiting", "pod": f"{s.namespace}/{s.name}", "reasons": [why],
-            "outcome": "Pending", "retry": tries, "retry_at": _stamp(not_before), "message": result.message}
+            "outcome": "Pending", "retry": tries, "retry_at": now(not_before), "message": result.message}
 
 
 def _recover(cluster: Cluster, s: Settings, pod: JSON, node: Node, check_mode: bool) -> JSON:

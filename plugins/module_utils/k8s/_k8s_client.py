@@ -161,8 +161,9 @@ def connect(params: Params) -> Any:
     return kubernetes.client.ApiClient(configuration=conf)
 
 
-def now() -> str:
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+def now(at: Optional[float] = None) -> str:
+    """An API timestamp (RFC 3339, UTC, seconds) of ``at`` (epoch s; default: now)."""
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(at))
 
 
 def ref(kind: str, name: str, namespace: Optional[str] = None) -> str:
