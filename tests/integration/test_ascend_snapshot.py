@@ -121,7 +121,9 @@ def test_npu_process_locked_backed_up_dumped_restored_and_unlocked_in_order(tmp_
         assert calls(log) == [f"lock:{pid}:0", f"backup:{pid}:0"]  # both before the dump
         source.kill()
         source.wait()
-        out.unlink()
+        # emptied in place, not removed: the dump may have caught the source between opening it and closing it
+        # (its atomic writer holds the file until the rename is checked), and CRIU reopens such a file by path
+        out.write_text("")
         work = tmp_path / "work"
         work.mkdir()
         restored = criu_rpc.restore(CRIU, str(images), str(work), CriuOptions())  # type: ignore[attr-defined]
@@ -170,7 +172,7 @@ def test_engine_checkpoint_and_restore_with_accelerator_ascend(tmp_path: Path, c
         assert "CANN snapshot API" in done["cuda"]["backend"]
         assert calls(log) == [f"lock:{pid}:0", f"backup:{pid}:0"]  # the source was ended, not resumed
         wait_for("the source ended", lambda: not os.path.exists(f"/proc/{pid}"))
-        out.unlink()
+        out.write_text("")  # emptied in place: CRIU reopens it by path if the dump caught the source writing it
         result = rs.restore(store, snapshot_id=done["id"], criu_path=CRIU, restore_root=str(tmp_path / "restore"),
                             cuda="required", gpu_node=ascend_gpu_node())
         restored = int(result["pid"])

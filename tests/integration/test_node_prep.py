@@ -154,6 +154,7 @@ def test_build_failure_reports_and_leaves_nothing(tmp_path: Path) -> None:
     assert not (tmp_path / "opt" / "9.9").exists()
 
 
+@pytest.mark.serial  # its tmpfs is the node's for a while: a snapshot another test takes meanwhile would keep it
 def test_unwritable_snapshot_root(tmp_path: Path) -> None:
     ro = tmp_path / "ro"
     ro.mkdir()

@@ -55,7 +55,10 @@ while True:
         conn.sendall((json.dumps(state) + "\n").encode())
 '''
 
-SHARED_NODE = ("unshare", "--mount", "--propagation", "shared", "--")
+# A node whose mounts are shared, as systemd makes them: a private copy first, so that on a node whose mounts are
+# shared indeed nothing mounted in here reaches the node (and the other tests' snapshots).
+SHARED_NODE = ("unshare", "--mount", "--propagation", "private", "--", "unshare", "--mount", "--propagation", "shared",
+               "--")
 PRIVATE_NODE = ("unshare", "--mount", "--propagation", "private", "--")
 
 
@@ -134,6 +137,7 @@ def test_node_local_mounts_are_left_out_unless_the_tree_holds_something_on_them(
         subprocess.run(["rm", "-rf", "--one-file-system", str(session)], check=False)
 
 
+@pytest.mark.serial  # its mount is the node's: a snapshot another test takes meanwhile keeps it, then misses it
 def test_a_kept_mount_missing_on_the_restoring_node_is_refused_naming_it(lab: Lab) -> None:
     data = lab.tmp / "data"
     lab.mount_tmpfs(data, "size=1m")
