@@ -90,6 +90,21 @@ options:
       spec_hash:
         description: The pod's condensed spec hash, recorded in the manifest.
         type: str
+  volumes:
+    description:
+      - Mountpoints in the O(container) (or O(pod) container) whose contents the snapshot takes along - a pod's
+        C(emptyDir) volumes, where a server writes at start-up (a compile cache) or holds files open. Each must be
+        one of the container's bind mounts, not its C(snapshot-control) dir; every one that is not is named in
+        the failure, before anything is stopped.
+      - Each is archived while the workload is stopped (C(volumes/<n>.tar) beside the CRIU images, its files
+        and bytes in the manifest) and put back into the placeholder's volume at the same mountpoint before
+        CRIU restores; a placeholder whose volume lacks the room is refused. Both sides run chrooted into the
+        volume, so no symlink another container of the pod plants there leads out of it.
+      - The node agent (M(warmstart.snapshot.agent_capture)) passes every C(emptyDir) volume the pod's container
+        mounts.
+    type: list
+    elements: str
+    default: []
   runtime:
     description:
       - Container runtime of O(container) or O(pod).
@@ -242,6 +257,12 @@ EXAMPLES = r"""
   environment:
     CONTAINERD_ADDRESS: /run/k3s/containerd/containerd.sock
 
+- name: Snapshot a container with what its server wrote into its cache volume at start-up
+  warmstart.snapshot.checkpoint:
+    container: embed-1
+    volumes: [/root/.cache]
+    store: /mnt/snapshots
+
 - name: Snapshot a process by pid, keep it running
   warmstart.snapshot.checkpoint:
     pid: 4242
@@ -315,6 +336,14 @@ snapshot:
       type: dict
       returned: always
       sample: {hostname: gpu-01, arch: x86_64, kernel: 6.12.0, cpu_vendor: GenuineIntel, cpu_flags_hash: 9f2c}
+    volumes:
+      description:
+        - The O(volumes) taken along - C(mountpoint), C(archive), C(entries) (files, directories and links),
+          C(bytes) (of its files) and C(fstype) (C(tmpfs) for a C(medium: Memory) emptyDir).
+      type: list
+      elements: dict
+      returned: with O(volumes)
+      sample: [{mountpoint: /root/.cache, archive: volumes/0.tar, entries: 12, bytes: 73400320, fstype: ext4}]
     pod:
       description: The pod section of the manifest, for O(pod) targets.
       type: dict
@@ -372,6 +401,7 @@ def main() -> None:
             workload=dict(type="str"),
             container=dict(type="str"),
             pod=pod_argument_spec(uid=dict(type="str"), spec_hash=dict(type="str")),
+            volumes=dict(type="list", elements="str", default=[]),
             runtime=dict(type="str", choices=["podman", "containerd", "auto"], default="podman"),
             workloads_root=dict(type="path", default="/var/lib/warmstart/workloads"),
             **store_argument_spec(),

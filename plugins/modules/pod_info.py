@@ -104,6 +104,9 @@ targets:
       V(PartiallySucceeded), V(Unknown); see M(warmstart.snapshot.restore_pod)); C(restore_state) is the deprecated
       earlier name (V(pending), V(succeeded), V(failed), V(partial)), kept for one release. Both are null for
       other pods.
+    - Each of C(containers) says C(name), C(container_id), C(running), C(ready), C(restart_count) and C(volumes),
+      where it mounts the pod's C(emptyDir) volumes (what a snapshot takes along, M(warmstart.snapshot.checkpoint)
+      O(warmstart.snapshot.checkpoint#module:volumes)).
   returned: always
   type: list
   elements: dict
@@ -119,7 +122,8 @@ targets:
       restore_outcome: null
       restore_state: null
       containers:
-        - {name: main, container_id: "podman://0f3a...", running: true, ready: true, restart_count: 0}
+        - {name: main, container_id: "podman://0f3a...", running: true, ready: true, restart_count: 0,
+           volumes: [/root/.cache]}
 reasons:
   description: On a wait that timed out, each pod and what it still lacks.
   returned: failure

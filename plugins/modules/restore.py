@@ -22,8 +22,10 @@ description:
   - A container snapshot is restored B(into) running placeholder containers (O(into)) - containers of the same
     image and mounts whose only process is an inert PID 1 such as C(sleep infinity). Each placeholder is checked
     first (running, inert, the PIDs the workload needs free, same image, every mount the workload needs present)
-    and pinned by open namespace descriptors; the rootfs diff and deletions are applied to its root file system;
-    CRIU then restores the workload into its network, PID, UTS and IPC namespaces and its cgroup, as a sibling of
+    and pinned by open namespace descriptors; the rootfs diff and deletions are applied to its root file system,
+    and the contents of the volumes the snapshot took along (M(warmstart.snapshot.checkpoint) O(warmstart.snapshot.checkpoint#module:volumes),
+    a pod's C(emptyDir) volumes) are extracted into its volumes at the same mountpoints (a placeholder without the
+    room there is refused before anything is touched); CRIU then restores the workload into its network, PID, UTS and IPC namespaces and its cgroup, as a sibling of
     its PID 1 with its original PIDs and its stdio on the placeholder's. Nothing is mounted into the placeholder.
   - On success C(restore-complete) (C(pid=<pid in the container>)) is written into the container's control
     directory (the workload's E(SNAPSHOT_CONTROL_DIR) at capture, as mounted in the placeholder); on failure
@@ -487,7 +489,9 @@ restore:
       returned: with into
       sample: succeeded
     destinations:
-      description: For O(into) - one result per placeholder.
+      description:
+        - For O(into) - one result per placeholder - C(container), C(source), C(result), and when restored C(pid),
+          C(ns_pid), C(timings), C(tcp), and C(volumes) (each volume put back - C(mountpoint), C(entries)).
       type: list
       elements: dict
       returned: with into
@@ -497,7 +501,8 @@ restore:
           result: succeeded
           pid: 30211
           ns_pid: 6
-          timings: {rootfs: 0.01, restore: 0.41, total: 0.47}
+          timings: {rootfs: 0.01, volumes: 0.02, restore: 0.41, total: 0.47}
+          volumes: [{mountpoint: /root/.cache, entries: 12}]
           tcp: {mode: close, reason: "restored into placeholder embed-2's network namespace, not the one the connections were dumped in"}
 outcome:
   description:

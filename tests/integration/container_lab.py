@@ -150,9 +150,9 @@ class Pod(Workspace):
 
     def run(self, name: str, *cmd: str, init: bool = True, env: Optional[Dict[str, str]] = None,
             image: Optional[str] = None, create_only: bool = False, labels: Optional[Dict[str, str]] = None,
-            volumes: Optional[Dict[str, str]] = None) -> str:
+            volumes: Optional[Dict[str, str]] = None, writable: Optional[Dict[str, str]] = None) -> str:
         """Start (or create) container ``name`` running ``cmd``; ``volumes``: host path -> container path, read
-        only, besides /app and its control dir."""
+        only, besides /app and its control dir; ``writable``: the same, read-write (as a pod's emptyDir)."""
         full = f"{name}-{self.tag}"
         args = ["create" if create_only else "run"] + ([] if create_only else ["-d"]) + ["--name", full]
         args += ["--init"] if init else []
@@ -162,6 +162,8 @@ class Pod(Workspace):
                  "-e", "SNAPSHOT_CONTROL_DIR=/snapshot-control"]
         for host, inside in (volumes or {}).items():
             args += ["-v", f"{host}:{inside}:ro"]
+        for host, inside in (writable or {}).items():
+            args += ["-v", f"{host}:{inside}:rw"]
         for key, value in (env or {}).items():
             args += ["-e", f"{key}={value}"]
         self.podman(*args, image or self.image, *cmd)

@@ -99,3 +99,72 @@ def test_bad_archives_are_refused_with_the_file_named(dest: Path, tmp_path: Path
         rootfs.apply(str(dest), str(out))
     with pytest.raises(rootfs.RootfsError, match="does not exist"):
         rootfs.capture(str(tmp_path / "no-upper"), str(out))
+
+
+# --- a container's volumes (a pod's emptyDir volumes): _volumes ------------------------------------------------
+
+def test_a_volume_goes_along_with_what_it_holds_and_comes_back_in_another_volume(tmp_path: Path) -> None:
+    from ansible_collections.warmstart.snapshot.plugins.module_utils.runtime import _volumes as vol  # noqa: PLC0415
+    src, dst, target = tmp_path / "src-vol", tmp_path / "dst-vol", tmp_path / "target"
+    (src / "torch" / "kernels").mkdir(parents=True)
+    (src / "torch" / "kernels" / "k1.bin").write_bytes(b"\x01" * 5000)
+    (src / "open.log").write_text("held open by the server\n")
+    os.chmod(src / "open.log", 0o640)
+    os.symlink("/etc/shadow", src / "shadow")            # planted by another container: archived as a link only
+    os.symlink("torch", src / "cache")
+    sock = socket.socket(socket.AF_UNIX)
+    sock.bind(str(src / "server.sock"))
+    sock.close()
+    dst.mkdir()
+    (dst / "stale").write_text("from the placeholder's own start\n")
+    target.mkdir(mode=0o700)
+    rec = vol.capture(str(src), "/cache", "ext4", str(target), 0)
+    assert rec == {"mountpoint": "/cache", "archive": "volumes/0.tar", "entries": 6, "bytes": 5000 + 24,
+                   "fstype": "ext4"}
+    archive = target / rec["archive"]
+    assert stat.S_IMODE(archive.stat().st_mode) == 0o600 and stat.S_IMODE(archive.parent.stat().st_mode) == 0o700
+    with tarfile.open(archive) as tar:
+        names = {m.name: m for m in tar.getmembers()}
+    assert set(names) == {"torch", "torch/kernels", "torch/kernels/k1.bin", "open.log", "shadow", "cache"}
+    assert names["shadow"].issym() and names["shadow"].linkname == "/etc/shadow" and names["shadow"].size == 0
+    assert vol.apply(str(dst), "/cache", str(archive)) == {"mountpoint": "/cache", "entries": 6}
+    assert (dst / "torch" / "kernels" / "k1.bin").read_bytes() == b"\x01" * 5000
+    assert stat.S_IMODE((dst / "open.log").stat().st_mode) == 0o640
+    assert os.readlink(dst / "shadow") == "/etc/shadow" and (dst / "stale").exists()
+
+
+def test_a_volume_with_links_planted_to_the_host_is_read_and_written_only_inside_it(tmp_path: Path) -> None:
+    """Another container of the pod may plant links in a shared emptyDir: capture follows none of them out of the
+    volume, and an archive whose entries go through a planted link writes inside the volume, never on the host."""
+    from ansible_collections.warmstart.snapshot.plugins.module_utils.runtime import _volumes as vol  # noqa: PLC0415
+    outside = tmp_path / "host-secret"
+    outside.mkdir()
+    (outside / "key").write_text("host secret\n")
+    src = tmp_path / "src-vol"
+    src.mkdir()
+    os.symlink(str(outside), src / "dir-link")          # an absolute link to a host dir (as the node sees it)
+    target = tmp_path / "target"
+    target.mkdir(mode=0o700)
+    vol.capture(str(src), "/data", "tmpfs", str(target), 0)
+    with tarfile.open(target / "volumes" / "0.tar") as tar:
+        assert [m.name for m in tar.getmembers()] == ["dir-link"], "nothing read through the link"
+    # an archive of our own making that writes through a link the placeholder's volume holds
+    evil = tmp_path / "evil.tar"
+    payload = tmp_path / "payload"
+    payload.write_text("written by the restore\n")
+    with tarfile.open(evil, "w") as tar:
+        tar.add(payload, arcname="dir-link/key")
+    dst = tmp_path / "dst-vol"
+    dst.mkdir()
+    os.symlink(str(outside), dst / "dir-link")
+    with pytest.raises(vol.VolumeError, match="File exists: '/dir-link'"):  # the link leads nowhere in the volume
+        vol.apply(str(dst), "/data", str(evil))
+    assert (outside / "key").read_text() == "host secret\n", "the host file was written through the planted link"
+    bad = tmp_path / "bad.tar"
+    with tarfile.open(bad, "w") as tar:
+        tar.add(payload, arcname="../escaped")
+    with pytest.raises(vol.VolumeError, match=r"refusing member '\.\./escaped'"):
+        vol.apply(str(dst), "/data", str(bad))
+    assert not (tmp_path / "escaped").exists()
+    with pytest.raises(vol.VolumeError, match="volume /data: its host directory .* cannot be opened"):
+        vol.capture(str(tmp_path / "missing"), "/data", "tmpfs", str(target), 1)

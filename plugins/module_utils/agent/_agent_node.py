@@ -28,6 +28,7 @@ from ansible_collections.warmstart.snapshot.plugins.module_utils.snapshot import
 from ansible_collections.warmstart.snapshot.plugins.module_utils.core import _control as ctl
 from ansible_collections.warmstart.snapshot.plugins.module_utils.core import _proc as proc
 from ansible_collections.warmstart.snapshot.plugins.module_utils.snapshot import _placeholder as ph
+from ansible_collections.warmstart.snapshot.plugins.module_utils.k8s import _podapi as podapi
 from ansible_collections.warmstart.snapshot.plugins.module_utils.k8s import _spechash as spechash
 from ansible_collections.warmstart.snapshot.plugins.module_utils.snapshot import _restoreinto as rinto
 from ansible_collections.warmstart.snapshot.plugins.module_utils.core import _restorer as rst
@@ -145,7 +146,9 @@ class LocalNode:
         pod = {"namespace": c.namespace, "name": meta.get("name"), "uid": meta.get("uid"), "container": c.container,
                "container_id": ids.get(c.container), "spec_hash": spechash.pod_spec_hash(c.pod)}
         cid = pod_container(self.runtime, pod)
-        target = dataclasses.replace(ctr.resolve(self.runtime_name, cid, name=c.container), profile=c.app_profile)
+        volumes = podapi.emptydir_mounts(c.pod.get("spec"), c.container)  # their contents go along
+        target = dataclasses.replace(ctr.resolve(self.runtime_name, cid, name=c.container, volumes=volumes),
+                                     profile=c.app_profile)
         record = dict(pod, container_id=cid)
         result = ckpt.checkpoint(open_store(c.store, c.store_options), target, str(meta.get("name")),
                                  dict(meta.get("labels") or {}), CriuOptions(), leave_running=c.leave_running,

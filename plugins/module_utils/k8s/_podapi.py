@@ -31,8 +31,9 @@ Shared pieces
     for messages; the dict helpers that read a field of the wrong type as
     empty; ``locate`` / ``pod_parts``, which find the pod in a Pod, a pod
     template or a workload; and the conditions: ``get_condition``,
-    ``set_condition`` (metav1.Condition shape) and the readiness of a
-    PodSnapshot (``readiness_problems`` / ``is_ready``).
+    ``set_condition`` (metav1.Condition shape), the readiness of a
+    PodSnapshot (``readiness_problems`` / ``is_ready``), and where a container
+    mounts the pod's emptyDir volumes (``emptydir_mounts``).
 """
 from __future__ import annotations
 
@@ -235,6 +236,19 @@ def pod_parts(obj: Any) -> Tuple[Dict[str, Any], Dict[str, Any], str]:
 
 
 # --- conditions ---------------------------------------------------------------
+
+def emptydir_mounts(spec: Any, container: Any) -> List[str]:
+    """Where container ``container`` of pod spec ``spec`` mounts the pod's ``emptyDir`` volumes (what a snapshot
+    takes along, checkpoint's ``volumes``), the ``snapshot-control`` volume and ``subPath`` mounts left out; in
+    the order of its ``volumeMounts``."""
+    empty = {v.get("name") for v in dicts_of(as_dict(spec).get("volumes")) if "emptyDir" in v}
+    empty.discard(CONTROL_VOLUME)
+    for c in dicts_of(as_dict(spec).get("containers")):
+        if c.get("name") == container:
+            return [str(m["mountPath"]) for m in dicts_of(c.get("volumeMounts"))
+                    if m.get("name") in empty and isinstance(m.get("mountPath"), str) and not m.get("subPath")]
+    return []
+
 
 def get_condition(obj: Any, type_: str) -> Optional[Dict[str, Any]]:
     """The condition of ``type_`` in an object's ``status.conditions`` (or a status, or a list); None if absent."""

@@ -71,9 +71,11 @@ def _target(p: Params) -> Any:
     pod = p.get("pod")
     if pod:
         cid = pod_container(get_runtime(p["runtime"]), pod)
-        return ctr.resolve(p["runtime"], cid, name=pod["container"])
+        return ctr.resolve(p["runtime"], cid, name=pod["container"], volumes=p.get("volumes") or ())
     if p.get("container"):
-        return ctr.resolve(p["runtime"], p["container"])
+        return ctr.resolve(p["runtime"], p["container"], volumes=p.get("volumes") or ())
+    if p.get("volumes"):
+        raise snap.SnapshotError("volumes: only a container or pod target has volumes to take along")
     return snap.resolve_target(p["pid"], p["pidfile"], p["workload"], p["workloads_root"])
 
 

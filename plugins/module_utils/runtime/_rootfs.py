@@ -104,8 +104,9 @@ def _holds_mount(path: str, keep: FrozenSet[str]) -> bool:
     return path in keep or any(k.startswith(prefix) for k in keep)
 
 
-def _apply_here(tar_path_fd: int, deleted: Dict[str, List[str]], keep: FrozenSet[str]) -> str:
-    """Runs chrooted in the destination root: deletions, opaque dirs, then the archive."""
+def apply_here(tar_path_fd: int, deleted: Dict[str, List[str]], keep: FrozenSet[str], what: str = DIFF_TAR) -> str:
+    """Runs chrooted in the destination root: deletions, opaque dirs, then the archive ``what`` on ``tar_path_fd``
+    (also a volume's, ``_volumes``); the number of entries extracted."""
     for path in deleted.get("deleted", []):
         if not path.startswith("/") or ".." in path.split("/"):
             raise RootfsError(f"{DELETED}: refusing path {path!r}")
@@ -122,7 +123,7 @@ def _apply_here(tar_path_fd: int, deleted: Dict[str, List[str]], keep: FrozenSet
     with os.fdopen(tar_path_fd, "rb") as raw, tarfile.open(fileobj=raw, mode="r:") as tar:
         for member in tar:
             if not _safe(member.name) or (member.islnk() and not _safe(member.linkname)):
-                raise RootfsError(f"{DIFF_TAR}: refusing member {member.name!r} (absolute or '..' path)")
+                raise RootfsError(f"{what}: refusing member {member.name!r} (absolute or '..' path)")
             target = "/" + member.name
             if target in keep:
                 continue  # a mountpoint of the destination: it exists, and its mount stays
@@ -158,7 +159,7 @@ def apply(rootfs: str, diff_dir: str, mountpoints: Iterable[str] = ()) -> Dict[s
         os.chdir("/")
 
     try:
-        count = fork_call(lambda: _apply_here(fd, deleted, keep), enter, what=f"applying {tar_path} to {rootfs}")
+        count = fork_call(lambda: apply_here(fd, deleted, keep), enter, what=f"applying {tar_path} to {rootfs}")
     except OSError as exc:
         raise RootfsError(str(exc)) from None
     finally:

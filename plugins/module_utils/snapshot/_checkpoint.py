@@ -451,7 +451,9 @@ def _end_source(target: snap.Target) -> None:
 def _checkpoint_result(job: _Job, store: Store, target: snap.Target, leave_running: bool, timings: Dict[str, float],
                        plan: gh.CudaPlan) -> Dict[str, Any]:
     manifest = job.manifest
+    volumes = manifest["targets"][0].get("volumes")
     return {
+        **({"volumes": volumes} if volumes else {}),
         "id": manifest["id"],
         "name": manifest["name"],
         "labels": manifest["labels"],

@@ -7,7 +7,8 @@
 Checkpoint: the container's workload (the tree under its PID 1, an init such
 as ``podman run --init`` gives) is dumped with the container's network and PID
 namespaces declared external, its bind and cgroup mounts external, its root
-file system as CRIU's root; the overlay upper dir goes along as a rootfs diff.
+file system as CRIU's root; the overlay upper dir goes along as a rootfs diff, and the contents of the volumes asked
+for (a pod's ``emptyDir`` volumes) as archives (``_volumes``).
 ``resolve`` finds the workload tree (``_workload``) and returns the target, whose
 ``ContainerCapture`` adds all that to the checkpoint (``_snapshot.Capture``).
 
@@ -19,7 +20,7 @@ from __future__ import annotations
 import dataclasses
 import os
 from dataclasses import dataclass
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from ansible_collections.warmstart.snapshot.plugins.module_utils.core import _control as ctl
 from ansible_collections.warmstart.snapshot.plugins.module_utils.core import _namespaces as nsu
@@ -27,6 +28,7 @@ from ansible_collections.warmstart.snapshot.plugins.module_utils.core import _pr
 from ansible_collections.warmstart.snapshot.plugins.module_utils.core import _progress as prog
 from ansible_collections.warmstart.snapshot.plugins.module_utils.criu import _pstree as pstree
 from ansible_collections.warmstart.snapshot.plugins.module_utils.runtime import _rootfs as rootfs
+from ansible_collections.warmstart.snapshot.plugins.module_utils.runtime import _volumes as vol
 from ansible_collections.warmstart.snapshot.plugins.module_utils.snapshot import _snapshot as snap
 from ansible_collections.warmstart.snapshot.plugins.module_utils.runtime._containerinfo import ContainerInfo
 from ansible_collections.warmstart.snapshot.plugins.module_utils.criu._criu_rpc import CriuOptions, ExtMount
@@ -93,6 +95,7 @@ class ContainerCapture:
     lock_tables: Optional[List[str]] = None
     control_host: Optional[str] = None
     own_pid_ns: bool = False    # the workload is PID 1 of its own PID namespace (dumped with it, not beside it)
+    volumes: List[Dict[str, str]] = dataclasses.field(default_factory=list)  # external mounts whose contents go along
 
     def criu_options(self, base: CriuOptions) -> CriuOptions:
         """``base`` with what dumping a container's workload adds: its rootfs as root, its session's job, its
@@ -139,7 +142,16 @@ class ContainerCapture:
         except (OSError, rootfs.RootfsError) as exc:
             raise snap.SnapshotError(f"container {self.info.name}: rootfs changes cannot be captured: {exc}") from None
         session = {"own_session": True, "moved_from": {k: sorted(v) for k, v in moved.items()}}
-        return {"rootfs_diff": dict(stats, tar=rootfs.DIFF_TAR, deleted_files=rootfs.DELETED), "session": session}
+        extra: Dict[str, Any] = {"rootfs_diff": dict(stats, tar=rootfs.DIFF_TAR, deleted_files=rootfs.DELETED),
+                                 "session": session}
+        if self.volumes:
+            prog.phase("volumes")
+            try:
+                extra["volumes"] = [vol.capture(m["source"], m["mountpoint"], m["fstype"], target_dir, n)
+                                    for n, m in enumerate(self.volumes)]
+            except vol.VolumeError as exc:
+                raise snap.SnapshotError(f"container {self.info.name}: {exc}") from None
+        return extra
 
     def entry(self) -> Dict[str, Any]:
         i = self.info
@@ -197,11 +209,12 @@ def _is_container_init(pid: int) -> bool:
     return exe in CONTAINER_INITS
 
 
-def resolve(runtime_name: str, container: str, name: Optional[str] = None) -> snap.Target:
+def resolve(runtime_name: str, container: str, name: Optional[str] = None, volumes: Sequence[str] = ()) -> snap.Target:
     """A running container -> the checkpoint target: its workload tree (``_workload``).
 
     ``name`` names the container in the snapshot (default: the runtime's name for it; a pod's container
-    name for pod targets, so that container maps speak Kubernetes names).
+    name for pod targets, so that container maps speak Kubernetes names). ``volumes``: mountpoints in the
+    container whose contents the snapshot takes along (each one of its bind mounts; ``_volumes``).
     """
     runtime = get_runtime(runtime_name)
     info = running(runtime, container)
@@ -223,9 +236,31 @@ def resolve(runtime_name: str, container: str, name: Optional[str] = None) -> sn
                          "source": nsu.host_path(m.dev, m.root, host) or ""})
     control = ctl.process_control_dir(root)
     control_host = container_host_path(root, control, info.rootfs) if control else None
+    kept = _volumes(info.name, external, volumes, control)
     target = snap.Target(pid=root, name=name or info.name, control_dir=control_host)
     target.capture = ContainerCapture(info=info, root_pid=root, ns_pids=ns_pids, external=external,
                                       stdio=_stdio(root), net_ns=nsu.ns_inode(root, "net"),
                                       pid_ns=nsu.ns_inode(root, "pid"), control_path=control,
-                                      control_host=control_host, own_pid_ns=own_pid_ns)
+                                      control_host=control_host, own_pid_ns=own_pid_ns, volumes=kept)
     return target
+
+
+def _volumes(container: str, external: List[Dict[str, str]], asked: Sequence[str],
+             control: Optional[str]) -> List[Dict[str, str]]:
+    """The external mounts at the ``asked`` mountpoints; TargetError listing every one that is none (or the
+    snapshot-control dir, or not a directory on this host)."""
+    by_mp = {m["mountpoint"]: m for m in external}
+    kept, problems = [], []
+    for path in dict.fromkeys(asked):
+        m = by_mp.get(path)
+        if m is None:
+            problems.append(f"{path} is not one of its volumes (its bind mounts: {', '.join(sorted(by_mp)) or 'none'})")
+        elif control and path.rstrip("/") == control.rstrip("/"):
+            problems.append(f"{path} is its snapshot-control dir, which a snapshot never takes along")
+        elif not m["source"] or not os.path.isdir(m["source"]):
+            problems.append(f"{path} is no directory on this host ({m['source'] or 'its source is not visible'})")
+        else:
+            kept.append(m)
+    if problems:
+        raise proc.TargetError(f"container {container}: cannot take its volumes along: " + "; ".join(problems))
+    return kept

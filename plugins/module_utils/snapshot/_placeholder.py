@@ -9,8 +9,8 @@ such as ``sleep infinity``; it keeps the namespaces, cgroup and mounts its
 runtime gave it (see _restoreinto). Before anything is touched each
 destination is checked (``check_destination``, reads only): running, inert (nothing
 of it runs besides its own process), the PIDs the workload needs free in it, the
-same image, a mount for each of the snapshot's external mounts (``Destination.ext_mnt``),
-and, for a GPU snapshot, GPUs that take the snapshot's (``GpuCheck``).
+same image, a mount for each of the snapshot's external mounts (``Destination.ext_mnt``), room
+in each volume whose contents the snapshot took along (``volume_problems``), and, for a GPU snapshot, GPUs that take the snapshot's (``GpuCheck``).
 
 ``parse_container_map`` reads the ``into`` option: which source container goes
 into which placeholder.
@@ -74,6 +74,7 @@ def check_destination(runtime: Runtime, target: Dict[str, Any], dest: str, skip_
     except OSError as exc:
         return d, problems + [f"placeholder {info.name}: cannot read its mounts ({exc.strerror or exc})"]
     problems += _map_mounts(d, info, mounts)
+    problems += volume_problems(d, info)
     if target.get("control_dir"):
         d.control_host = _confined_host_path(info, target["control_dir"])
     return d, problems
@@ -143,6 +144,35 @@ def _map_mounts(d: Destination, info: ContainerInfo, mounts: List[nsu.Mount]) ->
             continue
         d.ext_mnt[m["mountpoint"]] = path
     return problems
+
+
+def volume_problems(d: Destination, info: ContainerInfo) -> List[str]:
+    """Each volume the snapshot took along (``_volumes``) needs the placeholder's mount there (``d.ext_mnt``) with
+    room for its files: their bytes plus a block for each entry."""
+    problems = []
+    for v in d.source.get("volumes") or []:
+        path = (d.ext_mnt or {}).get(v["mountpoint"])
+        if path is None:
+            if not any(m["mountpoint"] == v["mountpoint"] for m in d.source.get("external_mounts") or []):
+                problems.append(f"placeholder {info.name}: the snapshot's volume {v['mountpoint']} is none of its "
+                                "container's mounts")
+            continue  # else _map_mounts said the placeholder lacks it
+        try:
+            fs = os.statvfs(path)
+        except OSError as exc:
+            problems.append(f"placeholder {info.name}: volume {v['mountpoint']} ({path}): cannot tell its free "
+                            f"space ({exc.strerror})")
+            continue
+        free, need = fs.f_bavail * fs.f_frsize, int(v["bytes"]) + int(v["entries"]) * fs.f_frsize
+        if free < need:
+            problems.append(f"placeholder {info.name}: volume {v['mountpoint']} has {_mib(free)} MiB free, the "
+                            f"snapshot's {v['entries']} files there need {_mib(need)} MiB: give the pod's volume "
+                            "more room (emptyDir.sizeLimit, or the node's disk)")
+    return problems
+
+
+def _mib(size: int) -> str:
+    return f"{size / (1 << 20):.1f}"
 
 
 RUNTIME_INITS = ("/usr/bin/catatonit", "/usr/libexec/podman/catatonit", "/usr/libexec/catatonit/catatonit",

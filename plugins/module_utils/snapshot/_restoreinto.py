@@ -46,6 +46,7 @@ from ansible_collections.warmstart.snapshot.plugins.module_utils.core import _pr
 from ansible_collections.warmstart.snapshot.plugins.module_utils.core import _restorer as rst
 from ansible_collections.warmstart.snapshot.plugins.module_utils.snapshot import _restorework as rw
 from ansible_collections.warmstart.snapshot.plugins.module_utils.runtime import _rootfs as rootfs
+from ansible_collections.warmstart.snapshot.plugins.module_utils.runtime import _volumes as vol
 from ansible_collections.warmstart.snapshot.plugins.module_utils.core import _safefs as safefs
 from ansible_collections.warmstart.snapshot.plugins.module_utils.snapshot import _snapshot as snap
 from ansible_collections.warmstart.snapshot.plugins.module_utils.store import _storecopy as sc
@@ -132,13 +133,18 @@ def _pin(r: _Restore) -> None:
 
 def _prepare(r: _Restore) -> None:
     """The placeholder's side before CRIU: its control files cleared, its hostname kept, the rootfs diff
-    applied, its piped stdio opened for the workload to inherit."""
+    applied, the volumes the snapshot took along put back, its piped stdio opened for the workload to inherit."""
     if r.control:
         ctl.clear(r.control, ctl.RESTORE_COMPLETE, ctl.RESTORE_FAILED)
     r.hostname = nsu.get_hostname(r.info.pid)
     t0 = time.monotonic()
     r.out["rootfs"] = rootfs.apply(r.info.rootfs, r.tdir, [m.mountpoint for m in nsu.mountinfo(r.info.pid)])
     r.timings["rootfs"] = time.monotonic() - t0
+    if r.d.source.get("volumes"):
+        t0 = time.monotonic()
+        r.out["volumes"] = [vol.apply((r.d.ext_mnt or {})[v["mountpoint"]], v["mountpoint"],
+                                      os.path.join(r.tdir, v["archive"])) for v in r.d.source["volumes"]]
+        r.timings["volumes"] = time.monotonic() - t0
     for n, key in enumerate(r.d.source.get("stdio") or []):
         if key.startswith("pipe:"):
             r.stdio.append((_inheritable(f"/proc/{r.info.pid}/fd/{n}", os.O_RDONLY if n == 0 else os.O_WRONLY), n))
@@ -359,6 +365,10 @@ def _select(store: Store, snapshot_id: Optional[str], name: Optional[str], label
     targets = doc.get("targets") or []
     if not targets or any(t.get("kind") != "container" for t in targets):
         problems.append("snapshot: it is not a container snapshot (restore a process snapshot without into)")
+    listed = {e.get("path") for e in doc.get("files") or []}
+    problems += [f"snapshot: container {t['name']}: volume {v['mountpoint']}: its archive {v['archive']} is not one "
+                 "of the snapshot's checksummed files" for t in targets for v in t.get("volumes") or []
+                 if f"{t.get('path')}/{v['archive']}" not in listed]
     if doc.get("gpu") or cuda == "required":  # the node's side; each placeholder's GPUs are checked on their own
         node_side = dict(doc["gpu"], gpus=[]) if doc.get("gpu") else None
         problems += gpu_incompatibilities(node_side, gpu_node or GpuNode(), cuda, hard_only=skip_compat)

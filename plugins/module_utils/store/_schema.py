@@ -29,6 +29,7 @@ from typing import Any, Dict, List, Optional
 MAX_DEPTH = 32
 MAX_FILES = 100_000
 MAX_TCP = 256           # listed TCP connections of one target (criu/_tcp.MAX_CONNECTIONS)
+MAX_VOLUMES = 64        # volumes one container snapshot takes along (a pod's emptyDir volumes)
 MAX_TARGETS = 64
 MAX_PATH = 4096
 MIN_CHUNK, MAX_CHUNK = 1 << 20, 1 << 30   # chunk digests (_digest)
@@ -255,7 +256,35 @@ def _target(entry: Any, n: int, out: List[str]) -> None:
         _profile(entry["app_profile"], where, out)
     if entry.get("tcp_connections") is not None:
         _tcp_connections(entry["tcp_connections"], where, out)
+    if entry.get("volumes") is not None:
+        _volumes(entry["volumes"], where, out)
     _criu_options(entry.get("criu"), where, out)
+
+
+def _volumes(value: Any, where: str, out: List[str]) -> None:
+    """The volumes whose contents a container snapshot took along (``_volumes.capture``): each ``{mountpoint:
+    absolute path, archive: volumes/<n>.tar (n its index), entries, bytes: counts, fstype}``, mountpoints unique."""
+    if not isinstance(value, list) or len(value) > MAX_VOLUMES:
+        out.append(f"{where}volumes: not a list of at most {MAX_VOLUMES} volumes")
+        return
+    seen = set()
+    for n, v in enumerate(value):
+        at = f"{where}volumes[{n}]"
+        if not isinstance(v, dict) or set(v) != {"mountpoint", "archive", "entries", "bytes", "fstype"}:
+            out.append(f"{at}: not {{mountpoint, archive, entries, bytes, fstype}}")
+            continue
+        why = abspath_problem(v["mountpoint"])
+        if why or v["mountpoint"] == "/" or v["mountpoint"] in seen:
+            out.append(f"{at}.mountpoint {v['mountpoint']!r} {why or 'is / or named twice'}")
+        if not why:
+            seen.add(v["mountpoint"])
+        if v["archive"] != f"volumes/{n}.tar":
+            out.append(f"{at}.archive {v['archive']!r} is not 'volumes/{n}.tar'")
+        for key in ("entries", "bytes"):
+            if not isinstance(v[key], int) or isinstance(v[key], bool) or v[key] < 0:
+                out.append(f"{at}.{key}: not a non-negative integer")
+        if not isinstance(v["fstype"], str) or not 0 < len(v["fstype"]) <= 64 or _CONTROL_RE.search(v["fstype"]):
+            out.append(f"{at}.fstype: not a short string")
 
 
 def _tcp_connections(value: Any, where: str, out: List[str]) -> None:

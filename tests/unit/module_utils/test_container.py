@@ -207,3 +207,35 @@ def test_a_transient_store_error_is_transient_only_while_nothing_was_touched(
     with pytest.raises(WarmstartError) as err:
         rinto.restore_into(object(), "app=ph", snapshot_id=DOC["id"])
     assert err.value.details == {"outcome": "failed"}
+
+
+# --- volumes taken along: which ones (_volumes at checkpoint), room in the placeholder's (volume_problems) ------
+
+def test_the_volumes_asked_for_must_be_bind_mounts_of_the_container_and_every_wrong_one_is_named(tmp_path: Any) -> None:
+    external = [{"mountpoint": "/cache", "fstype": "ext4", "source": str(tmp_path)},
+                {"mountpoint": "/snapshot-control", "fstype": "ext4", "source": str(tmp_path)},
+                {"mountpoint": "/gone", "fstype": "ext4", "source": str(tmp_path / "missing")}]
+    kept = ctr._volumes("web", external, ["/cache", "/cache"], "/snapshot-control")  # pylint: disable=protected-access
+    assert kept == [external[0]]
+    with pytest.raises(ctr.proc.TargetError) as err:
+        ctr._volumes("web", external, ["/nowhere", "/snapshot-control", "/gone"],  # pylint: disable=protected-access
+                     "/snapshot-control")
+    assert str(err.value) == (
+        "container web: cannot take its volumes along: /nowhere is not one of its volumes (its bind mounts: /cache, "
+        "/gone, /snapshot-control); /snapshot-control is its snapshot-control dir, which a snapshot never takes "
+        f"along; /gone is no directory on this host ({tmp_path / 'missing'})")
+
+
+def test_a_placeholder_without_room_in_its_volume_is_refused_naming_it(tmp_path: Any) -> None:
+    import os  # pylint: disable=import-outside-toplevel
+    free = os.statvfs(tmp_path).f_bavail * os.statvfs(tmp_path).f_frsize
+    source = {"name": "app", "external_mounts": [{"mountpoint": "/cache"}, {"mountpoint": "/big"}],
+              "volumes": [{"mountpoint": "/cache", "archive": "volumes/0.tar", "entries": 2, "bytes": 1000},
+                          {"mountpoint": "/big", "archive": "volumes/1.tar", "entries": 1, "bytes": free + 1},
+                          {"mountpoint": "/stray", "archive": "volumes/2.tar", "entries": 1, "bytes": 1}]}
+    d = ph.Destination(source=source, name="ph", ext_mnt={"/cache": str(tmp_path), "/big": str(tmp_path)})
+    problems = ph.volume_problems(d, _info())
+    assert len(problems) == 2, problems
+    assert problems[0].startswith("placeholder web: volume /big has ") and "the snapshot's 1 files there need" in \
+        problems[0] and "emptyDir.sizeLimit" in problems[0]
+    assert problems[1] == "placeholder web: the snapshot's volume /stray is none of its container's mounts"

@@ -44,7 +44,13 @@ def test_policy_settings_with_defaults_and_explicit_values() -> None:
 
 def test_a_pod_summary_carries_what_the_node_needs() -> None:
     pod = {"metadata": {"namespace": "ml", "name": "e-0", "uid": "u1", "labels": {"app": "e"}},
-           "spec": {"nodeName": "gpu-01", "containers": [{"name": "main", "image": "i"}, {"name": "side", "image": "j"}]},
+           "spec": {"nodeName": "gpu-01", "containers": [
+               {"name": "main", "image": "i", "volumeMounts": [{"name": "cache", "mountPath": "/root/.cache"},
+                                                               {"name": "snapshot-control", "mountPath": "/sc"},
+                                                               {"name": "weights", "mountPath": "/models"}]},
+               {"name": "side", "image": "j"}],
+               "volumes": [{"name": "cache", "emptyDir": {}}, {"name": "snapshot-control", "emptyDir": {}},
+                           {"name": "weights", "persistentVolumeClaim": {"claimName": "w"}}]},
            "status": {"phase": "Running", "containerStatuses": [
                {"name": "main", "containerID": "podman://abc", "ready": True, "state": {"running": {}}},
                {"name": "side", "containerID": "podman://def", "state": {"waiting": {}}, "restartCount": 2}]}}
@@ -56,8 +62,10 @@ def test_a_pod_summary_carries_what_the_node_needs() -> None:
     restoring["status"]["conditions"] = [{"type": "nvidia.com/Restored", "status": "True", "reason": "RestoreSucceeded"}]
     assert (summ.summary(restoring)["restore_outcome"], summ.summary(restoring)["restore_state"]) == ("Succeeded", "failed")
     assert s["containers"] == [
-        {"name": "main", "container_id": "podman://abc", "running": True, "ready": True, "restart_count": 0},
-        {"name": "side", "container_id": "podman://def", "running": False, "ready": False, "restart_count": 2}]
+        {"name": "main", "container_id": "podman://abc", "running": True, "ready": True, "restart_count": 0,
+         "volumes": ["/root/.cache"]},  # its emptyDir volumes, the snapshot-control one left out
+        {"name": "side", "container_id": "podman://def", "running": False, "ready": False, "restart_count": 2,
+         "volumes": []}]
     assert summ.waiting_for(s, "scheduled") is None
     assert summ.waiting_for(s, "running") == "containers not running: side"
     assert summ.waiting_for(dict(s, node=None), "scheduled") == "not scheduled"

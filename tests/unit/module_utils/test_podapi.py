@@ -234,3 +234,18 @@ def test_the_new_crds_accept_their_examples() -> None:
     assert "credentialsSecretRef" in root_rules[podapi.KIND_STORAGE_CONFIG][0]["rule"]
     status = schema_of(podapi.KIND_SNAPSHOT)["properties"]["status"]["properties"]
     assert {"lastAccessTime", "attempts", "lastAttemptTime", "lastError"} <= set(status)
+
+
+def test_emptydir_mounts_are_where_the_container_mounts_the_pod_s_emptydir_volumes() -> None:
+    spec = {"volumes": [{"name": "cache", "emptyDir": {}}, {"name": "shm", "emptyDir": {"medium": "Memory"}},
+                        {"name": podapi.CONTROL_VOLUME, "emptyDir": {}}, {"name": "cfg", "configMap": {"name": "c"}},
+                        "not a volume"],
+            "containers": [{"name": "main", "volumeMounts": [
+                {"name": "cfg", "mountPath": "/etc/app"}, {"name": "shm", "mountPath": "/dev/shm"},
+                {"name": podapi.CONTROL_VOLUME, "mountPath": "/snapshot-control"},
+                {"name": "cache", "mountPath": "/root/.cache"},
+                {"name": "cache", "mountPath": "/tmp/part", "subPath": "part"}, {"name": "cache"}]},
+                {"name": "side", "volumeMounts": [{"name": "cache", "mountPath": "/cache"}]}]}
+    assert podapi.emptydir_mounts(spec, "main") == ["/dev/shm", "/root/.cache"]
+    assert podapi.emptydir_mounts(spec, "side") == ["/cache"]
+    assert podapi.emptydir_mounts(spec, "absent") == [] and podapi.emptydir_mounts(None, "main") == []

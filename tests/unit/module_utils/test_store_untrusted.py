@@ -441,7 +441,8 @@ def full_doc() -> Dict[str, Any]:
         mount_namespace={"own_proc": True, "mounts": [{"path": "/", "fstype": "ext4", "slave": True}],
                          "skipped": ["/run/user/0"]},
         criu={"version": "4.2.1", "options": {"tcp": "close", "ghost_limit": 1, "shell_job": False}},
-        tcp_connections=[{"local": "127.0.0.1:40000", "remote": "127.0.0.1:8080", "internal": True}])
+        tcp_connections=[{"local": "127.0.0.1:40000", "remote": "127.0.0.1:8080", "internal": True}],
+        volumes=[{"mountpoint": "/data", "archive": "volumes/0.tar", "entries": 3, "bytes": 12, "fstype": "tmpfs"}])
     doc["gpu"] = {"pids": [{"pid": 10, "ns_pid": 1}], "gpus": [{"index": 0, "uuid": "GPU-a", "name": "H100"}],
                   "cuda_version": 12080, "driver_version": "580.1"}
     doc["pod"] = {"namespace": "ns", "name": "p", "container": "c"}
@@ -494,6 +495,29 @@ def test_a_listed_tcp_connection_is_checked(value: Any, problem: str) -> None:
     doc["targets"][0]["tcp_connections"] = [dict(local="a:1", remote="b:2", internal=False)] * 257
     assert "targets[0].tcp_connections: not a list of at most 256 connections" in schema.problems(
         doc, mf.SCHEMA_VERSION)
+
+
+@pytest.mark.parametrize("value, problem", [
+    ({"mountpoint": "/data", "archive": "volumes/0.tar", "entries": 1, "bytes": 1},
+     "volumes[0]: not {mountpoint, archive, entries, bytes, fstype}"),
+    ({"mountpoint": "data", "archive": "volumes/0.tar", "entries": 1, "bytes": 1, "fstype": "x"},
+     "volumes[0].mountpoint 'data' is not an absolute path"),
+    ({"mountpoint": "/", "archive": "volumes/0.tar", "entries": 1, "bytes": 1, "fstype": "x"},
+     "volumes[0].mountpoint '/' is / or named twice"),
+    ({"mountpoint": "/data", "archive": "../../criu/pages-1.img", "entries": 1, "bytes": 1, "fstype": "x"},
+     "volumes[0].archive '../../criu/pages-1.img' is not 'volumes/0.tar'"),
+    ({"mountpoint": "/data", "archive": "volumes/0.tar", "entries": -1, "bytes": True, "fstype": "x"},
+     "volumes[0].entries: not a non-negative integer"),
+    ({"mountpoint": "/data", "archive": "volumes/0.tar", "entries": 1, "bytes": 1, "fstype": "a\nb"},
+     "volumes[0].fstype: not a short string"),
+])
+def test_a_volume_taken_along_is_checked(value: Any, problem: str) -> None:
+    doc = full_doc()
+    doc["targets"][0]["volumes"] = [value]
+    assert any(problem in p for p in schema.problems(doc, mf.SCHEMA_VERSION)), schema.problems(doc, mf.SCHEMA_VERSION)
+    good = {"mountpoint": "/data", "archive": "volumes/0.tar", "entries": 1, "bytes": 1, "fstype": "x"}
+    doc["targets"][0]["volumes"] = [good, dict(good, archive="volumes/1.tar")]
+    assert "targets[0].volumes[1].mountpoint '/data' is / or named twice" in schema.problems(doc, mf.SCHEMA_VERSION)
 
 
 @settings(max_examples=1500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
