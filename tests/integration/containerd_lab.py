@@ -167,9 +167,11 @@ class Lab(Workspace):
         self.ids: List[str] = []
 
     def run(self, name: str, *cmd: str, env: Optional[Dict[str, str]] = None, image: Optional[str] = None,
-            labels: Optional[Dict[str, str]] = None, join: Optional[int] = None, init: bool = False) -> str:
+            labels: Optional[Dict[str, str]] = None, join: Optional[int] = None, init: bool = False,
+            writable: Optional[Dict[str, str]] = None) -> str:
         """Start container ``name-<tag>`` running ``cmd``; ``join``: share the PID and network namespaces of that
-        host PID (a pod's containers share its pause container's)."""
+        host PID (a pod's containers share its pause container's); ``writable``: host path -> container path,
+        bound read-write (as a pod's emptyDir)."""
         cid = f"{name}-{self.tag}"
         args = ["run", "-d", "--log-uri", f"file://{self.tmp}/{name}.log"]  # stdio: the shim's pipes, as with CRI
         for key, value in (labels or {}).items():
@@ -177,6 +179,8 @@ class Lab(Workspace):
         args += ["--mount", f"type=bind,src={self.app},dst=/app,options=rbind:ro",
                  "--mount", f"type=bind,src={self.control(name)},dst=/snapshot-control,options=rbind:rw",
                  "--env", "SNAPSHOT_CONTROL_DIR=/snapshot-control"]
+        for host, inside in (writable or {}).items():
+            args += ["--mount", f"type=bind,src={host},dst={inside},options=rbind:rw"]
         for key, value in (env or {}).items():
             args += ["--env", f"{key}={value}"]
         if init:

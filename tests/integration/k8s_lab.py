@@ -1,13 +1,18 @@
 """A Kubernetes node for tests: pods as real containers (podman or a private containerd) and a fake kubelet that
 starts a placeholder container for every restore pod the fake API server gets (tests/support/fake_apiserver.py).
 
+Each pod's ``emptyDir`` volumes (but snapshot-control, which the labs bind themselves) are host dirs
+``emptydir-<pod>-<volume>`` under the node's tmp dir, bound read-write where its container mounts them: the source
+pod has one, ``cache`` at /cache (``CACHE``), and so has the template its replicas are made from.
+
 Used by the Kubernetes end-to-end tests (the k8s playbooks, and the node agent run by ansible-rulebook).
 """
 from __future__ import annotations
 
 import threading
 import time
-from typing import Any, Dict, List, Union
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Union
 
 from ansible_collections.warmstart.snapshot.plugins.module_utils.k8s import _podapi as podapi
 
@@ -19,6 +24,7 @@ from .container_lab import Pod, ask, wait_file
 NS = "ml"
 POD_LABELS = {"app": "embed", "model": "minilm"}
 COMMAND = ("python3", "/app/app.py")
+CACHE = ("cache", "/cache")  # the source pod's emptyDir volume (name, mountPath)
 
 
 def _stamp() -> str:
@@ -38,10 +44,12 @@ class PodmanNode:
 
     def __init__(self, tmp: Any) -> None:
         self.lab = Pod(tmp)
+        self.tmp = Path(tmp)
         self.store, self.image, self.env, self.control = self.lab.store, self.lab.image, self.lab.env, self.lab.control
 
-    def start(self, name: str, command: List[str], labels: Dict[str, str], env: Dict[str, str], source: bool) -> str:
-        return self.lab.run(name, *command, init=source, env=env, labels=labels)
+    def start(self, name: str, command: List[str], labels: Dict[str, str], env: Dict[str, str], source: bool,
+              writable: Optional[Dict[str, str]] = None) -> str:
+        return self.lab.run(name, *command, init=source, env=env, labels=labels, writable=writable)
 
     def container_id(self, handle: str) -> str:
         return str(self.lab.inspect(handle)["Id"])
@@ -64,10 +72,12 @@ class ContainerdNode:
     def __init__(self, tmp: Any) -> None:
         self.daemon = containerd_lab.Daemon().start()
         self.lab = containerd_lab.Lab(tmp, self.daemon)
+        self.tmp = Path(tmp)
         self.store, self.image, self.env, self.control = self.lab.store, self.lab.image, self.lab.env, self.lab.control
 
-    def start(self, name: str, command: List[str], labels: Dict[str, str], env: Dict[str, str], source: bool) -> str:
-        cid = self.lab.run(name, *command, env=env, labels=labels)
+    def start(self, name: str, command: List[str], labels: Dict[str, str], env: Dict[str, str], source: bool,
+              writable: Optional[Dict[str, str]] = None) -> str:
+        cid = self.lab.run(name, *command, env=env, labels=labels, writable=writable)
         if source:  # it listens before it says so; ask() does not wait
             wait_file(self.control(name) / "ready-for-snapshot", 60)
         return cid
@@ -89,6 +99,21 @@ class ContainerdNode:
 
 
 Node = Union[PodmanNode, ContainerdNode]
+
+
+def emptydir(lab: Node, pod: str, volume: str) -> Path:
+    """The host dir of ``pod``'s emptyDir ``volume`` (made, writable by the container's user, when missing)."""
+    path = lab.tmp / f"emptydir-{pod}-{volume}"
+    path.mkdir(exist_ok=True)
+    path.chmod(0o777)
+    return path
+
+
+def emptydirs(lab: Node, pod: str, spec: Dict[str, Any], container: Dict[str, Any]) -> Dict[str, str]:
+    """Host dir -> mountPath for each emptyDir volume of ``spec`` that ``container`` mounts (but snapshot-control)."""
+    empty = {v["name"] for v in spec.get("volumes") or [] if "emptyDir" in v and v["name"] != podapi.CONTROL_VOLUME}
+    return {str(emptydir(lab, pod, m["name"])): m["mountPath"] for m in container.get("volumeMounts") or []
+            if m["name"] in empty}
 
 
 class Kubelet(threading.Thread):
@@ -121,7 +146,8 @@ class Kubelet(threading.Thread):
         # the pod's own inert command as PID 1; its snapshot-control emptyDir as a host dir per pod
         own = {k: v for k, v in env.items() if k == "SNAPSHOT_RESTORE_STANDBY"}  # a standby entrypoint's switch
         full = self.lab.start(f"k8s-{name}", container["command"], cri_labels(NS, name, container["name"]),
-                              dict(own, ROLE=name), source=False)
+                              dict(own, ROLE=name), source=False,
+                              writable=emptydirs(self.lab, name, pod["spec"], container))
         self.started[name] = full
         cid = self.lab.container_id(full)
         with self.api.store.lock:
@@ -139,10 +165,11 @@ def source_pod(c: Dict[str, Any], name: str, node: str = "localhost") -> str:
     """A running source pod: the API object, and its container as a real podman container."""
     lab: Node = c["lab"]
     # two worker processes under the server: the pod's workload is a process tree, as inference servers are
-    full = lab.start(f"src-{name}", list(COMMAND), cri_labels(NS, name, "main"), {"APP_WORKERS": "2"}, source=True)
+    spec = template(lab.image)["spec"]
+    full = lab.start(f"src-{name}", list(COMMAND), cri_labels(NS, name, "main"), {"APP_WORKERS": "2"}, source=True,
+                     writable=emptydirs(lab, name, spec, spec["containers"][0]))
     cid = lab.container_id(full)
-    c["api"].add_pod(name, NS, containers=[{"name": "main", "image": lab.image, "command": list(COMMAND)}],
-                     labels=dict(POD_LABELS, role="source"), node=node)
+    c["api"].add_pod(name, NS, spec=spec, labels=dict(POD_LABELS, role="source"), node=node)
     with c["api"].store.lock:
         pod = c["api"].store.get("pods", name, NS, group="")
         pod["status"]["containerStatuses"][0]["containerID"] = f"{lab.scheme}://{cid}"
@@ -152,4 +179,6 @@ def source_pod(c: Dict[str, Any], name: str, node: str = "localhost") -> str:
 
 def template(image: str) -> Dict[str, Any]:
     return {"metadata": {"labels": dict(POD_LABELS)},
-            "spec": {"containers": [{"name": "main", "image": image, "command": list(COMMAND)}]}}
+            "spec": {"containers": [{"name": "main", "image": image, "command": list(COMMAND),
+                                     "volumeMounts": [{"name": CACHE[0], "mountPath": CACHE[1]}]}],
+                     "volumes": [{"name": CACHE[0], "emptyDir": {}}]}}

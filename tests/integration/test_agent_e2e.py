@@ -29,7 +29,7 @@ from tests.support.fake_apiserver import FakeApiServer
 
 from .ansible_run import REPO, VENV_BIN, playbook, prep_vars
 from .process_lab import free_port
-from .k8s_lab import NS, POD_LABELS, Kubelet, PodmanNode, source_pod, template
+from .k8s_lab import CACHE, NS, POD_LABELS, Kubelet, PodmanNode, emptydir, source_pod, template
 
 pytestmark = pytest.mark.integration
 
@@ -107,6 +107,7 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Dict[str, Any]]:
     kubelet.start()
     c: Dict[str, Any] = {"tmp": tmp, "lab": lab, "api": api, "kubelet": kubelet, "kubeconfig": kubeconfig}
     src = source_pod(c, "embed-0", node=NODE)
+    (emptydir(lab, "embed-0", CACHE[0]) / "compiled.bin").write_bytes(b"kernels compiled at start-up\n")
     api.store.put("podsnapshotpolicies", {
         "apiVersion": podapi.API_VERSION, "kind": podapi.KIND_POLICY, "metadata": {"name": "embed-store", "namespace": NS},
         "spec": {"selector": {"matchLabels": {"app": "embed-none"}}, "storeUrl": str(lab.store),
@@ -198,6 +199,9 @@ def test_scaling_the_deployment_restores_every_new_replica_once(world: Dict[str,
     for name in [f"embed-d-{i}" for i in range(3)]:
         pod = world["api"].store.get("pods", name, NS, group="")
         assert podapi.FINALIZER not in (pod["metadata"].get("finalizers") or [])
+        # the source's emptyDir went along: each replica's own volume holds what the source had written there
+        cache = world["lab"].tmp / f"emptydir-{name}-{CACHE[0]}" / "compiled.bin"
+        assert cache.read_bytes() == b"kernels compiled at start-up\n", name
         assert pod["metadata"]["ownerReferences"][0]["kind"] == "ReplicaSet", "owner references stay"
         answer = world["lab"].ask(kubelet.started[name])
         assert answer["token"] == world["before"]["token"] and answer["sha256"] == answer["digest"], answer
