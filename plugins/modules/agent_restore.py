@@ -80,6 +80,16 @@ options:
   restore_root:
     description: Where restore work dirs go on this node (default as M(warmstart.snapshot.restore)).
     type: path
+  lazy:
+    description:
+      - Restore lazily (M(warmstart.snapshot.restore) O(warmstart.snapshot.restore#module:lazy)) - each container's
+        tree runs as soon as CRIU restored it, C(restore-complete) is written (the startup probe passes, the pod
+        serves) while its memory is streamed in from the same verified images.
+      - The pod's C(Restored) condition is set once memory is complete - or C(RestoreFailed), the tree and the
+        placeholder killed, should the lazy-pages daemon fail or memory not be complete within 600 seconds.
+      - Where the node lacks userfaultfd, or the snapshot holds GPU state, the restore is eager.
+    type: bool
+    default: false
   running_timeout:
     description: Seconds to wait for a restore of a recovered pod that still runs on this node.
     type: float
@@ -175,6 +185,7 @@ def main() -> None:
             store_options=store_argument_spec()["store_options"],
             criu_path=dict(type="path"),
             restore_root=dict(type="path"),
+            lazy=dict(type="bool", default=False),
             running_timeout=dict(type="float", default=900),
             metrics_dir=dict(type="path"),
         ),

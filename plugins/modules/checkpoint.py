@@ -339,7 +339,7 @@ snapshot:
     volumes:
       description:
         - The O(volumes) taken along - C(mountpoint), C(archive), C(entries) (files, directories and links),
-          C(bytes) (of its files) and C(fstype) (C(tmpfs) for a C(medium: Memory) emptyDir).
+          C(bytes) (of its files) and C(fstype) (C(tmpfs) for an C(emptyDir) whose medium is C(Memory)).
       type: list
       elements: dict
       returned: with O(volumes)

@@ -155,7 +155,10 @@ options:
       - A process still loading its memory cannot be checkpointed (M(warmstart.snapshot.checkpoint) refuses it).
       - Off by default - an eager restore is finished when the task returns; see C(docs/benchmarks.md) for
         what lazy restore gains (time to the first answer).
-      - Not for O(into) (container snapshots are restored eagerly).
+      - With O(into), each placeholder's tree resumes as soon as CRIU restored it, its memory streamed in from the
+        same verified images; should memory not be complete, the supervisor kills the tree and then the
+        placeholder (so that its supervisor, the kubelet, replaces it) and writes C(restore-failed) into the
+        placeholder's control directory. Each of RV(restore.destinations) says C(lazy).
     type: bool
     default: false
   lazy_wait:
@@ -491,7 +494,9 @@ restore:
     destinations:
       description:
         - For O(into) - one result per placeholder - C(container), C(source), C(result), and when restored C(pid),
-          C(ns_pid), C(timings), C(tcp), and C(volumes) (each volume put back - C(mountpoint), C(entries)).
+          C(ns_pid), C(timings), C(tcp), C(volumes) (each volume put back - C(mountpoint), C(entries)), and with
+          O(lazy) C(lazy) (as RV(restore.lazy) - C(used), C(reason), C(daemon_pid), C(resumed_after), with
+          O(lazy_wait) C(complete_after)).
       type: list
       elements: dict
       returned: with into
@@ -573,7 +578,7 @@ def main() -> None:
             ), mutually_exclusive=[("container", "container_map", "pod")],
                 required_one_of=[("container", "container_map", "pod")]),
         ),
-        mutually_exclusive=[("snapshot", "name"), ("into", "lazy"), ("into", "page_server")],
+        mutually_exclusive=[("snapshot", "name"), ("into", "page_server")],
         required_one_of=[("snapshot", "name", "labels")],
         supports_check_mode=True,
     )

@@ -1,10 +1,12 @@
 """Drive one lazy restore through the engine, for test_lazy.py (run by the modules' Python, which has pycriu).
 
     lazy_driver.py STORE RESTORE_ROOT SNAPSHOT_ID [--stop-daemon] [--lazy-timeout S] [--criu PATH]
+                   [--into PLACEHOLDER [--runtime podman]]
 
 Prints one JSON line: the restore result, or {"error": ..., "reasons": [...]}. With --stop-daemon it SIGSTOPs
 the lazy-pages daemon the moment CRIU's restore returned (before the engine hands the tree to the daemon's
-supervisor; memory still loading), so the test can fault it.
+supervisor; memory still loading), so the test can fault it. ``--into``: a container snapshot restored lazily
+into that placeholder container (``_restoreinto``).
 """
 from __future__ import annotations
 
@@ -17,6 +19,7 @@ import sys
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", ".collections"))
 
 from ansible_collections.warmstart.snapshot.plugins.module_utils.snapshot import _restore as rs  # noqa: E402
+from ansible_collections.warmstart.snapshot.plugins.module_utils.snapshot import _restoreinto as rinto  # noqa: E402
 from ansible_collections.warmstart.snapshot.plugins.module_utils.store import _store as st  # noqa: E402
 
 
@@ -30,15 +33,22 @@ def main() -> None:
     ap.add_argument("--criu")
     ap.add_argument("--page-server")
     ap.add_argument("--workloads-root", default=rs.wl.DEFAULT_ROOT)
+    ap.add_argument("--into")
+    ap.add_argument("--runtime", default="podman")
     args = ap.parse_args()
     if args.stop_daemon:
         attach = rs.lz.Session.attach
 
-        def stopped_then_attach(session: "rs.lz.Session", pid: int) -> None:
+        def stopped_then_attach(session: "rs.lz.Session", pid: int, placeholder: "int | None" = None) -> None:
             os.kill(session.daemon_pid, signal.SIGSTOP)
-            attach(session, pid)
+            attach(session, pid, placeholder)
         rs.lz.Session.attach = stopped_then_attach  # type: ignore[method-assign]
     try:
+        if args.into:
+            print(json.dumps(rinto.restore_into(st.FsStore(args.store), args.into, snapshot_id=args.snapshot, lazy=True,
+                                                criu_path=args.criu, restore_root=args.restore_root,
+                                                lazy_timeout=args.lazy_timeout, runtime_name=args.runtime)))
+            return
         result = rs.restore(st.FsStore(args.store), snapshot_id=args.snapshot, lazy=True, criu_path=args.criu,
                             restore_root=args.restore_root, lazy_timeout=args.lazy_timeout,
                             page_server=args.page_server, workloads_root=args.workloads_root)

@@ -143,6 +143,7 @@ def test_deploys_least_privilege_rbac_and_the_daemonset_then_changes_nothing(api
                              "warmstart_metrics_port": 9479}
     localhost = yaml.safe_load(config["inventory.yml"])["all"]["hosts"]["localhost"]
     assert localhost["ansible_connection"] == "local" and localhost["warmstart_become"] is False
+    assert localhost["warmstart_agent_lazy"] is False  # reaches the agent_restore playbook (k8s_agent_lazy)
 
     # the DaemonSet
     ds = get(api, "daemonsets", NAME, NS, group="apps")

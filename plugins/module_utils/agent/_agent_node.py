@@ -42,11 +42,13 @@ COLD_START = "cold-start"
 
 
 class LocalNode:
-    """This node: ``runtime`` (podman, containerd or auto), the store override, CRIU and restore root."""
+    """This node: ``runtime`` (podman, containerd or auto), the store override, CRIU and restore root; ``lazy``:
+    restore lazily, the result (and so the pod's condition) once memory is complete."""
 
     def __init__(self, runtime: str = "auto", store: Optional[str] = None,
                  store_options: Optional[Dict[str, Any]] = None, criu_path: Optional[str] = None,
-                 restore_root: Optional[str] = None) -> None:
+                 restore_root: Optional[str] = None, lazy: bool = False) -> None:
+        self.lazy = lazy
         self.runtime_name = runtime
         self.store = store
         self.store_options = store_options or {}
@@ -93,7 +95,7 @@ class LocalNode:
             store = open_store(self.store or work.store.get("url"), self.store_options)
             result = rinto.restore_into(store, spec, snapshot_id=work.snapshot_id, skip_compat=work.skip_compat_check,
                                         kill_on_failure=not work.cold_start, runtime_name=self.runtime_name,
-                                        criu_path=self.criu_path, **kwargs)
+                                        criu_path=self.criu_path, lazy=self.lazy, lazy_wait=self.lazy, **kwargs)
         except WarmstartError as exc:
             if exc.details.get("transient"):  # the store failed before anything was touched: try again later
                 return agent.NodeResult(agent.RETRY, exc.full_message(), {})

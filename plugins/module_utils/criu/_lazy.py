@@ -52,6 +52,7 @@ DEFAULT_TIMEOUT = 600.0
 START_TIMEOUT = 15.0
 REQUIRED_FEATURES = ("uffd", "uffd-noncoop")
 ACTIVE_DIR = _paths.LAZY_DIR
+_SYS_PIDFD_SEND_SIGNAL = 424
 _SYS_PIDFD_OPEN = 434
 _SYS_PIDFD_GETFD = 438
 
@@ -101,6 +102,19 @@ def support(criu: str, cache: str = SUPPORT_CACHE) -> Tuple[bool, str]:
         return False, (f"this node lacks {' and '.join(missing)} (criu check --feature): the kernel has no "
                        "usable userfaultfd for CRIU (needs CONFIG_USERFAULTFD and vm.unprivileged_userfaultfd or root)")
     return True, "uffd and uffd-noncoop available"
+
+
+def plan(criu: str, gpu_state: bool, wanted: bool) -> Dict[str, Any]:
+    """Whether a restore runs lazily, and why (or why not): ``{used, reason}``."""
+    if not wanted:
+        return {"used": False, "reason": "lazy: false - every page is loaded before the tree resumes"}
+    if gpu_state:
+        return {"used": False, "reason": "the snapshot holds GPU state: restored eagerly (the CUDA restore needs "
+                                         "the process's whole memory)"}
+    ok, why = support(criu)
+    if not ok:
+        return {"used": False, "reason": f"{why}; restored eagerly instead"}
+    return {"used": True, "reason": why}
 
 
 def parse_address(spec: str) -> Tuple[str, int]:
@@ -165,10 +179,12 @@ class Session:
     daemon_pid: int
     started_at: float
 
-    def attach(self, pid: int) -> None:
-        """The restore succeeded: the supervisor now watches tree ``pid``."""
+    def attach(self, pid: int, placeholder: Optional[int] = None) -> None:
+        """The restore succeeded: the supervisor now watches tree ``pid``; should memory not be complete it
+        kills the tree, then ``placeholder`` (the PID 1 of the container the tree was restored into, so that
+        its supervisor replaces it; held by a pidfd from now on, never a recycled PID)."""
         try:
-            os.write(self.wfd, f"pid {pid}\n".encode())
+            os.write(self.wfd, f"pid {pid}{f' {placeholder}' if placeholder else ''}\n".encode())
         finally:
             os.close(self.wfd)
 
@@ -238,10 +254,12 @@ def guard(session: Optional[Session], grace: float = 3.0) -> Iterator[None]:
 
 def start(criu: str, images: str, work: str, timeout: float = DEFAULT_TIMEOUT, control: Optional[str] = None,
           page_server: Optional[Tuple[str, int]] = None, snapshot_id: str = "", env: Optional[Dict[str, str]] = None,
-          active_dir: str = ACTIVE_DIR, tls_args: Sequence[str] = ()) -> Session:
+          active_dir: str = ACTIVE_DIR, tls_args: Sequence[str] = (), tidy: Sequence[str] = ()) -> Session:
     """Start ``criu lazy-pages`` for ``images`` in ``work`` under a supervisor; return once its socket listens.
 
     ``tls_args``: CRIU's TLS options (``_tls.TlsFiles.criu_args``) for the connection to ``page_server``.
+    ``tidy``: directories the supervisor removes with ``work/images`` once the daemon no longer reads them (a
+    verified copy of the images it serves).
     """
     argv = [criu, "lazy-pages", "-D", images, "-W", work, "-o", LOG, "-v4"]
     if page_server:
@@ -249,8 +267,8 @@ def start(criu: str, images: str, work: str, timeout: float = DEFAULT_TIMEOUT, c
     rfd, wfd = os.pipe()
     ready_r, ready_w = os.pipe()
     started_at = time.time()
-    proc.detach(lambda: _supervise(argv, rfd, ready_w, work, timeout, control, snapshot_id, env, active_dir),
-                keep=(rfd, ready_w))
+    job = _Job(work, timeout, control, snapshot_id, active_dir, list(tidy))
+    proc.detach(lambda: _supervise(argv, rfd, ready_w, job, env), keep=(rfd, ready_w))
     os.close(rfd)
     os.close(ready_w)
     answer = b""
@@ -280,29 +298,35 @@ class _Job:
     control: Optional[str]
     snapshot_id: str
     active_dir: str
+    tidy: List[str]
+    placeholder_fd: int = -1    # pidfd of the placeholder the tree was restored into (-1: none)
 
 
-def _supervise(argv: List[str], rfd: int, ready_w: int, work: str, timeout: float, control: Optional[str],
-               snapshot_id: str, env: Optional[Dict[str, str]], active_dir: str) -> None:  # pragma: no cover - forked
+def _supervise(argv: List[str], rfd: int, ready_w: int, job: _Job,
+               env: Optional[Dict[str, str]]) -> None:  # pragma: no cover - forked
     """The supervisor (a detached child): start the daemon and say ``ready PID`` (or ``failed WHY``) on
-    ``ready_w``; wait for the restore's ``pid ROOT`` on ``rfd``; watch the daemon until memory is complete.
+    ``ready_w``; wait for the restore's ``pid ROOT [PLACEHOLDER]`` on ``rfd``; watch the daemon until memory is
+    complete.
 
     Invariant: a restored tree never runs on missing memory. Whenever memory cannot be complete (restore
-    aborted, daemon failed, ``timeout`` passed) the daemon is stopped, after the restored tree is killed.
+    aborted, daemon failed, ``timeout`` passed) the daemon is stopped, after the restored tree (and the
+    placeholder it runs in) is killed.
     """
-    job = _Job(work, timeout, control, snapshot_id, active_dir)
     daemon = _start_daemon(job, argv, env, ready_w)
     if daemon is None:
         return
-    deadline = time.monotonic() + timeout
+    deadline = time.monotonic() + job.timeout
     word, _sep, arg = _read_line(rfd, deadline).partition(" ")
     if word != "pid":
         # the restore failed (CRIU killed its tree) or the restoring process died: no tree of ours to watch
         _stop(daemon)
-        _write_state(work, state="failed", error="the restore did not complete" if word == "abort"
+        _write_state(job.work, state="failed", error="the restore did not complete" if word == "abort"
                      else "the restoring process went away before the restore completed")
         return
-    _stream(job, daemon, int(arg), deadline)
+    root, _sep, placeholder = arg.partition(" ")
+    if placeholder:
+        job.placeholder_fd = ctypes.CDLL(None, use_errno=True).syscall(_SYS_PIDFD_OPEN, int(placeholder), 0)
+    _stream(job, daemon, int(root), deadline)
 
 
 def _start_daemon(job: _Job, argv: List[str], env: Optional[Dict[str, str]],
@@ -368,8 +392,9 @@ def _stream(job: _Job, daemon: "subprocess.Popen[bytes]", root: int,
 
 
 def _tidy(job: _Job, marker: str) -> None:  # pragma: no cover - forked
-    """Drop the image links (or sparse pages of a remote restore) and the ``active`` marker."""
-    shutil.rmtree(os.path.join(job.work, "images"), ignore_errors=True)
+    """Drop the image links (or sparse pages of a remote restore), the ``tidy`` dirs and the ``active`` marker."""
+    for path in [os.path.join(job.work, "images")] + job.tidy:
+        shutil.rmtree(path, ignore_errors=True)
     if marker:
         try:
             os.unlink(marker)
@@ -398,11 +423,14 @@ def _roll_back(job: _Job, daemon: "subprocess.Popen[bytes]", root: int, tree: Li
             os.kill(pid, signal.SIGKILL)
         except OSError:
             pass
+    if job.placeholder_fd >= 0:  # its container exits: its supervisor (the kubelet) replaces it
+        ctypes.CDLL(None, use_errno=True).syscall(_SYS_PIDFD_SEND_SIGNAL, job.placeholder_fd, signal.SIGKILL, None, 0)
     _stop(daemon)
     _close_all(held)
     proc.wait_gone(root, 10)
     text = (f"lazy restore of snapshot {job.snapshot_id}: {_why(job, daemon.pid, rc)}; the restored tree "
-            f"(pid {root}) was killed so that it never runs on missing memory; log {os.path.join(job.work, LOG)}")
+            f"(pid {root}) was killed{' with its placeholder' if job.placeholder_fd >= 0 else ''} so that it never "
+            f"runs on missing memory; log {os.path.join(job.work, LOG)}")
     if job.control and os.path.isdir(job.control):  # before the state: whoever sees "failed" finds the reason
         try:
             ctl.write(job.control, ctl.RESTORE_FAILED, f"{text}\n")

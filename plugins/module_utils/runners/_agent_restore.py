@@ -24,7 +24,7 @@ def run(params: Dict[str, Any], check_mode: bool) -> Dict[str, Any]:
         raise WarmstartError(f"fallback must be one of {', '.join(agent.FALLBACKS)}, not {params.get('fallback')!r}")
     node = LocalNode(runtime=params.get("runtime") or "auto", store=params.get("store"),
                      store_options=params.get("store_options"), criu_path=params.get("criu_path"),
-                     restore_root=params.get("restore_root"))
+                     restore_root=params.get("restore_root"), lazy=bool(params.get("lazy")))
     settings = agent.Settings.of(params)
     settings.running_timeout = float(params.get("running_timeout") or settings.running_timeout)
     result = agent.restore_pod(cluster_from(params), settings, node, check_mode)

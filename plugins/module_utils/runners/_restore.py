@@ -91,7 +91,8 @@ def _restore_into(p: Params, check_mode: bool) -> Result:
         skip_compat=p["skip_compat_check"], skip_image_check=into["skip_image_check"],
         kill_on_failure=into["kill_placeholder_on_failure"], runtime_name=into["runtime"],
         criu_path=p["criu_path"], restore_root=p["restore_root"], check_mode=check_mode, tcp=p.get("tcp"),
-        cuda=p.get("cuda") or "auto", skip_unreadable=bool(p.get("skip_unreadable")))
+        cuda=p.get("cuda") or "auto", skip_unreadable=bool(p.get("skip_unreadable")), lazy=bool(p.get("lazy")),
+        lazy_wait=bool(p.get("lazy_wait")), lazy_timeout=float(p.get("lazy_timeout") or lz.DEFAULT_TIMEOUT))
     done = [d["container"] for d in result["destinations"] if d["result"] in ("succeeded", "would restore")]
     if result["outcome"] != "succeeded":
         raise _into_failed(result, len(done))

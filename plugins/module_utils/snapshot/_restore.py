@@ -262,7 +262,7 @@ def _restore_locked(store: Store, doc: Dict[str, Any], node: Dict[str, Any], cri
     """Preflight and images, the workload's files and control dir, CRIU's restore, GPU state, the result."""
     timings: Dict[str, float] = {}
     target = doc["targets"][0] if doc.get("targets") else {}
-    lazy_plan = _lazy_plan(criu, doc, a.lazy or bool(a.remote))
+    lazy_plan = lz.plan(criu, bool(doc.get("gpu")), a.lazy or bool(a.remote))
     work, snap_dir, remote, overlap = _prepare(store, doc, node, a, lazy_plan, timings)
     try:
         control, control_note = rw.control_dir(target, a.workloads_root, a.control_roots)
@@ -312,19 +312,6 @@ def _restore_locked(store: Store, doc: Dict[str, Any], node: Dict[str, Any], cri
     finally:
         if overlap is not None:
             overlap.release()  # the pinned page images: the verdict is given, or never will be
-
-
-def _lazy_plan(criu: str, doc: Dict[str, Any], wanted: bool) -> Dict[str, Any]:
-    """Whether this restore runs lazily, and why (or why not)."""
-    if not wanted:
-        return {"used": False, "reason": "lazy: false - every page is loaded before the tree resumes"}
-    if doc.get("gpu"):
-        return {"used": False, "reason": "the snapshot holds GPU state: restored eagerly (the CUDA restore needs "
-                                         "the process's whole memory)"}
-    ok, why = lz.support(criu)
-    if not ok:
-        return {"used": False, "reason": f"{why}; restored eagerly instead"}
-    return {"used": True, "reason": why}
 
 
 def _criu_phase(criu: str, work: str, opts: CriuOptions, lazy_plan: Dict[str, Any], a: _RestoreArgs,

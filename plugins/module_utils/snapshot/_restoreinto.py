@@ -50,6 +50,7 @@ from ansible_collections.warmstart.snapshot.plugins.module_utils.runtime import 
 from ansible_collections.warmstart.snapshot.plugins.module_utils.core import _safefs as safefs
 from ansible_collections.warmstart.snapshot.plugins.module_utils.snapshot import _snapshot as snap
 from ansible_collections.warmstart.snapshot.plugins.module_utils.store import _storecopy as sc
+from ansible_collections.warmstart.snapshot.plugins.module_utils.criu import _lazy as lz
 from ansible_collections.warmstart.snapshot.plugins.module_utils.criu import _tcp as tcpm
 from ansible_collections.warmstart.snapshot.plugins.module_utils.accel._gpunode import GpuNode
 from ansible_collections.warmstart.snapshot.plugins.module_utils.node._compat import (
@@ -65,6 +66,7 @@ from ansible_collections.warmstart.snapshot.plugins.module_utils.criu._criu_rpc 
     ExtMount,
     InheritFd,
     JoinNs,
+    log_tail,
     read_stats,
 )
 from ansible_collections.warmstart.snapshot.plugins.module_utils.criu._criu_rpc import restore as criu_restore
@@ -93,6 +95,17 @@ class _Restore:
     stdio: List[Tuple[int, int]] = field(default_factory=list)  # (our fd, stdio number) of its piped stdio
     hostname: str = ""          # the placeholder's, which CRIU overwrites
     pid: int = 0                # host PID of the restored tree, once CRIU restored it
+    lazy: Optional["Lazy"] = None  # a lazy restore's settings (None: eager)
+    session: Optional[lz.Session] = None  # its lazy-pages daemon, once started
+
+
+@dataclass
+class Lazy:
+    """A lazy restore into placeholders: its plan (``lz.plan``: used, reason), its timeout, whether to wait."""
+
+    plan: Dict[str, Any]
+    timeout: float = lz.DEFAULT_TIMEOUT
+    wait: bool = False
 
 
 def _begin(snap_dir: str, doc: Dict[str, Any], d: ph.Destination, info: ContainerInfo, restore_root: str) -> _Restore:
@@ -167,17 +180,56 @@ def _restore_options(r: _Restore, base: CriuOptions) -> CriuOptions:
         ext_mnt=[ExtMount(key, val) for key, val in (r.d.ext_mnt or {}).items()])
 
 
-def _run_criu(r: _Restore, criu: str, options: CriuOptions) -> None:
+def _run_criu(r: _Restore, criu: str, options: CriuOptions, verified_copy: bool) -> None:
+    """CRIU's restore into the pinned placeholder; lazily (``r.lazy``) with a lazy-pages daemon serving the
+    verified images, which a supervisor owns from then on (``_lazy``: it kills the tree and the placeholder if
+    memory cannot be complete, and removes our verified copy once the daemon is done with it)."""
     # The images are read in place (CRIU writes its log and stats into the work dir): a staged dir of
     # symlinks would not do, the restored tasks open images after they moved into the new mount tree.
     t0 = time.monotonic()
+    images = os.path.join(r.tdir, "criu")
+    if r.lazy is not None and r.lazy.plan["used"]:
+        prog.phase(f"lazy-pages daemon for {r.info.name}")
+        r.session = lz.start(criu, images, r.work, r.lazy.timeout, r.control, snapshot_id=r.doc["id"],
+                             tidy=[os.path.join(r.work, "snapshot")] if verified_copy else [])
+        options = dataclasses.replace(options, lazy_pages=True)
     prog.phase(f"restore into {r.info.name}")
-    if r.d.source.get("pid_namespace"):  # CRIU in the placeholder's PID namespace makes the nested one there
-        seen = criu_restore(criu, os.path.join(r.tdir, "criu"), r.work, options, in_pid_ns=r.pinned["pid"])
-        r.pid = _host_pid(r.info.pid, seen)
-    else:
-        r.pid = criu_restore(criu, os.path.join(r.tdir, "criu"), r.work, options)
+    try:
+        with lz.guard(r.session):
+            if r.d.source.get("pid_namespace"):  # CRIU in the placeholder's PID namespace makes the nested one there
+                seen = criu_restore(criu, images, r.work, options, in_pid_ns=r.pinned["pid"])
+                r.pid = _host_pid(r.info.pid, seen)
+            else:
+                r.pid = criu_restore(criu, images, r.work, options)
+    except (WarmstartError, OSError) as exc:
+        if r.session is not None:
+            r.session.abort()
+            cause = r.session.failure()
+            r.session = None
+            if cause and isinstance(exc, WarmstartError):
+                raise CriuError(f"{exc} (lazy-pages daemon: {cause})", log_tail=exc.log_tail) from None
+        raise
+    if r.session is not None:
+        r.session.attach(r.pid, placeholder=r.info.pid)
+        r.out["lazy"] = dict(r.lazy.plan if r.lazy else {}, daemon_pid=r.session.daemon_pid,
+                             resumed_after=round(time.monotonic() - t0, 3))
+    elif r.lazy is not None:
+        r.out["lazy"] = dict(r.lazy.plan)
     r.timings["restore"] = time.monotonic() - t0
+
+
+def _wait_lazy(r: _Restore) -> None:
+    """``lazy_wait``: until the supervisor says memory is complete; a failure raises (the supervisor has killed
+    the tree and the placeholder and written restore-failed)."""
+    if r.session is None or r.lazy is None or not r.lazy.wait:
+        return
+    prog.phase(f"lazy: wait for the memory of {r.info.name}")
+    t0 = time.monotonic()
+    state = lz.wait(r.work, r.lazy.timeout + 15)
+    if state.get("state") != "complete":
+        raise snap.SnapshotError(state.get("error") or f"lazy restore into {r.info.name}: memory not complete after "
+                                 f"{r.lazy.timeout:g} s", log_tail=log_tail(os.path.join(r.work, lz.LOG)))
+    r.out.setdefault("lazy", {})["complete_after"] = round(time.monotonic() - t0 + r.timings.get("restore", 0), 3)
 
 
 def _host_pid(placeholder: int, seen: int) -> int:
@@ -294,7 +346,7 @@ def _copy_stage(r: _Restore, stage: str) -> None:
 
 def restore_one(criu: str, snap_dir: str, doc: Dict[str, Any], d: ph.Destination, options: CriuOptions,
                 restore_root: str, kill_on_failure: bool, gpu_node: Optional[GpuNode] = None,
-                verified_copy: bool = False) -> Dict[str, Any]:
+                verified_copy: bool = False, lazy: Optional[Lazy] = None) -> Dict[str, Any]:
     """Restore one source container into one checked placeholder; never raises for a restore failure.
 
     Phases: pin the placeholder, prepare it, CRIU (no CRIU plugin loaded for a GPU snapshot), the GPU state
@@ -304,6 +356,9 @@ def restore_one(criu: str, snap_dir: str, doc: Dict[str, Any], d: ph.Destination
     ``verified_copy`` (a store read in place, verify on): the source's files are first copied into the work dir,
     hashed as they pass (``_storecopy``), and CRIU and the rootfs diff read only that copy; a mismatch refuses
     this destination before the placeholder is touched.
+
+    ``lazy``: CRIU's lazy restore (``_run_criu``): the tree runs as soon as it is restored, its memory streamed
+    in from the same verified images; with ``lazy.wait`` the result waits for memory to be complete.
     """
     if d.info is None:
         raise snap.SnapshotError(f"placeholder {d.name} was not checked")
@@ -314,6 +369,7 @@ def restore_one(criu: str, snap_dir: str, doc: Dict[str, Any], d: ph.Destination
         return {"container": d.name, "source": d.source["name"], "result": "refused", "reasons": exc.reasons,
                 "error": f"refusing to restore into {d.name}: {exc}"}
     r = _begin(snap_dir, doc, d, d.info, restore_root)
+    r.lazy = lazy
     if verified_copy:
         problems = _copy_source(r, snap_dir)
         if problems:
@@ -324,20 +380,21 @@ def restore_one(criu: str, snap_dir: str, doc: Dict[str, Any], d: ph.Destination
         _pin(r)
         _prepare(r)
         with gh.criu_plugins_off(bool(doc.get("gpu"))):
-            _run_criu(r, criu, _restore_options(r, options))
+            _run_criu(r, criu, _restore_options(r, options), verified_copy)
         _copy_stage(r, "restore_pre")  # the workload's lifecycle stages around its device restore (_gpuhooks.copy_stage)
         _resume_gpu(r, gpu_node or GpuNode())
         _copy_stage(r, "restore_post")
         _release(r, profile)
         _finish(r, t_start)
+        _wait_lazy(r)
     except WarmstartError as exc:
         _roll_back(r, str(exc), exc.log_tail, kill_on_failure)
     except OSError as exc:
         _roll_back(r, str(exc), None, kill_on_failure)
     finally:
         _unpin(r)
-        if verified_copy:  # our copy of the memory images: CRIU is done with it, whatever happened
-            shutil.rmtree(os.path.join(r.work, "snapshot"), ignore_errors=True)
+        if verified_copy and r.session is None:  # our copy of the memory images: CRIU is done with it (a lazy
+            shutil.rmtree(os.path.join(r.work, "snapshot"), ignore_errors=True)  # daemon's supervisor removes it)
     r.out["timings"] = {k: round(v, 3) for k, v in r.timings.items()}
     return r.out
 
@@ -381,7 +438,7 @@ def _select(store: Store, snapshot_id: Optional[str], name: Optional[str], label
 def _restore_exclusive(runtime: Runtime, criu: str, store: Any, doc: Dict[str, Any], d: ph.Destination,
                        opts: CriuOptions, restore_root: str, kill_on_failure: bool,
                        skip_image_check: bool, gpu: Optional[ph.GpuCheck] = None,
-                       verified_copy: bool = False) -> Dict[str, Any]:
+                       verified_copy: bool = False, lazy: Optional[Lazy] = None) -> Dict[str, Any]:
     """One restore into a placeholder at a time: its lock held from a fresh inertness check to the end."""
     refused = {"container": d.name, "source": d.source["name"], "result": "refused"}
     try:
@@ -394,7 +451,7 @@ def _restore_exclusive(runtime: Runtime, criu: str, store: Any, doc: Dict[str, A
         if problems:
             return dict(refused, error=f"refusing to restore into {d.name}: " + "; ".join(problems), reasons=problems)
         return restore_one(criu, store.local_dir(doc["id"]), doc, d, opts, restore_root, kill_on_failure,
-                           gpu.node if gpu else None, verified_copy=verified_copy)
+                           gpu.node if gpu else None, verified_copy=verified_copy, lazy=lazy)
     finally:
         os.close(lock)
 
@@ -405,7 +462,8 @@ def restore_into(store: Store, into: Any, snapshot_id: Optional[str] = None, nam
                  options: Optional[CriuOptions] = None, criu_path: Optional[str] = None,
                  restore_root: str = rw.DEFAULT_RESTORE_ROOT, check_mode: bool = False,
                  tcp: Optional[str] = None, cuda: str = "auto", gpu_node: Optional[GpuNode] = None,
-                 skip_unreadable: bool = False) -> Dict[str, Any]:
+                 skip_unreadable: bool = False, lazy: bool = False, lazy_wait: bool = False,
+                 lazy_timeout: float = lz.DEFAULT_TIMEOUT) -> Dict[str, Any]:
     """Restore a container snapshot into placeholder containers; per-destination results.
 
     By name/labels, newer snapshots passed over are named in ``passed_over`` (``_preflight.select``; one that cannot be
@@ -418,6 +476,11 @@ def restore_into(store: Store, into: Any, snapshot_id: Optional[str] = None, nam
 
     ``tcp``: ``keep`` or ``close`` the snapshot's established TCP connections (None: ``close``, a placeholder's
     network namespace is not the dump's; see ``_tcp``); each destination's result says which and why.
+
+    ``lazy``: each placeholder's tree runs as soon as CRIU restored it, its memory streamed in from the same
+    verified images by a lazy-pages daemon under a supervisor (``restore_one``); eager, saying why in each
+    destination's ``lazy``, where the node lacks userfaultfd or the snapshot holds GPU state. ``lazy_wait``: each
+    destination's result waits until its memory is complete; ``lazy_timeout``: seconds within which it must be.
 
     Checksums and compatibility are checked once, before anything; each
     destination is then checked (running, inert, PIDs free, image, mounts) and
@@ -436,6 +499,10 @@ def restore_into(store: Store, into: Any, snapshot_id: Optional[str] = None, nam
     try:
         if tcpm.invalid(tcp):
             raise snap.SnapshotError(str(tcpm.invalid(tcp)))
+        if lazy_timeout <= 0:
+            raise snap.SnapshotError(f"lazy_timeout: {lazy_timeout:g} s is not positive")
+        if lazy_wait and not lazy:
+            raise snap.SnapshotError("lazy_wait: applies to a lazy restore only (lazy: true)")
         criu = find_criu(criu_path)
         if not criu:
             raise CriuError("no CRIU found on this node; prepare it with warmstart.snapshot.node_prep")
@@ -450,9 +517,10 @@ def restore_into(store: Store, into: Any, snapshot_id: Optional[str] = None, nam
         gpu = ph.GpuCheck(doc.get("gpu"), gpu_node, skip_compat)
         checked = [gpu.check(*ph.check_destination(runtime, sources[src], dst, skip_image_check)) for src, dst in pairs]
         copying = bool(getattr(store, "reads_in_place", False) and verify)
+        lazily = Lazy(lz.plan(criu, bool(doc.get("gpu")), lazy), lazy_timeout, lazy_wait) if lazy else None
         touching = not check_mode  # from here an error may come after a placeholder was touched
         results = [_destination(runtime, criu, store, doc, d, problems, options, restore_root, kill_on_failure,
-                                skip_image_check, check_mode, tcp, gpu, copying) for d, problems in checked]
+                                skip_image_check, check_mode, tcp, gpu, copying, lazily) for d, problems in checked]
     except WarmstartError as exc:
         if touching:  # "transient" (a store error a later try may not meet) only while nothing was touched
             exc.details.pop("transient", None)
@@ -464,7 +532,7 @@ def restore_into(store: Store, into: Any, snapshot_id: Optional[str] = None, nam
 def _destination(runtime: Runtime, criu: str, store: Any, doc: Dict[str, Any], d: ph.Destination, problems: List[str],
                  options: Optional[CriuOptions], restore_root: str, kill_on_failure: bool, skip_image_check: bool,
                  check_mode: bool, tcp: Optional[str] = None, gpu: Optional[ph.GpuCheck] = None,
-                 verified_copy: bool = False) -> Dict[str, Any]:
+                 verified_copy: bool = False, lazy: Optional[Lazy] = None) -> Dict[str, Any]:
     """One destination's result: refused (its check failed), would restore (check mode), or its restore; the
     last two say what the restore does with the snapshot's TCP connections (``_tcp``)."""
     recorded = (d.source.get("criu") or {}).get("options", {}).get("tcp")
@@ -476,10 +544,10 @@ def _destination(runtime: Runtime, criu: str, store: Any, doc: Dict[str, Any], d
                 "error": f"refusing to restore into {d.name}: " + "; ".join(problems), "reasons": problems}
     if check_mode:
         return {"container": d.name, "source": d.source["name"], "result": "would restore", "notes": d.notes,
-                "tcp": plan.result()}
+                "tcp": plan.result(), **({"lazy": dict(lazy.plan)} if lazy else {})}
     opts = dataclasses.replace(options or CriuOptions.from_manifest(d.source["criu"]["options"]), tcp=plan.criu_tcp)
     done = _restore_exclusive(runtime, criu, store, doc, d, opts, restore_root, kill_on_failure, skip_image_check,
-                              gpu, verified_copy)
+                              gpu, verified_copy, lazy)
     return done if done["result"] == "refused" else dict(done, tcp=plan.result())
 
 

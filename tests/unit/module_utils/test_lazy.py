@@ -138,13 +138,12 @@ def test_support_probes_once_per_binary_and_boot(tmp_path: Path, monkeypatch: py
 
 
 def test_lazy_plan_says_why_a_restore_is_eager(monkeypatch: pytest.MonkeyPatch) -> None:
-    from ansible_collections.warmstart.snapshot.plugins.module_utils.snapshot import _restore as rs  # pylint: disable=import-outside-toplevel
     calls = []
     monkeypatch.setattr(lz, "support", lambda criu: calls.append(criu) or (False, "this node lacks uffd"))
-    assert "every page is loaded" in rs._lazy_plan("criu", {}, False)["reason"]  # pylint: disable=protected-access
-    gpu = rs._lazy_plan("criu", {"gpu": {"processes": [1]}}, True)  # pylint: disable=protected-access
+    assert "every page is loaded" in lz.plan("criu", False, False)["reason"]
+    gpu = lz.plan("criu", True, True)
     assert gpu["used"] is False and "GPU state" in gpu["reason"] and not calls
-    plan = rs._lazy_plan("criu", {}, True)  # pylint: disable=protected-access
+    plan = lz.plan("criu", False, True)
     assert plan == {"used": False, "reason": "this node lacks uffd; restored eagerly instead"} and calls == ["criu"]
     monkeypatch.setattr(lz, "support", lambda criu: (True, "uffd and uffd-noncoop available"))
-    assert rs._lazy_plan("criu", {}, True)["used"] is True  # pylint: disable=protected-access
+    assert lz.plan("criu", False, True)["used"] is True

@@ -1,0 +1,93 @@
+"""Lazy restore into a placeholder container (issue 35, item 3), with real podman and CRIU.
+
+A container snapshot restored with ``lazy: true`` into a placeholder: the copy runs as soon as CRIU restored it,
+its memory streamed in by CRIU's lazy-pages daemon from the same verified copy of the images an eager restore
+reads; the result says so per destination, and with ``lazy_wait`` when memory was complete; the verified copy
+is removed once the daemon is done with it. A daemon that dies while memory is still loading (driven through the
+engine, lazy_driver.py, which stops it the moment CRIU returned) takes the copy and the placeholder with it - the
+copy never runs on missing memory, and the placeholder's supervisor (the kubelet) replaces it - with
+``restore-failed`` in the placeholder's control dir saying why.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+from typing import Any, Dict, Iterator
+
+import pytest
+
+from .ansible_run import REPO
+from .container_lab import Pod, ask, pod_for, wait_file
+
+pytestmark = pytest.mark.integration
+
+DRIVER = Path(__file__).with_name("lazy_driver.py")
+
+
+@pytest.fixture(scope="module")
+def pod(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pod]:
+    yield from pod_for(tmp_path_factory.mktemp("lazy-containers"))
+
+
+def snapshot_of(pod: Pod, name: str, mib: int) -> Dict[str, Any]:
+    src = pod.source(name, APP_MIB=str(mib))
+    before = ask(pod.ip(src))
+    snap = pod.play([pod.checkpoint("checkpoint", container=src, leave_running=False)], f"{name}-ck")
+    return {"snap": snap["checkpoint"]["snapshot"], "before": before}
+
+
+def gone(pid: int, timeout: float) -> bool:
+    end = time.monotonic() + timeout
+    while os.path.exists(f"/proc/{pid}") and time.monotonic() < end:
+        time.sleep(0.05)
+    return not os.path.exists(f"/proc/{pid}")
+
+
+def test_a_lazy_restore_into_a_placeholder_answers_and_its_memory_completes(pod: Pod) -> None:
+    got = snapshot_of(pod, "lzsrc", 64)
+    ph = pod.placeholder("lzph")
+    res = pod.play([pod.restore("restore", snapshot=got["snap"]["id"], into={"container": ph}, lazy=True,
+                                lazy_wait=True)], "lz-rs")["restore"]
+    dest = res["restore"]["destinations"][0]
+    assert dest["result"] == "succeeded", dest
+    lazy = dest["lazy"]
+    assert lazy["used"] is True and lazy["daemon_pid"] > 0 and lazy["complete_after"] >= lazy["resumed_after"], lazy
+    answer = ask(pod.ip(ph))
+    assert answer["token"] == got["before"]["token"] and answer["sha256"] == answer["digest"] == \
+        got["before"]["digest"], answer
+    assert gone(lazy["daemon_pid"], 10), "the daemon did not exit with memory complete"
+    work = Path(dest["work_dir"])
+    assert json.loads((work / "lazy-state.json").read_text())["state"] == "complete"
+    assert not (work / "snapshot").exists(), "the verified copy of the images outlived the lazy restore"
+    assert (pod.control("lzph") / "restore-complete").exists()
+
+
+def test_a_daemon_dying_mid_stream_takes_the_copy_and_the_placeholder_with_it(pod: Pod) -> None:
+    got = snapshot_of(pod, "lzsrc2", 256)
+    ph = pod.placeholder("lzph2")
+    placeholder_pid = pod.pid1(ph)
+    done = subprocess.run(["/usr/bin/python3", str(DRIVER), str(pod.store), str(pod.restore_root),
+                           got["snap"]["id"], "--into", ph, "--stop-daemon"],
+                          capture_output=True, text=True, check=False, timeout=300, cwd=REPO, env=pod.env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    out = json.loads(done.stdout.strip().splitlines()[-1])
+    dest = out["destinations"][0]
+    assert dest["result"] == "succeeded" and dest["lazy"]["used"] is True, dest
+    copy, daemon = dest["pid"], dest["lazy"]["daemon_pid"]
+    assert os.path.exists(f"/proc/{copy}"), "the copy runs while its memory is loading"
+    os.kill(daemon, signal.SIGKILL)
+    failed = wait_file(pod.control("lzph2") / "restore-failed", 30)
+    assert "killed by signal 9 before memory was complete" in failed, failed
+    assert f"restored tree (pid {copy}) was killed with its placeholder" in failed, failed
+    assert gone(copy, 10) and gone(placeholder_pid, 10), "the copy or its placeholder survived"
+    end = time.monotonic() + 30
+    while pod.running(ph):
+        assert time.monotonic() < end, "the placeholder container still runs"
+        time.sleep(0.2)
+    work = Path(dest["work_dir"])
+    assert json.loads((work / "lazy-state.json").read_text())["state"] == "failed"
+    assert not (work / "snapshot").exists(), "the verified copy of the images outlived the failed lazy restore"
