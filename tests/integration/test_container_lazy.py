@@ -91,3 +91,18 @@ def test_a_daemon_dying_mid_stream_takes_the_copy_and_the_placeholder_with_it(po
     work = Path(dest["work_dir"])
     assert json.loads((work / "lazy-state.json").read_text())["state"] == "failed"
     assert not (work / "snapshot").exists(), "the verified copy of the images outlived the failed lazy restore"
+
+
+def test_two_placeholders_restored_lazily_at_the_same_time_both_answer(pod: Pod) -> None:
+    got = snapshot_of(pod, "lzsrc3", 64)
+    ph = [pod.placeholder("lzph3a"), pod.placeholder("lzph3b")]
+    src = got["snap"]["name"]
+    res = pod.play([pod.restore("restore", snapshot=got["snap"]["id"], lazy=True, lazy_wait=True,
+                                into={"container_map": [f"{src}={ph[0]}", f"{src}={ph[1]}"]})], "lz-fan")["restore"]
+    dests = res["restore"]["destinations"]
+    assert [d["result"] for d in dests] == ["succeeded", "succeeded"], dests
+    assert all(d["lazy"]["used"] is True and "complete_after" in d["lazy"] for d in dests), dests
+    assert len({d["work_dir"] for d in dests}) == 2
+    for full in ph:
+        answer = ask(pod.ip(full))
+        assert answer["token"] == got["before"]["token"] and answer["sha256"] == got["before"]["digest"], answer

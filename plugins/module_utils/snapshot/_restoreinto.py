@@ -20,14 +20,16 @@ PIDs. Nothing is mounted into the placeholder, so nothing is left behind.
 """
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
+import functools
 import json
 import os
 import shutil
 import signal
 import time
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from ansible_collections.warmstart.snapshot.plugins.module_utils.store import _checksums as ck
 from ansible_collections.warmstart.snapshot.plugins.module_utils.snapshot import _container as ctr
@@ -77,6 +79,7 @@ from ansible_collections.warmstart.snapshot.plugins.module_utils.store._storeapi
 
 PINNED = ("mnt", "net", "pid", "uts", "ipc")  # the placeholder's namespaces a restore holds open
 ENV_FILE = "env.json"  # the placeholder's environment, offered to the restored workload
+PARALLEL = 8           # placeholders restored at the same time (a pod's containers, a fan-out)
 
 
 @dataclass
@@ -484,7 +487,9 @@ def restore_into(store: Store, into: Any, snapshot_id: Optional[str] = None, nam
 
     Checksums and compatibility are checked once, before anything; each
     destination is then checked (running, inert, PIDs free, image, mounts) and
-    a destination that fails its check is reported and left untouched. In
+    a destination that fails its check is reported and left untouched. The
+    destinations are restored at the same time (``_each``; one after another
+    for a GPU snapshot). In
     ``check_mode`` nothing is fetched or touched: each destination that passes
     its check says "would restore".
 
@@ -519,14 +524,30 @@ def restore_into(store: Store, into: Any, snapshot_id: Optional[str] = None, nam
         copying = bool(getattr(store, "reads_in_place", False) and verify)
         lazily = Lazy(lz.plan(criu, bool(doc.get("gpu")), lazy), lazy_timeout, lazy_wait) if lazy else None
         touching = not check_mode  # from here an error may come after a placeholder was touched
-        results = [_destination(runtime, criu, store, doc, d, problems, options, restore_root, kill_on_failure,
-                                skip_image_check, check_mode, tcp, gpu, copying, lazily) for d, problems in checked]
+        jobs: List[Callable[[], Dict[str, Any]]] = [
+            functools.partial(_destination, runtime, criu, store, doc, d, problems, options, restore_root,
+                              kill_on_failure, skip_image_check, check_mode, tcp, gpu, copying, lazily)
+            for d, problems in checked]
+        results = _each(jobs, parallel=not check_mode and not doc.get("gpu"))
     except WarmstartError as exc:
         if touching:  # "transient" (a store error a later try may not meet) only while nothing was touched
             exc.details.pop("transient", None)
         raise exc.with_details(outcome=exc.details.get("outcome", "failed"))
     return {"id": doc["id"], "name": doc["name"], "outcome": _outcome(results), "destinations": results,
             "timings": {"total": round(time.monotonic() - t_start, 3)}, "passed_over": passed_over}
+
+
+def _each(jobs: List[Callable[[], Dict[str, Any]]], parallel: bool) -> List[Dict[str, Any]]:
+    """Each destination's restore, at the same time (up to ``PARALLEL``) when ``parallel``, in order otherwise.
+
+    Each placeholder is its own: its own lock, pins, work dir, CRIU and (lazy) daemon; what they share is only
+    the verified snapshot they read. A GPU snapshot's restores run one after another (they hand CRIU an
+    environment without its plugins, which is process-wide, and share the GPUs' checkpoint driver)."""
+    if not parallel or len(jobs) < 2:
+        return [job() for job in jobs]
+    with concurrent.futures.ThreadPoolExecutor(max_workers=min(len(jobs), PARALLEL),
+                                               thread_name_prefix="restore-into") as pool:
+        return list(pool.map(lambda job: job(), jobs))
 
 
 def _destination(runtime: Runtime, criu: str, store: Any, doc: Dict[str, Any], d: ph.Destination, problems: List[str],

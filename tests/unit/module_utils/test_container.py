@@ -239,3 +239,23 @@ def test_a_placeholder_without_room_in_its_volume_is_refused_naming_it(tmp_path:
     assert problems[0].startswith("placeholder web: volume /big has ") and "the snapshot's 1 files there need" in \
         problems[0] and "emptyDir.sizeLimit" in problems[0]
     assert problems[1] == "placeholder web: the snapshot's volume /stray is none of its container's mounts"
+
+
+def test_destinations_are_restored_at_the_same_time_unless_told_otherwise() -> None:
+    import threading  # pylint: disable=import-outside-toplevel
+    both = threading.Barrier(2, timeout=10)  # each job waits for the other: only together do they finish
+    names: List[str] = []
+
+    def job(name: str) -> Any:
+        def run() -> Dict[str, Any]:
+            both.wait()
+            names.append(threading.current_thread().name)
+            return {"container": name}
+        return run
+
+    assert rinto._each([job("a"), job("b")], parallel=True) == [  # pylint: disable=protected-access
+        {"container": "a"}, {"container": "b"}], "in the order of the destinations"
+    assert all(n.startswith("restore-into") for n in names) and len(set(names)) == 2
+    order: List[str] = []
+    assert rinto._each([lambda: order.append("a") or {}, lambda: order.append("b") or {}],  # pylint: disable=protected-access
+                       parallel=False) == [{}, {}] and order == ["a", "b"]
