@@ -115,6 +115,7 @@ def test_a_volume_goes_along_with_what_it_holds_and_comes_back_in_another_volume
     sock = socket.socket(socket.AF_UNIX)
     sock.bind(str(src / "server.sock"))
     sock.close()
+    os.mknod(src / "null", stat.S_IFCHR | 0o666, os.makedev(1, 3))  # a device node: never carried
     dst.mkdir()
     (dst / "stale").write_text("from the placeholder's own start\n")
     target.mkdir(mode=0o700)

@@ -13,7 +13,7 @@ what it wrote at start-up (a compile cache, a downloaded tokenizer) is there.
 
 Both run in a forked child chrooted into the volume's host directory: the pod's other containers may write that
 directory at the same time, and no symlink they plant leads either side out of it (an absolute one resolves in
-the volume; ``..`` stops at its top). Sockets are left out (their listener makes them again).
+the volume; ``..`` stops at its top). Sockets (their listener makes them again) and device nodes are left out.
 """
 from __future__ import annotations
 
@@ -65,8 +65,8 @@ def _archive_here(out_fd: int) -> str:
                     st = os.lstat(full)
                 except FileNotFoundError:
                     continue  # another container of the pod removed it meanwhile
-                if stat.S_ISSOCK(st.st_mode):
-                    continue
+                if stat.S_ISSOCK(st.st_mode) or stat.S_ISCHR(st.st_mode) or stat.S_ISBLK(st.st_mode):
+                    continue  # a socket's listener makes it again; a device node is nothing a volume should carry
                 tar.add(full, arcname=full.lstrip("/"), recursive=False)
                 count += 1
                 if stat.S_ISREG(st.st_mode):
