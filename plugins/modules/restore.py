@@ -496,7 +496,7 @@ restore:
         - For O(into) - one result per placeholder - C(container), C(source), C(result), and when restored C(pid),
           C(ns_pid), C(timings), C(tcp), C(volumes) (each volume put back - C(mountpoint), C(entries)), and with
           O(lazy) C(lazy) (as RV(restore.lazy) - C(used), C(reason), C(daemon_pid), C(resumed_after), with
-          O(lazy_wait) C(complete_after)).
+          O(lazy_wait) C(complete_after); here in seconds from the start of CRIU's restore into that placeholder).
       type: list
       elements: dict
       returned: with into

@@ -100,6 +100,7 @@ class _Restore:
     pid: int = 0                # host PID of the restored tree, once CRIU restored it
     lazy: Optional["Lazy"] = None  # a lazy restore's settings (None: eager)
     session: Optional[lz.Session] = None  # its lazy-pages daemon, once started
+    criu_at: float = 0.0        # wall time CRIU's restore began (a lazy restore's times count from it)
 
 
 @dataclass
@@ -189,7 +190,7 @@ def _run_criu(r: _Restore, criu: str, options: CriuOptions, verified_copy: bool)
     memory cannot be complete, and removes our verified copy once the daemon is done with it)."""
     # The images are read in place (CRIU writes its log and stats into the work dir): a staged dir of
     # symlinks would not do, the restored tasks open images after they moved into the new mount tree.
-    t0 = time.monotonic()
+    t0, r.criu_at = time.monotonic(), time.time()
     images = os.path.join(r.tdir, "criu")
     if r.lazy is not None and r.lazy.plan["used"]:
         prog.phase(f"lazy-pages daemon for {r.info.name}")
@@ -227,12 +228,11 @@ def _wait_lazy(r: _Restore) -> None:
     if r.session is None or r.lazy is None or not r.lazy.wait:
         return
     prog.phase(f"lazy: wait for the memory of {r.info.name}")
-    t0 = time.monotonic()
     state = lz.wait(r.work, r.lazy.timeout + 15)
     if state.get("state") != "complete":
         raise snap.SnapshotError(state.get("error") or f"lazy restore into {r.info.name}: memory not complete after "
                                  f"{r.lazy.timeout:g} s", log_tail=log_tail(os.path.join(r.work, lz.LOG)))
-    r.out.setdefault("lazy", {})["complete_after"] = round(time.monotonic() - t0 + r.timings.get("restore", 0), 3)
+    r.out.setdefault("lazy", {})["complete_after"] = round(state["complete_at"] - r.criu_at, 3)
 
 
 def _host_pid(placeholder: int, seen: int) -> int:
