@@ -23,10 +23,12 @@ description:
     image and mounts whose only process is an inert PID 1 such as C(sleep infinity). Each placeholder is checked
     first (running, inert, the PIDs the workload needs free, same image, every mount the workload needs present)
     and pinned by open namespace descriptors; the rootfs diff and deletions are applied to its root file system,
-    and the contents of the volumes the snapshot took along (M(warmstart.snapshot.checkpoint) O(warmstart.snapshot.checkpoint#module:volumes),
-    a pod's C(emptyDir) volumes) are extracted into its volumes at the same mountpoints (a placeholder without the
-    room there is refused before anything is touched); CRIU then restores the workload into its network, PID, UTS and IPC namespaces and its cgroup, as a sibling of
-    its PID 1 with its original PIDs and its stdio on the placeholder's. Nothing is mounted into the placeholder.
+    and the contents of the volumes the snapshot took along
+    (M(warmstart.snapshot.checkpoint) O(warmstart.snapshot.checkpoint#module:volumes), a pod's C(emptyDir) volumes)
+    are extracted into its volumes at the same mountpoints (a placeholder without the room there is refused before
+    anything is touched); CRIU then restores the workload into its network, PID, UTS and IPC namespaces and its
+    cgroup, as a sibling of its PID 1 with its original PIDs and its stdio on the placeholder's. Nothing is mounted
+    into the placeholder.
   - On success C(restore-complete) (C(pid=<pid in the container>)) is written into the container's control
     directory (the workload's E(SNAPSHOT_CONTROL_DIR) at capture, as mounted in the placeholder); on failure
     C(restore-failed), and the placeholder is killed (O(into.kill_placeholder_on_failure)) so that its supervisor
