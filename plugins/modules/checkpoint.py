@@ -100,8 +100,9 @@ options:
         and bytes in the manifest) and put back into the placeholder's volume at the same mountpoint before
         CRIU restores; a placeholder whose volume lacks the room is refused. Both sides run chrooted into the
         volume, so no symlink another container of the pod plants there leads out of it.
-      - The node agent (M(warmstart.snapshot.agent_capture)) passes every C(emptyDir) volume the pod's container
-        mounts.
+      - The node agent (M(warmstart.snapshot.agent_capture)) and the C(k8s_snapshot) playbook pass every
+        C(emptyDir) volume the pod's container mounts, but those the pod's annotation
+        C(snapshot.warmstart.io/skip-volumes) names (comma-separated volume names).
     type: list
     elements: str
     default: []

@@ -26,7 +26,7 @@ from ansible_collections.warmstart.snapshot.plugins.module_utils.k8s import _spe
 from tests.support.fake_apiserver import FakeApiServer
 
 from .ansible_run import REPO, VENV_BIN
-from .k8s_lab import NS, POD_LABELS, ContainerdNode, Kubelet, Node, PodmanNode, source_pod, template
+from .k8s_lab import CACHE, NS, POD_LABELS, ContainerdNode, Kubelet, Node, PodmanNode, emptydir, source_pod, template
 
 pytestmark = pytest.mark.integration
 
@@ -74,6 +74,7 @@ def snapshots(c: Dict[str, Any]) -> List[Dict[str, Any]]:
 def captured(cluster: Dict[str, Any]) -> Dict[str, Any]:
     run_playbook(cluster, "k8s_crds", {})
     src = source_pod(cluster, "embed-0")
+    (emptydir(cluster["lab"], "embed-0", CACHE[0]) / "compiled.bin").write_bytes(b"kernels compiled at start-up\n")
     # a pod of the same app on a node outside the inventory: reported, left alone
     cluster["api"].add_pod("embed-9", NS, labels=POD_LABELS, node="gpu-far-away")
     before = cluster["lab"].ask(src)
@@ -115,6 +116,8 @@ def test_snapshot_playbook_records_a_bound_ready_podsnapshot(cluster: Dict[str, 
     assert manifest is not None, "the snapshot's manifest was in the store right after the run"
     assert manifest["pod"]["name"] == "embed-0" and manifest["pod"]["uid"] == pod["metadata"]["uid"]
     assert manifest["targets"][0]["name"] == "main", "the snapshot names the container by its pod name"
+    (volume,) = manifest["targets"][0]["volumes"]  # the pod's emptyDir went along (pod_info's containers[].volumes)
+    assert volume["mountpoint"] == CACHE[1] and volume["entries"] == 1, volume
     # the source pod keeps serving
     after = cluster["lab"].ask(captured["src"])
     assert after["token"] == captured["before"]["token"] and after["counter"] > captured["before"]["counter"]
@@ -142,6 +145,7 @@ def test_restore_playbook_starts_restored_pods_through_the_contract(
         assert all(b > a >= captured["before"]["workers"]["ticks"][i] for i, (a, b) in
                    enumerate(zip(answer["workers"]["ticks"], later))), (captured["before"]["workers"], later)
         assert (lab.control(f"k8s-{name}") / "restore-complete").read_text().startswith("pid=")
+        assert (emptydir(lab, name, CACHE[0]) / "compiled.bin").read_bytes() == b"kernels compiled at start-up\n"
     assert cluster["kubelet"].errors == []
 
 

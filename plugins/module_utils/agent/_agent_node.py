@@ -148,7 +148,7 @@ class LocalNode:
         pod = {"namespace": c.namespace, "name": meta.get("name"), "uid": meta.get("uid"), "container": c.container,
                "container_id": ids.get(c.container), "spec_hash": spechash.pod_spec_hash(c.pod)}
         cid = pod_container(self.runtime, pod)
-        volumes = podapi.emptydir_mounts(c.pod.get("spec"), c.container)  # their contents go along
+        volumes = podapi.emptydir_mounts(c.pod.get("spec"), c.container, meta)  # their contents go along
         target = dataclasses.replace(ctr.resolve(self.runtime_name, cid, name=c.container, volumes=volumes),
                                      profile=c.app_profile)
         record = dict(pod, container_id=cid)

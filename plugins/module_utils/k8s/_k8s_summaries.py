@@ -36,7 +36,7 @@ def summary(pod: JSON) -> JSON:
         containers.append({"name": c.get("name"), "container_id": st.get("containerID"),
                            "running": "running" in (st.get("state") or {}), "ready": bool(st.get("ready")),
                            "restart_count": int(st.get("restartCount") or 0),
-                           "volumes": podapi.emptydir_mounts(spec, c.get("name"))})
+                           "volumes": podapi.emptydir_mounts(spec, c.get("name"), meta)})
     return {"namespace": meta.get("namespace"), "name": meta.get("name"), "uid": meta.get("uid"),
             "node": spec.get("nodeName"), "phase": status.get("phase"), "labels": meta.get("labels") or {},
             "annotations": meta.get("annotations") or {}, "spec_hash": spechash.pod_spec_hash(pod),

@@ -73,6 +73,9 @@ ANN_RESTORE_FALLBACK = GROUP + "/restore-fallback"
 # whole profile, or {"name": <shipped>, "vars": {...}}. A checkpoint of the pod's container quiesces it and the
 # snapshot records it; a restore releases the copy with it. Never a path: a pod names no file on the node.
 ANN_APP_PROFILE = GROUP + "/app-profile"
+# emptyDir volumes a snapshot of the pod leaves out (comma-separated names): say, weights an init container
+# downloads, which the restore pod's init container fetches again; every other emptyDir goes along.
+ANN_SKIP_VOLUMES = GROUP + "/skip-volumes"
 FALLBACK_NONE = "none"
 FALLBACK_COLD_START = "cold-start"
 FALLBACKS = (FALLBACK_NONE, FALLBACK_COLD_START)
@@ -237,12 +240,14 @@ def pod_parts(obj: Any) -> Tuple[Dict[str, Any], Dict[str, Any], str]:
 
 # --- conditions ---------------------------------------------------------------
 
-def emptydir_mounts(spec: Any, container: Any) -> List[str]:
+def emptydir_mounts(spec: Any, container: Any, meta: Any = None) -> List[str]:
     """Where container ``container`` of pod spec ``spec`` mounts the pod's ``emptyDir`` volumes (what a snapshot
-    takes along, checkpoint's ``volumes``), the ``snapshot-control`` volume and ``subPath`` mounts left out; in
-    the order of its ``volumeMounts``."""
+    takes along, checkpoint's ``volumes``), the ``snapshot-control`` volume, ``subPath`` mounts and the volumes
+    the pod's ``skip-volumes`` annotation (``meta``: its metadata) names left out; in the order of its
+    ``volumeMounts``."""
     empty = {v.get("name") for v in dicts_of(as_dict(spec).get("volumes")) if "emptyDir" in v}
-    empty.discard(CONTROL_VOLUME)
+    skipped = str(as_dict(as_dict(meta).get("annotations")).get(ANN_SKIP_VOLUMES) or "")
+    empty -= {CONTROL_VOLUME} | {name.strip() for name in skipped.split(",")}
     for c in dicts_of(as_dict(spec).get("containers")):
         if c.get("name") == container:
             return [str(m["mountPath"]) for m in dicts_of(c.get("volumeMounts"))

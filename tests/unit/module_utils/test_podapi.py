@@ -249,3 +249,6 @@ def test_emptydir_mounts_are_where_the_container_mounts_the_pod_s_emptydir_volum
     assert podapi.emptydir_mounts(spec, "main") == ["/dev/shm", "/root/.cache"]
     assert podapi.emptydir_mounts(spec, "side") == ["/cache"]
     assert podapi.emptydir_mounts(spec, "absent") == [] and podapi.emptydir_mounts(None, "main") == []
+    skip = {"annotations": {podapi.ANN_SKIP_VOLUMES: "shm, other"}}  # weights an init container fetches again
+    assert podapi.emptydir_mounts(spec, "main", skip) == ["/root/.cache"]
+    assert podapi.emptydir_mounts(spec, "main", {"annotations": "not a mapping"}) == ["/dev/shm", "/root/.cache"]
