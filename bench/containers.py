@@ -274,7 +274,11 @@ def markdown(results: Dict[str, Any], summary: Dict[str, Any]) -> str:
               "--import` unpacks the tar before CRIU reads it and creates a container and its network first; "
               "warmstart writes the images once, into the store, and CRIU restores them in place into a "
               "container that already exists. The verified restore reads every byte once more for its SHA256 "
-              "check before CRIU starts (see the overhead discussion above).", END]
+              "check before CRIU starts (see the overhead discussion above).", "",
+              "Lazy (`restore into:` with `lazy: true`, verified): *runs* is when the call returned - the copy "
+              "runs in its placeholder (restore-complete written) while the lazy-pages daemon streams its memory "
+              "in from the same verified copy of the images; *memory complete* is when the daemon had every page "
+              "in (`lazy-state.json`), both from the call's start. The copy's CRC32 was checked after that.", END]
     return "\n".join(lines) + "\n"
 
 

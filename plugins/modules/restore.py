@@ -159,8 +159,9 @@ options:
         what lazy restore gains (time to the first answer).
       - With O(into), each placeholder's tree resumes as soon as CRIU restored it, its memory streamed in from the
         same verified images; should memory not be complete, the supervisor kills the tree and then the
-        placeholder (so that its supervisor, the kubelet, replaces it) and writes C(restore-failed) into the
-        placeholder's control directory. Each of RV(restore.destinations) says C(lazy).
+        placeholder (so that its supervisor, the kubelet, replaces it; not with
+        O(into.kill_placeholder_on_failure=false)) and writes C(restore-failed) into the placeholder's control
+        directory. Each of RV(restore.destinations) says C(lazy).
     type: bool
     default: false
   lazy_wait:

@@ -184,10 +184,10 @@ def _restore_options(r: _Restore, base: CriuOptions) -> CriuOptions:
         ext_mnt=[ExtMount(key, val) for key, val in (r.d.ext_mnt or {}).items()])
 
 
-def _run_criu(r: _Restore, criu: str, options: CriuOptions, verified_copy: bool) -> None:
+def _run_criu(r: _Restore, criu: str, options: CriuOptions, verified_copy: bool, kill_on_failure: bool) -> None:
     """CRIU's restore into the pinned placeholder; lazily (``r.lazy``) with a lazy-pages daemon serving the
-    verified images, which a supervisor owns from then on (``_lazy``: it kills the tree and the placeholder if
-    memory cannot be complete, and removes our verified copy once the daemon is done with it)."""
+    verified images, which a supervisor owns from then on (``_lazy``: it kills the tree - and the placeholder,
+    ``kill_on_failure`` - if memory cannot be complete, and removes our verified copy once the daemon is done)."""
     # The images are read in place (CRIU writes its log and stats into the work dir): a staged dir of
     # symlinks would not do, the restored tasks open images after they moved into the new mount tree.
     t0, r.criu_at = time.monotonic(), time.time()
@@ -214,7 +214,7 @@ def _run_criu(r: _Restore, criu: str, options: CriuOptions, verified_copy: bool)
                 raise CriuError(f"{exc} (lazy-pages daemon: {cause})", log_tail=exc.log_tail) from None
         raise
     if r.session is not None:
-        r.session.attach(r.pid, placeholder=r.info.pid)
+        r.session.attach(r.pid, placeholder=r.info.pid if kill_on_failure else None)
         r.out["lazy"] = dict(r.lazy.plan if r.lazy else {}, daemon_pid=r.session.daemon_pid,
                              resumed_after=round(time.monotonic() - t0, 3))
     elif r.lazy is not None:
@@ -383,7 +383,7 @@ def restore_one(criu: str, snap_dir: str, doc: Dict[str, Any], d: ph.Destination
         _pin(r)
         _prepare(r)
         with gh.criu_plugins_off(bool(doc.get("gpu"))):
-            _run_criu(r, criu, _restore_options(r, options), verified_copy)
+            _run_criu(r, criu, _restore_options(r, options), verified_copy, kill_on_failure)
         _copy_stage(r, "restore_pre")  # the workload's lifecycle stages around its device restore (_gpuhooks.copy_stage)
         _resume_gpu(r, gpu_node or GpuNode())
         _copy_stage(r, "restore_post")
