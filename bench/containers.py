@@ -278,7 +278,11 @@ def markdown(results: Dict[str, Any], summary: Dict[str, Any]) -> str:
               "Lazy (`restore into:` with `lazy: true`, verified): *runs* is when the call returned - the copy "
               "runs in its placeholder (restore-complete written) while the lazy-pages daemon streams its memory "
               "in from the same verified copy of the images; *memory complete* is when the daemon had every page "
-              "in (`lazy-state.json`), both from the call's start. The copy's CRC32 was checked after that.", END]
+              "in (`lazy-state.json`), both from the call's start. The copy's CRC32 was checked after that. Lazy "
+              "gains little here: before CRIU starts, a verified restore from a store read in place copies every "
+              "image into its work dir and hashes it on the way (nothing may read unverified bytes), and that "
+              "copy is most of the time; serving pages from blocks verified as they arrive (issue 37) is what "
+              "would let the copy run before its page images are all read.", END]
     return "\n".join(lines) + "\n"
 
 
