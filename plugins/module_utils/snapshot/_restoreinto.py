@@ -277,6 +277,7 @@ def _roll_back(r: _Restore, error: str, tail: Optional[str], kill_on_failure: bo
     told, the placeholder killed when asked."""
     if r.pid and proc.alive(r.pid):
         proc.signal_tree(r.pid, signal.SIGKILL)
+    r.out["result"] = "failed"  # also after _finish: a lazy restore whose memory did not complete (_wait_lazy)
     r.out["error"] = f"container {r.info.name}: {error}"
     if tail:
         r.out["criu_log_tail"] = tail.splitlines()
