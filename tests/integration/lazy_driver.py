@@ -1,7 +1,7 @@
 """Drive one lazy restore through the engine, for test_lazy.py (run by the modules' Python, which has pycriu).
 
     lazy_driver.py STORE RESTORE_ROOT SNAPSHOT_ID [--stop-daemon] [--lazy-timeout S] [--criu PATH]
-                   [--into PLACEHOLDER [--runtime podman]]
+                   [--into PLACEHOLDER [--runtime podman] [--lazy-wait]]
 
 Prints one JSON line: the restore result, or {"error": ..., "reasons": [...]}. With --stop-daemon it SIGSTOPs
 the lazy-pages daemon the moment CRIU's restore returned (before the engine hands the tree to the daemon's
@@ -35,6 +35,7 @@ def main() -> None:
     ap.add_argument("--workloads-root", default=rs.wl.DEFAULT_ROOT)
     ap.add_argument("--into")
     ap.add_argument("--runtime", default="podman")
+    ap.add_argument("--lazy-wait", action="store_true")
     args = ap.parse_args()
     if args.stop_daemon:
         attach = rs.lz.Session.attach
@@ -47,7 +48,8 @@ def main() -> None:
         if args.into:
             print(json.dumps(rinto.restore_into(st.FsStore(args.store), args.into, snapshot_id=args.snapshot, lazy=True,
                                                 criu_path=args.criu, restore_root=args.restore_root,
-                                                lazy_timeout=args.lazy_timeout, runtime_name=args.runtime)))
+                                                lazy_timeout=args.lazy_timeout, runtime_name=args.runtime,
+                                                lazy_wait=args.lazy_wait)))
             return
         result = rs.restore(st.FsStore(args.store), snapshot_id=args.snapshot, lazy=True, criu_path=args.criu,
                             restore_root=args.restore_root, lazy_timeout=args.lazy_timeout,

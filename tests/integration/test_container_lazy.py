@@ -93,6 +93,22 @@ def test_a_daemon_dying_mid_stream_takes_the_copy_and_the_placeholder_with_it(po
     assert not (work / "snapshot").exists(), "the verified copy of the images outlived the failed lazy restore"
 
 
+def test_memory_not_complete_in_time_fails_a_waiting_restore_and_kills_copy_and_placeholder(pod: Pod) -> None:
+    got = snapshot_of(pod, "lzsrc4", 64)
+    ph = pod.placeholder("lzph4")
+    placeholder_pid = pod.pid1(ph)
+    done = subprocess.run(["/usr/bin/python3", str(DRIVER), str(pod.store), str(pod.restore_root), got["snap"]["id"],
+                           "--into", ph, "--stop-daemon", "--lazy-timeout", "4", "--lazy-wait"],
+                          capture_output=True, text=True, check=False, timeout=300, cwd=REPO, env=pod.env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    out = json.loads(done.stdout.strip().splitlines()[-1])
+    dest = out["destinations"][0]
+    assert out["outcome"] == "failed" and dest["result"] == "failed", dest
+    assert "not complete within 4 s" in dest["error"] and dest["placeholder"] in ("killed", "already gone"), dest
+    assert gone(dest["pid"], 10) and gone(placeholder_pid, 10)
+    assert "not complete within 4 s" in (pod.control("lzph4") / "restore-failed").read_text()
+
+
 def test_two_placeholders_restored_lazily_at_the_same_time_both_answer(pod: Pod) -> None:
     got = snapshot_of(pod, "lzsrc3", 64)
     ph = [pod.placeholder("lzph3a"), pod.placeholder("lzph3b")]
