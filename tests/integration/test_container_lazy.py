@@ -33,10 +33,13 @@ def pod(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pod]:
     yield from pod_for(tmp_path_factory.mktemp("lazy-containers"))
 
 
-def snapshot_of(pod: Pod, name: str, mib: int) -> Dict[str, Any]:
-    src = pod.source(name, APP_MIB=str(mib))
+@pytest.fixture(scope="module")
+def got(pod: Pod) -> Dict[str, Any]:
+    """One snapshot of a source (64 MiB of random memory) that every test restores: the source's answer, the
+    snapshot. The daemon is stopped the moment CRIU returns where a test faults it: memory is still loading."""
+    src = pod.source("lzsrc", APP_MIB="64")
     before = ask(pod.ip(src))
-    snap = pod.play([pod.checkpoint("checkpoint", container=src, leave_running=False)], f"{name}-ck")
+    snap = pod.play([pod.checkpoint("checkpoint", container=src, leave_running=False)], "lzsrc-ck")
     return {"snap": snap["checkpoint"]["snapshot"], "before": before}
 
 
@@ -47,8 +50,7 @@ def gone(pid: int, timeout: float) -> bool:
     return not os.path.exists(f"/proc/{pid}")
 
 
-def test_a_lazy_restore_into_a_placeholder_answers_and_its_memory_completes(pod: Pod) -> None:
-    got = snapshot_of(pod, "lzsrc", 64)
+def test_a_lazy_restore_into_a_placeholder_answers_and_its_memory_completes(pod: Pod, got: Dict[str, Any]) -> None:
     ph = pod.placeholder("lzph")
     res = pod.play([pod.restore("restore", snapshot=got["snap"]["id"], into={"container": ph}, lazy=True,
                                 lazy_wait=True)], "lz-rs")["restore"]
@@ -66,8 +68,7 @@ def test_a_lazy_restore_into_a_placeholder_answers_and_its_memory_completes(pod:
     assert (pod.control("lzph") / "restore-complete").exists()
 
 
-def test_a_daemon_dying_mid_stream_takes_the_copy_and_the_placeholder_with_it(pod: Pod) -> None:
-    got = snapshot_of(pod, "lzsrc2", 256)
+def test_a_daemon_dying_mid_stream_takes_the_copy_and_the_placeholder_with_it(pod: Pod, got: Dict[str, Any]) -> None:
     ph = pod.placeholder("lzph2")
     placeholder_pid = pod.pid1(ph)
     done = subprocess.run(["/usr/bin/python3", str(DRIVER), str(pod.store), str(pod.restore_root),
@@ -93,8 +94,8 @@ def test_a_daemon_dying_mid_stream_takes_the_copy_and_the_placeholder_with_it(po
     assert not (work / "snapshot").exists(), "the verified copy of the images outlived the failed lazy restore"
 
 
-def test_memory_not_complete_in_time_fails_a_waiting_restore_and_kills_copy_and_placeholder(pod: Pod) -> None:
-    got = snapshot_of(pod, "lzsrc4", 64)
+def test_memory_not_complete_in_time_fails_a_waiting_restore_and_kills_copy_and_placeholder(
+        pod: Pod, got: Dict[str, Any]) -> None:
     ph = pod.placeholder("lzph4")
     placeholder_pid = pod.pid1(ph)
     done = subprocess.run(["/usr/bin/python3", str(DRIVER), str(pod.store), str(pod.restore_root), got["snap"]["id"],
@@ -109,8 +110,7 @@ def test_memory_not_complete_in_time_fails_a_waiting_restore_and_kills_copy_and_
     assert "not complete within 4 s" in (pod.control("lzph4") / "restore-failed").read_text()
 
 
-def test_two_placeholders_restored_lazily_at_the_same_time_both_answer(pod: Pod) -> None:
-    got = snapshot_of(pod, "lzsrc3", 64)
+def test_two_placeholders_restored_lazily_at_the_same_time_both_answer(pod: Pod, got: Dict[str, Any]) -> None:
     ph = [pod.placeholder("lzph3a"), pod.placeholder("lzph3b")]
     src = got["snap"]["name"]
     res = pod.play([pod.restore("restore", snapshot=got["snap"]["id"], lazy=True, lazy_wait=True,
