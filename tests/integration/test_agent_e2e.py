@@ -4,8 +4,6 @@ and whose rules run the agent playbooks - real CRIU checkpoints and restores of 
 
 A fake kubelet (tests/integration/k8s_lab.py) starts a placeholder container for every restore pod that appears;
 a fake ReplicaSet controller here creates pods from a Deployment's restore template when the test scales it.
-The agent restores lazily (``k8s_agent_lazy``): a replica serves while its memory streams in, its Restored
-condition set once memory is complete.
 Nobody runs ``ansible-playbook`` by hand: everything after a test writes to the API server is the agent's doing.
 """
 from __future__ import annotations
@@ -23,7 +21,6 @@ import pytest
 import yaml
 
 from ansible_collections.warmstart.snapshot.plugins.module_utils.agent import _agent as agent
-from ansible_collections.warmstart.snapshot.plugins.module_utils.core._paths import RESTORE_DIR
 from ansible_collections.warmstart.snapshot.plugins.module_utils.k8s import _k8s_client as k8s
 from ansible_collections.warmstart.snapshot.plugins.module_utils.k8s import _podapi as podapi
 from ansible_collections.warmstart.snapshot.plugins.module_utils.k8s import _podbuild as podbuild
@@ -48,7 +45,7 @@ class Agent:
         self.proc: Optional[subprocess.Popen[bytes]] = None
         (tmp / "inventory.yml").write_text(yaml.safe_dump({"all": {"hosts": {"localhost": {
             "ansible_connection": "local", "ansible_python_interpreter": str(VENV_BIN / "python"),
-            "warmstart_become": False, "warmstart_agent_lazy": True}}}}))  # as k8s_agent_lazy sets it
+            "warmstart_become": False}}}}))
         (tmp / "vars.yml").write_text(yaml.safe_dump({
             "warmstart_k8s_auth": {"kubeconfig": str(kubeconfig)}, "warmstart_namespaces": [NS],
             "warmstart_agent_fallback": "none", "warmstart_resync_seconds": 5, "warmstart_retention_seconds": 3,
@@ -211,11 +208,6 @@ def test_scaling_the_deployment_restores_every_new_replica_once(world: Dict[str,
         assert len(answer["restores"]) == 1, f"{name} was restored {len(answer['restores'])} times"
         complete = world["lab"].control(f"k8s-{name}") / "restore-complete"
         latencies.append(complete.stat().st_mtime - kubelet.running_at[name])
-        # restored lazily: the supervisor of its lazy-pages daemon saw its memory complete
-        host_pid = int(dict(line.split("=", 1) for line in complete.read_text().split())["host_pid"])
-        states = [json.loads(p.read_text()) for p in Path(RESTORE_DIR).glob("*/lazy-state.json")]
-        mine = [s["state"] for s in states if s.get("pid") == host_pid and s["resumed_at"] >= kubelet.running_at[name]]
-        assert mine == ["complete"], (name, host_pid, mine)
     world["latencies"] = latencies
     print(f"placeholder Running -> restore-complete: {', '.join(f'{s:.2f} s' for s in latencies)}")
     assert all(0 < s < 120 for s in latencies), latencies
