@@ -210,7 +210,9 @@ def test_scaling_the_deployment_restores_every_new_replica_once(world: Dict[str,
         latencies.append(complete.stat().st_mtime - kubelet.running_at[name])
     world["latencies"] = latencies
     print(f"placeholder Running -> restore-complete: {', '.join(f'{s:.2f} s' for s in latencies)}")
-    assert all(0 < s < 120 for s in latencies), latencies
+    # a bound that catches a restore that hangs, not a performance claim (bench/ measures; a loaded 2-core CI runs
+    # three restores of a 3-process tree at once here)
+    assert all(0 < s < 300 for s in latencies), latencies
 
 
 def test_the_agent_killed_during_a_restore_never_restores_twice(world: Dict[str, Any]) -> None:
