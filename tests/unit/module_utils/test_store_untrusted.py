@@ -317,7 +317,7 @@ def test_restore_recorded_returns_pid_and_rebuilds_errors(tmp_path: Path) -> Non
 
 
 CALLER = r'''
-import sys, time
+import os, sys, time
 sys.path.insert(0, sys.argv[1])
 from ansible_collections.warmstart.snapshot.plugins.module_utils.core import _restorer as rst
 out = sys.argv[2]
@@ -325,7 +325,11 @@ def slow_restore():
     open(out + ".started", "w").close()
     time.sleep(1.5)   # the caller is SIGKILLed meanwhile
     return 31337
-rst.restore_recorded(slow_restore, lambda pid: open(out, "w").write(str(pid)), RuntimeError)
+def record(pid):  # written whole (a rename): the test never reads a file created but not yet written
+    with open(out + ".part", "w") as handle:
+        handle.write(str(pid))
+    os.rename(out + ".part", out)
+rst.restore_recorded(slow_restore, record, RuntimeError)
 '''
 
 
