@@ -67,7 +67,10 @@ def _archive_here(out_fd: int) -> str:
                     continue  # another container of the pod removed it meanwhile
                 if stat.S_ISSOCK(st.st_mode) or stat.S_ISCHR(st.st_mode) or stat.S_ISBLK(st.st_mode):
                     continue  # a socket's listener makes it again; a device node is nothing a volume should carry
-                tar.add(full, arcname=full.lstrip("/"), recursive=False)
+                try:
+                    tar.add(full, arcname=full.lstrip("/"), recursive=False)  # opened before its header is written
+                except FileNotFoundError:
+                    continue  # removed between the two looks: nothing of it is in the archive
                 count += 1
                 if stat.S_ISREG(st.st_mode):
                     size += st.st_size
