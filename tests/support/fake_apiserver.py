@@ -5,6 +5,11 @@ It speaks the REST protocol for what warmstart uses, with the semantics that mat
 * core ``v1`` pods (namespaced, ``/status`` subresource), secrets, configmaps and serviceaccounts (namespaced) and
   namespaces (cluster-scoped); ``apps/v1`` daemonsets and deployments (stored only: no controller acts on them);
   ``rbac.authorization.k8s.io/v1`` roles, rolebindings, clusterroles and clusterrolebindings (stored, not enforced);
+* ``admissionregistration.k8s.io/v1`` MutatingWebhookConfigurations (cluster-scoped): their webhooks are called
+  over HTTPS on every create, before the object is validated and named from ``generateName``, and their JSON
+  patches applied, denials and failures (``failurePolicy``) answered as a real server does; ``clientConfig.service``
+  is routed through ``server.service_urls`` and every call is recorded in ``server.admission_calls`` (see
+  ``fake_admission``);
 * ``apiextensions.k8s.io/v1`` CustomResourceDefinitions; creating one serves its custom objects
   (namespaced or cluster-scoped per ``spec.scope``; ``/status`` when the version declares it), pruned and
   type-checked against the version's ``openAPIV3Schema`` (``type``, ``enum``, ``required``, unknown fields
@@ -51,9 +56,10 @@ any earlier resourceVersion gets 410, and sends every open watch an ERROR 410 in
 ``server.heal()``; ``server.go_offline(seconds)`` closes the listening socket and every connection (refused until
 ``server.go_online()``, same port); ``server.open_watches()`` lists the streams open now.
 
-Built-in objects (pods, secrets, configmaps, namespaces, service accounts, DaemonSets, Deployments, RBAC, CRDs)
-are checked on every write against Kubernetes' own schemas (``k8s_schemas``: the ``kubernetes-validate``
-package's, for ``k8s_schemas.VERSION``), every violation at once (422 Invalid); a field the schema does not
+Built-in objects (pods, secrets, configmaps, namespaces, services, service accounts, DaemonSets, Deployments, RBAC, CRDs,
+webhook configurations) are checked on every write against Kubernetes' own schemas (``k8s_schemas``: the
+``kubernetes-validate`` package's, for ``k8s_schemas.VERSION``), every violation at once (422 Invalid); webhook
+configurations also get a real server's checks (``fake_admission.check_configuration``); a field the schema does not
 know is refused with ``?fieldValidation=Strict`` (400, strict decoding error, as kubectl asks by default),
 dropped with a ``Warning`` header with ``Warn`` (the default, as the Python client gets; ``server.warnings``
 keeps them for a test to check) and dropped silently with ``Ignore``.
@@ -76,7 +82,7 @@ import uuid
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any, Deque, Dict, Iterator, List, Optional, Sequence, Set, Tuple
+from typing import Any, Callable, Deque, Dict, Iterator, List, Optional, Sequence, Set, Tuple
 from urllib.parse import parse_qs, unquote, urlsplit
 
 from tests.support import k8s_schemas
@@ -88,7 +94,8 @@ JSON = Dict[str, Any]
 CORE_GROUP = ""
 CRD_GROUP = "apiextensions.k8s.io"
 RBAC_GROUP = "rbac.authorization.k8s.io"
-BUILTIN_GROUPS = (CORE_GROUP, CRD_GROUP, "apps", RBAC_GROUP)
+ADMISSION_GROUP = "admissionregistration.k8s.io"
+BUILTIN_GROUPS = (CORE_GROUP, CRD_GROUP, "apps", RBAC_GROUP, ADMISSION_GROUP)
 WRITE_VERBS = ("POST", "PUT", "PATCH", "DELETE")
 DNS1123_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 SMP_LIST_KEYS = {"conditions": "type", "containers": "name", "initContainers": "name", "volumes": "name",
@@ -467,6 +474,7 @@ class Store:
                     Resource(CORE_GROUP, "v1", "namespaces", "Namespace", False, True, "namespace", ["ns"]),
                     Resource(CORE_GROUP, "v1", "secrets", "Secret", True, False, "secret", []),
                     Resource(CORE_GROUP, "v1", "configmaps", "ConfigMap", True, False, "configmap", ["cm"]),
+                    Resource(CORE_GROUP, "v1", "services", "Service", True, True, "service", ["svc"]),
                     Resource(CORE_GROUP, "v1", "serviceaccounts", "ServiceAccount", True, False, "serviceaccount",
                              ["sa"]),
                     Resource("apps", "v1", "daemonsets", "DaemonSet", True, True, "daemonset", ["ds"]),
@@ -476,6 +484,8 @@ class Store:
                              "clusterrolebinding", []),
                     Resource(RBAC_GROUP, "v1", "roles", "Role", True, False, "role", []),
                     Resource(RBAC_GROUP, "v1", "rolebindings", "RoleBinding", True, False, "rolebinding", []),
+                    Resource(ADMISSION_GROUP, "v1", "mutatingwebhookconfigurations", "MutatingWebhookConfiguration",
+                             False, False, "mutatingwebhookconfiguration", []),
                     Resource(CRD_GROUP, "v1", "customresourcedefinitions", "CustomResourceDefinition", False, True,
                              "customresourcedefinition", ["crd", "crds"])):
             self.resources[(res.group, res.version, res.plural)] = res
@@ -669,15 +679,33 @@ def _without_rv(obj: JSON) -> JSON:
     return out
 
 
+def _place(res: Resource, namespace: str, obj: JSON) -> JSON:
+    """Put a new object in the request's namespace (none when cluster-scoped); its metadata."""
+    meta: JSON = obj.setdefault("metadata", {})
+    if res.namespaced:
+        if meta.get("namespace") and meta["namespace"] != namespace:
+            raise ApiError(400, "BadRequest", "the namespace of the provided object does not match the "
+                           "namespace sent on the request")
+        meta["namespace"] = namespace
+    else:
+        meta.pop("namespace", None)
+    return meta
+
+
 def _spec_part(obj: JSON) -> JSON:
     return {k: v for k, v in obj.items() if k not in ("metadata", "status", "apiVersion", "kind")}
 
 
+Admit = Callable[[Resource, str, JSON, bool, List[str]], JSON]
+
+
 class Api:
-    """The verbs, over a Store."""
+    """The verbs, over a Store; ``admit`` (res, namespace, object, dry_run, warnings) -> object: the mutating
+    admission a create goes through (``FakeApiServer`` sets it; None: none)."""
 
     def __init__(self, store: Store) -> None:
         self.store = store
+        self.admit: Optional[Admit] = None
 
     def _key(self, res: Resource, namespace: str, name: str) -> Tuple[str, str]:
         return (namespace if res.namespaced else "", name)
@@ -691,6 +719,10 @@ class Api:
         errors: List[str] = []
         if not res.custom:
             obj = _builtin_schema(res, name, obj, fields or FieldValidation(), errors)
+        if res.plural == "mutatingwebhookconfigurations":
+            from tests.support import fake_admission  # pylint: disable=import-outside-toplevel  # it imports us
+
+            errors.extend(fake_admission.check_configuration(obj))
         if not DNS1123_SUBDOMAIN.match(name) or len(name) > 253:
             errors.append(f'metadata.name: Invalid value: "{name}": a lowercase RFC 1123 subdomain must consist of '
                           "lower case alphanumeric characters, '-' or '.', and must start and end with an "
@@ -771,18 +803,15 @@ class Api:
         if not isinstance(body, dict):
             raise ApiError(400, "BadRequest", "the body of the request was in an unknown format")
         obj = copy.deepcopy(body)
-        meta = obj.setdefault("metadata", {})
-        if res.namespaced:
-            if meta.get("namespace") and meta["namespace"] != namespace:
-                raise ApiError(400, "BadRequest", "the namespace of the provided object does not match the "
-                               "namespace sent on the request")
-            meta["namespace"] = namespace
-        else:
-            meta.pop("namespace", None)
+        meta = _place(res, namespace, obj)
         want_kind = obj.get("kind")
         if want_kind and want_kind != res.kind:
             raise ApiError(400, "BadRequest", f"the kind of the object ({want_kind}) does not match the resource "
                            f"({res.kind})")
+        obj["apiVersion"], obj["kind"] = res.api_version, res.kind
+        if self.admit is not None:  # before the name is made and the object validated, as on a real server
+            obj = self.admit(res, namespace, obj, dry_run, (fields or FieldValidation()).warnings)
+            meta = _place(res, namespace, obj)
         with self.store.lock:
             if not meta.get("name"):
                 if meta.get("generateName"):
@@ -1158,6 +1187,10 @@ class FakeApiServer:
         self.api = Api(self.store)
         self.requests: List[JSON] = []
         self.warnings: List[str] = []  # every Warning header answered (unknown fields dropped), for tests to check
+        # clientConfig.service (namespace, name) of a webhook -> the base URL that serves it, "https://127.0.0.1:8443"
+        self.service_urls: Dict[Tuple[str, str], str] = {}
+        self.admission_calls: List[JSON] = []  # every webhook call: {"configuration", "webhook", "outcome"}
+        self.api.admit = self._admit
         self.kubeconfig: Optional[Path] = None
         self.bookmark_interval = bookmark_interval
         self.watch_timeout = watch_timeout
@@ -1204,6 +1237,21 @@ class FakeApiServer:
         assert self._port, "server not started"
         return f"http://127.0.0.1:{self._port}"
 
+    def request(self, method: str, path: str, body: Any = None, query: str = "",
+                timeout: float = 20) -> Tuple[int, Any, Any]:
+        """(status, headers, JSON answer) of one raw request, as any client would send it (no proxy)."""
+        import urllib.error  # pylint: disable=import-outside-toplevel  # only raw-request tests pay for it
+        import urllib.request  # pylint: disable=import-outside-toplevel
+
+        request = urllib.request.Request(f"{self.url}{path}{query}", data=json.dumps(body).encode(), method=method,
+                                         headers={"Content-Type": "application/json"})
+        opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+        try:
+            with opener.open(request, timeout=timeout) as answer:
+                return answer.status, answer.headers, json.loads(answer.read())
+        except urllib.error.HTTPError as exc:
+            return exc.code, exc.headers, json.loads(exc.read())
+
     def install_crds(self, path: Optional[Path] = None) -> "FakeApiServer":
         """Store the collection's CRDs (roles/k8s_crds/files/crds.yaml, or ``path``), as the k8s_crds role would."""
         import yaml  # pylint: disable=import-outside-toplevel  # only the tests that need CRDs pay for it
@@ -1229,6 +1277,12 @@ class FakeApiServer:
         if self.kubeconfig is None:
             self.kubeconfig = path
         return path
+
+    def _admit(self, res: Resource, namespace: str, obj: JSON, dry_run: bool, warnings: List[str]) -> JSON:
+        """The mutating admission webhooks of this server, on a new object (``fake_admission.admit``)."""
+        from tests.support import fake_admission  # pylint: disable=import-outside-toplevel  # it imports us
+
+        return fake_admission.admit(self, res, namespace, obj, dry_run, warnings)
 
     # test helpers ------------------------------------------------------------------
 

@@ -5,10 +5,8 @@ import http.client
 import json
 import threading
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
-from typing import Any, Dict, Tuple
+from typing import Any, Dict
 
 import pytest
 
@@ -654,17 +652,6 @@ def test_go_offline_refuses_connections_until_back_on_the_same_port(fake_apiserv
 
 # --- built-in objects against Kubernetes' own schemas ----------------------------------
 
-def _raw(server: FakeApiServer, method: str, path: str, body: Any, query: str = "") -> Tuple[int, Any, Any]:
-    """(status, headers, JSON answer) of one request, as any client would send it."""
-    request = urllib.request.Request(f"{server.url}{path}{query}", data=json.dumps(body).encode(), method=method,
-                                     headers={"Content-Type": "application/json"})
-    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-    try:
-        with opener.open(request, timeout=10) as answer:
-            return answer.status, answer.headers, json.loads(answer.read())
-    except urllib.error.HTTPError as exc:
-        return exc.code, exc.headers, json.loads(exc.read())
-
 
 POD_WITH_UNKNOWN = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p", "namespace": "default"},
                     "spec": {"containers": [{"name": "main", "image": "i", "imagePullPolice": "Always"}],
@@ -673,18 +660,18 @@ POD_WITH_UNKNOWN = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p",
 
 def test_unknown_fields_are_refused_when_strict_and_dropped_with_a_warning_otherwise(
         fake_apiserver: FakeApiServer) -> None:
-    code, _headers, answer = _raw(fake_apiserver, "POST", "/api/v1/namespaces/default/pods", POD_WITH_UNKNOWN,
+    code, _headers, answer = fake_apiserver.request("POST", "/api/v1/namespaces/default/pods", POD_WITH_UNKNOWN,
                                   "?fieldValidation=Strict")
     assert code == 400 and answer["reason"] == "BadRequest", answer
     assert 'unknown field "spec.containers[0].imagePullPolice"' in answer["message"]
     assert 'unknown field "spec.restartPolicyy"' in answer["message"]
     assert fake_apiserver.store.get("pods", "p", "default") is None
-    code, headers, answer = _raw(fake_apiserver, "POST", "/api/v1/namespaces/default/pods", POD_WITH_UNKNOWN)
+    code, headers, answer = fake_apiserver.request("POST", "/api/v1/namespaces/default/pods", POD_WITH_UNKNOWN)
     assert code == 201 and "restartPolicyy" not in answer["spec"]
     assert answer["spec"]["containers"] == [{"name": "main", "image": "i"}]
     assert sorted(headers.get_all("Warning")) == ['299 - "unknown field \\"spec.containers[0].imagePullPolice\\""',
                                                   '299 - "unknown field \\"spec.restartPolicyy\\""']
-    code, headers, _answer = _raw(fake_apiserver, "POST", "/api/v1/namespaces/default/configmaps",
+    code, headers, _answer = fake_apiserver.request("POST", "/api/v1/namespaces/default/configmaps",
                                   {"metadata": {"name": "c"}, "data": {"a": "b"}, "dta": {}}, "?fieldValidation=Ignore")
     assert code == 201 and headers.get_all("Warning") is None
     assert "dta" not in fake_apiserver.store.get("configmaps", "c", "default")
@@ -693,7 +680,7 @@ def test_unknown_fields_are_refused_when_strict_and_dropped_with_a_warning_other
 def test_every_schema_violation_of_a_builtin_object_is_named_at_once(fake_apiserver: FakeApiServer) -> None:
     bad = {"metadata": {"name": "agent"}, "spec": {"template": {"spec": {"containers": [
         {"image": 5}, {"name": "b", "image": "i", "ports": [{"containerPort": "eighty"}]}]}}}}
-    code, _headers, answer = _raw(fake_apiserver, "POST", "/apis/apps/v1/namespaces/default/daemonsets", bad)
+    code, _headers, answer = fake_apiserver.request("POST", "/apis/apps/v1/namespaces/default/daemonsets", bad)
     assert code == 422 and answer["reason"] == "Invalid"
     fields = sorted(c["field"] for c in answer["details"]["causes"])
     assert fields == ["spec.selector", "spec.template.spec.containers[0].image",
