@@ -21,7 +21,8 @@ server has it *now*, so a stale, repeated or replayed event does nothing. Invari
   the next event for it (a resync, or its snapshot becoming Ready) tries again.
 - **Refusals spend the attempt before anything is touched.** A snapshot that cannot be restored into this pod
   (another pod spec, a broken binding, conflicting annotations) is claimed and recorded RestoreIncompatible with
-  every reason; the node is not asked.
+  every reason; the node is not asked. So is a pod that selects its snapshot at restore when Ready snapshots fit
+  its spec but none was taken on a node like this one (``Node.fit``, ``_selection.node_fit``).
 - **A store that fails for a while is not the pod's fault.** A restore that stops on a transient store error
   (the endpoint unreachable or cut off, the server overloaded: the error's ``transient`` detail) before any
   process was touched gives the attempt back: the claim is lifted, the annotation
@@ -46,6 +47,7 @@ from typing import Any, Dict, List, Mapping, Optional, Protocol, Tuple
 from ansible_collections.warmstart.snapshot.plugins.module_utils.k8s import _k8s_restorepods as rpods
 from ansible_collections.warmstart.snapshot.plugins.module_utils.k8s import _podapi as podapi
 from ansible_collections.warmstart.snapshot.plugins.module_utils.k8s import _podcontract as pc
+from ansible_collections.warmstart.snapshot.plugins.module_utils.k8s import _selection as selection
 from ansible_collections.warmstart.snapshot.plugins.module_utils.k8s._k8s_client import Cluster, K8sError, now
 
 JSON = Dict[str, Any]
@@ -92,9 +94,17 @@ class Work:
         store = plan.get("store") or {}
         return cls(namespace=str(meta.get("namespace") or ""), name=str(meta.get("name") or ""),
                    uid=str(meta.get("uid") or ""), snapshot=str(plan.get("snapshot") or ""),
-                   snapshot_id=store.get("snapshotId"), store=dict(store), pairs=list(plan.get("pairs") or []),
+                   snapshot_id=store.get("snapshotId"), store=dict(store),
+                   pairs=list(plan.get("pairs") or []) if plan else _every_container(pod),
                    skip_compat_check=bool(plan.get("skip_compat_check")), cold_start=fallback,
                    also=pc.reference_conditions(pod))
+
+
+def _every_container(pod: JSON) -> List[JSON]:
+    """Without a plan (a refusal), every container of the pod is a placeholder to start cold or kill."""
+    ids = {c.get("name"): c.get("containerID") for c in podapi.dicts_of((pod.get("status") or {}).get("containerStatuses"))}
+    return [{"container": c["name"], "container_id": ids.get(c["name"])}
+            for c in podapi.dicts_of((pod.get("spec") or {}).get("containers")) if c.get("name")]
 
 
 @dataclass
@@ -121,6 +131,10 @@ class Node(Protocol):
     def give_up(self, work: Work) -> str:
         """The attempt is spent without a restore: start cold (``work.cold_start``) or kill the placeholders;
         says which."""
+
+    def fit(self) -> Optional[JSON]:
+        """This node in a PodSnapshotContent's ``status.source`` terms (arch, cpuVendor, gpuModels), for
+        selecting a snapshot taken on a node like it; None: selection does not compare nodes."""
 
 
 # --- deciding -------------------------------------------------------------------------------------
@@ -305,11 +319,13 @@ def _try_restore(cluster: Cluster, s: Settings, pod: JSON, node: Node, check_mod
     """Wait, refuse or restore ``pod``; None when the claim lost to a concurrent change (decide again)."""
     ref = f"{s.namespace}/{s.name}"
     try:  # a pod that selects its snapshot at restore gets the newest fitting one pinned first
-        pod, pinned, unfit = rpods.pin_selected(cluster, pod, check_mode)
+        pod, pinned, unfit = rpods.pin_selected(cluster, pod, check_mode, node.fit())
     except K8sError as exc:
         if exc.conflict:
             return None
         raise
+    if pinned is None and any(selection.NODE_MISFIT in r for r in unfit):
+        return _unfit_node(cluster, s, pod, node, unfit, check_mode)
     waiting, snap = (unfit, None) if pinned is None else wait_reasons(cluster, pod)
     if waiting:
         changed = False if check_mode else mark_waiting(cluster, pod, waiting)
@@ -333,6 +349,18 @@ def _try_restore(cluster: Cluster, s: Settings, pod: JSON, node: Node, check_mod
     if refusal:
         return _refused(cluster, s, work, node, refusal)
     return _restore(cluster, s, work, node)
+
+
+def _unfit_node(cluster: Cluster, s: Settings, pod: JSON, node: Node, reasons: List[str], check_mode: bool
+                ) -> Optional[JSON]:
+    """Ready snapshots fit the pod but none was taken on a node like this one: waiting would not help (the pod
+    is scheduled here), so the attempt is spent as a refusal (a cold start with the fallback)."""
+    if check_mode:
+        return {"changed": True, "action": "would refuse", "pod": f"{s.namespace}/{s.name}", "reasons": reasons,
+                "outcome": "Pending"}
+    if claim(cluster, pod, s.agent) is None:
+        return None
+    return _refused(cluster, s, Work.of(pod, None, fallback_of(pod, s.fallback)), node, reasons)
 
 
 def _refused(cluster: Cluster, s: Settings, work: Work, node: Node, reasons: List[str]) -> JSON:

@@ -239,7 +239,7 @@ def _capture(cluster: Cluster, s: CaptureSettings, snapshot: JSON, pod: JSON, no
         return {"changed": True, "action": "failed" if failed["final"] else "will retry", "snapshot": ref,
                 "reasons": [f"attempt {attempt} of {s.max_attempts}: {exc.full_message()}"], "attempts": attempt}
     _record(cluster, s, snapshot, pod, ready=True, size=done.get("size"), created_at=done.get("created_at"),
-            source_node=done.get("source_node"),
+            source_node=dict(done.get("source_node") or {}, gpus=(done.get("gpu") or {}).get("gpus") or []),
             store={"url": store, "snapshot_id": done["id"], "path": done.get("path")})
     return {"changed": True, "action": "captured", "snapshot": ref, "snapshot_id": done["id"], "attempts": attempt,
             "size": done.get("size"), "timings": done.get("timings") or {}, "container": c.container}

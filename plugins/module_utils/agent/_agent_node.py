@@ -23,6 +23,8 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from ansible_collections.warmstart.snapshot.plugins.module_utils.agent import _agent as agent
 from ansible_collections.warmstart.snapshot.plugins.module_utils.agent import _agent_capture as capture
+from ansible_collections.warmstart.snapshot.plugins.module_utils.accel._gpunode import GpuNode
+from ansible_collections.warmstart.snapshot.plugins.module_utils.node._node import read_cpuinfo
 from ansible_collections.warmstart.snapshot.plugins.module_utils.snapshot import _checkpoint as ckpt
 from ansible_collections.warmstart.snapshot.plugins.module_utils.snapshot import _container as ctr
 from ansible_collections.warmstart.snapshot.plugins.module_utils.core import _control as ctl
@@ -55,6 +57,14 @@ class LocalNode:
         self.criu_path = criu_path
         self.restore_root = restore_root
         self._runtime: Optional[Runtime] = None
+
+    def fit(self) -> Optional[Dict[str, Any]]:
+        """This node for snapshot selection (``_selection.node_fit``): architecture, CPU vendor, and the GPU
+        models NVML lists (none where it lists none: a GPU snapshot is passed over here, as its restore would be
+        refused)."""
+        gpus, why = GpuNode().gpus()
+        return {"arch": os.uname().machine, "cpuVendor": read_cpuinfo().vendor,
+                "gpuModels": [str(g.get("name")) for g in gpus if g.get("name")] if why is None else []}
 
     @property
     def runtime(self) -> Runtime:

@@ -28,12 +28,14 @@ from ansible_collections.warmstart.snapshot.plugins.module_utils.k8s._k8s_client
 
 
 def select_for_pod(cluster: Cluster, pod: JSON, namespace: str, grouping_labels: Sequence[str] = (),
-                   scope: str = podapi.SCOPE_WHOLE_POD) -> Tuple[Optional[JSON], Optional[JSON], List[str]]:
+                   scope: str = podapi.SCOPE_WHOLE_POD, node: Optional[JSON] = None
+                   ) -> Tuple[Optional[JSON], Optional[JSON], List[str]]:
     """The PodSnapshot (and its content) to restore ``pod`` from: ``(snapshot, content, reasons)``.
 
     Lists the namespace's PodSnapshots and the contents they are bound to, then ``select_snapshot``; the chosen
     one must also pass ``check_content_binding`` (backlink uid, bound name, Ready), and one the pod pins by its
-    restore-from annotation ``check_pod_spec`` (unless ``scope`` is rootfs-only).
+    restore-from annotation ``check_pod_spec`` (unless ``scope`` is rootfs-only). ``node``: the restoring node
+    (``status.source`` terms), whose misfits are passed over (``_selection.node_fit``).
     """
     snapshots = cluster.list(podapi.KIND_SNAPSHOT, namespace)
     contents: Dict[str, JSON] = {}
@@ -47,7 +49,7 @@ def select_for_pod(cluster: Cluster, pod: JSON, namespace: str, grouping_labels:
     target.setdefault("metadata", {})
     if not target["metadata"].get("namespace") and "template" not in (target.get("spec") or {}):
         target["metadata"]["namespace"] = namespace
-    chosen, reasons = selection.select_snapshot(snapshots, target, grouping_labels, scope, contents)
+    chosen, reasons = selection.select_snapshot(snapshots, target, grouping_labels, scope, contents, node)
     if chosen is None:
         return None, None, reasons
     bound = (chosen.get("status") or {}).get("boundSnapshotContentName")
@@ -237,10 +239,12 @@ def touch_snapshot(cluster: Cluster, namespace: str, name: str, stamp: Optional[
     return when
 
 
-def pin_selected(cluster: Cluster, pod: JSON, check_mode: bool = False) -> Tuple[JSON, Optional[str], List[str]]:
+def pin_selected(cluster: Cluster, pod: JSON, check_mode: bool = False, node: Optional[JSON] = None
+                 ) -> Tuple[JSON, Optional[str], List[str]]:
     """For a pod that selects its snapshot at restore (``restore-select``) and has not pinned one yet: select it
-    (``select_for_pod`` with the grouping labels and scope of its ``restore-policy``) and pin it on the pod
-    (restore-from annotation, guarded by the resourceVersion read). ``(pod, snapshot name, reasons)``: the name is
+    (``select_for_pod`` with the grouping labels and scope of its ``restore-policy``, and the restoring ``node``)
+    and pin it on the pod (restore-from annotation, guarded by the resourceVersion read). ``(pod, snapshot name,
+    reasons)``: the name is
     None with the reasons when none fits (the pod waits, or falls back); a pinned pod is returned as it is.
     A concurrent change of the pod (409) is a K8sError with ``conflict``: read it again and decide again."""
     meta = pod.get("metadata") or {}
@@ -256,7 +260,7 @@ def pin_selected(cluster: Cluster, pod: JSON, check_mode: bool = False) -> Tuple
     if mode["policy"]:
         settings = summ.policy_settings(cluster.get(podapi.KIND_POLICY, str(mode["policy"]), namespace))
         group_by, scope = settings["group_by"], settings["scope"]
-    chosen, _content, reasons = select_for_pod(cluster, pod, namespace, group_by, scope)
+    chosen, _content, reasons = select_for_pod(cluster, pod, namespace, group_by, scope, node)
     if chosen is None:
         return pod, None, reasons
     name = str(chosen["metadata"]["name"])

@@ -13,7 +13,10 @@ cluster.
   reference's annotation), else the newest Ready one of the pod's group
   (grouping labels) taken from the pod's spec (``_spechash``: equal
   ``status.podSpecHash``, unless the scope is rootfs-only); when none fits,
-  every reason, naming the fields in which the nearest one differs;
+  every reason, naming the fields in which the nearest one differs; given
+  the restoring node (``node``, in ``status.source`` terms), a newer snapshot
+  taken on a node this one does not match (``node_fit``: architecture, CPU
+  vendor, GPU models) is passed over for an older one that fits, and said so;
 - ``check_pod_spec``: whether a pinned pod matches the pod spec of its
   snapshot (through the container map, field by field), unless it skips the
   check (``snapshot-skip-compat-check: "true"``) or the scope is rootfs-only;
@@ -46,9 +49,44 @@ def _names(snapshots: Sequence[Dict[str, Any]], limit: int = 5) -> str:
     return ", ".join(refs[:limit]) + (f" and {len(refs) - limit} more" if len(refs) > limit else "")
 
 
+NODE_MISFIT = "was taken on a node this one does not match"  # in a reason: a Ready snapshot fits all but the node
+
+
+def node_fit(source: Any, node: Any) -> List[str]:
+    """Why a snapshot taken on ``source`` (a PodSnapshotContent's ``status.source``) does not fit ``node`` (the
+    same keys, of the restoring node): architecture, CPU vendor, GPU models (count included). What either side
+    does not say is not compared (the restore's preflight checks everything once more, kernel and CRIU too)."""
+    src, here = podapi.as_dict(source), podapi.as_dict(node)
+    reasons: List[str] = []
+    for key, what in (("arch", "architecture"), ("cpuVendor", "CPU vendor")):
+        if src.get(key) and here.get(key) and src[key] != here[key]:
+            reasons.append(f"{what}: snapshot {src[key]}, this node {here[key]}")
+    models, have = podapi.as_list(src.get("gpuModels")), here.get("gpuModels")
+    if models and isinstance(have, list) and sorted(map(str, models)) != sorted(map(str, have)):
+        reasons.append(f"GPUs: snapshot {', '.join(sorted(map(str, models)))}, this node "
+                       f"{', '.join(sorted(map(str, have))) or 'none'}")
+    return reasons
+
+
+def _fitting(matches: List[Dict[str, Any]], contents: Dict[str, Dict[str, Any]], node: Optional[Dict[str, Any]]
+             ) -> Tuple[Optional[Dict[str, Any]], List[str]]:
+    """The newest of ``matches`` whose content's source fits ``node`` (every one without ``node``), and the
+    newer ones passed over, each with why."""
+    passed: List[str] = []
+    for snapshot in sorted(matches, key=_newness, reverse=True):
+        bound = podapi.as_dict(snapshot.get("status")).get("boundSnapshotContentName")
+        source = podapi.as_dict(podapi.as_dict(contents.get(str(bound))).get("status")).get("source")
+        problems = node_fit(source, node) if node is not None else []
+        if not problems:
+            return snapshot, passed
+        passed.append(f"{podapi.object_ref(snapshot, '')} {NODE_MISFIT}: "
+                      + "; ".join(problems))
+    return None, passed
+
+
 def select_snapshot(snapshots: List[Dict[str, Any]], pod: Dict[str, Any], grouping_labels: Sequence[str] = (),
-                    scope: str = podapi.SCOPE_WHOLE_POD, contents: Optional[Dict[str, Dict[str, Any]]] = None
-                    ) -> Tuple[Optional[Dict[str, Any]], List[str]]:
+                    scope: str = podapi.SCOPE_WHOLE_POD, contents: Optional[Dict[str, Dict[str, Any]]] = None,
+                    node: Optional[Dict[str, Any]] = None) -> Tuple[Optional[Dict[str, Any]], List[str]]:
     """The PodSnapshot to restore ``pod`` from, or (None, every reason none fits).
 
     A ``restore-from`` annotation pins the snapshot (used if Ready). Otherwise the
@@ -57,7 +95,9 @@ def select_snapshot(snapshots: List[Dict[str, Any]], pod: Dict[str, Any], groupi
     label and whose ``status.podSpecHash`` equals the pod's hash (not compared
     when ``scope`` or the snapshot's ``spec.scope`` is rootfs-only). ``contents``
     (PodSnapshotContent by name) lets a mismatch name the differing fields of
-    the nearest snapshot from ``status.podSpecFields``.
+    the nearest snapshot from ``status.podSpecFields``; with ``node`` (the
+    restoring node in ``status.source`` terms) a match whose content's source
+    does not fit it (``node_fit``) is passed over for the next newest.
     """
     if scope not in podapi.SCOPES:
         raise podapi.ContractError(f"snapshot scope {scope!r} is not one of {', '.join(podapi.SCOPES)}")
@@ -80,9 +120,10 @@ def select_snapshot(snapshots: List[Dict[str, Any]], pod: Dict[str, Any], groupi
     pod_fields = spechash.pod_spec_fields(pod)
     matches, other_group, other_spec = _sort_ready(ready, podapi.as_dict(meta.get("labels")), spechash.hash_fields(pod_fields),
                                                    grouping_labels, scope)
-    if matches:
-        return max(matches, key=_newness), []
-    reasons: List[str] = []
+    chosen, passed = _fitting(matches, contents or {}, node)
+    if chosen is not None:
+        return chosen, []
+    reasons: List[str] = list(passed)
     if not_ready:
         reasons.append(f"{len(not_ready)} PodSnapshot(s) not Ready, ignored: {_names(not_ready)}")
     if not ready:

@@ -31,8 +31,9 @@ SOURCE = [{"name": "main", "image": "registry.local/embed:1.0", "command": ["pyt
 class FakeNode:
     """Records what the agent asks of the node; answers as told."""
 
-    def __init__(self, outcome: str = "succeeded", state: str = agent.UNFINISHED) -> None:
-        self.outcome, self.state = outcome, state
+    def __init__(self, outcome: str = "succeeded", state: str = agent.UNFINISHED,
+                 fit: Optional[Dict[str, Any]] = None) -> None:
+        self.outcome, self.state, self.facts = outcome, state, fit
         self.restored: List[agent.Work] = []
         self.given_up: List[agent.Work] = []
         self.lock = threading.Lock()
@@ -52,20 +53,24 @@ class FakeNode:
         self.given_up.append(work)
         return "started cold" if work.cold_start else "main: killed"
 
+    def fit(self) -> Optional[Dict[str, Any]]:
+        return self.facts
+
 
 def _cluster(server: FakeApiServer) -> k8s.Cluster:
     return k8s.cluster_from({"kubeconfig": str(server.kubeconfig)})
 
 
-def _snapshot(server: FakeApiServer, ready: bool = True) -> None:
-    """PodSnapshot snap-a of pod embed-0 (SOURCE), bound and Ready unless ``ready`` is false."""
+def _snapshot(server: FakeApiServer, ready: bool = True, name: str = "snap-a", created: str = "2026-12-02T12:00:00Z",
+              source_node: Optional[Dict[str, Any]] = None) -> None:
+    """PodSnapshot ``name`` of pod embed-0 (SOURCE), bound and Ready unless ``ready`` is false."""
     server.install_crds()
     if server.store.get("pods", "embed-0", "default") is None:
         server.add_pod("embed-0", containers=copy.deepcopy(SOURCE), labels={"app": "embed"})
-    params = {"namespace": "default", "name": "snap-a", "source_pod": "embed-0", "containers": ["main"],
+    params = {"namespace": "default", "name": name, "source_pod": "embed-0", "containers": ["main"],
               "scope": "whole-pod", "policy_name": None, "labels": None, "content_name": None,
               "store": {"url": "/mnt/snapshots", "snapshot_id": "20261202T120000Z-1a2b3c4d"}, "node": None,
-              "source_node": {"hostname": "node-1"}, "size": 1, "created_at": "2026-12-02T12:00:00Z",
+              "source_node": source_node or {"hostname": "node-1"}, "size": 1, "created_at": created,
               "ready": ready, "failed_reason": None, "failed_message": None}
     rec.ensure_pod_snapshot(_cluster(server), params)
 
@@ -263,6 +268,35 @@ def test_a_pod_that_selects_at_restore_gets_the_newest_fitting_snapshot_pinned(f
     assert (out["action"], out["outcome"], out["snapshot"]) == ("restored", "succeeded", "snap-a")
     pod = fake_apiserver.store.get("pods", "r-sel", "default")
     assert pod["metadata"]["annotations"][podapi.ANN_RESTORE_FROM] == "snap-a"
+
+
+def test_a_newer_snapshot_from_a_node_unlike_this_one_is_passed_over(fake_apiserver: FakeApiServer) -> None:
+    """The newest snapshot whose spec hash fits was taken on an H100 node: an A100 node pins the older one taken
+    on a node like itself; a node like neither waits, naming why for each."""
+    a100 = {"hostname": "n-a", "arch": "x86_64", "gpus": [{"name": "NVIDIA A100-SXM4-80GB"}]}
+    h100 = {"hostname": "n-h", "arch": "x86_64", "gpus": [{"name": "NVIDIA H100 80GB HBM3"}]}
+    _snapshot(fake_apiserver, name="snap-old-a100", created="2026-12-02T12:00:00Z", source_node=a100)
+    _snapshot(fake_apiserver, name="snap-new-h100", created="2026-12-03T12:00:00Z", source_node=h100)
+    template = {"metadata": {"labels": {"app": "embed"}}, "spec": {"containers": copy.deepcopy(SOURCE)}}
+    built = podbuild.build(template, None)
+    for name in ("r-a100", "r-cpu"):
+        fake_apiserver.add_pod(name, containers=built["spec"]["containers"], spec=dict(built["spec"]),
+                               labels={"app": "embed"}, annotations=built["metadata"]["annotations"])
+    node = FakeNode(fit={"arch": "x86_64", "cpuVendor": "GenuineIntel", "gpuModels": ["NVIDIA A100-SXM4-80GB"]})
+    out = agent.restore_pod(_cluster(fake_apiserver), _settings("r-a100"), node)
+    assert (out["action"], out["snapshot"]) == ("restored", "snap-old-a100"), out
+    # a node like neither: waiting would not help (the pod is scheduled here): refused, and with the fallback
+    # its placeholder starts cold
+    cpu_node = FakeNode(fit={"arch": "x86_64", "gpuModels": []})
+    cpu = agent.restore_pod(_cluster(fake_apiserver), _settings("r-cpu", fallback="cold-start"), cpu_node)
+    assert (cpu["action"], cpu["outcome"], cpu["placeholder"]) == ("refused", "incompatible", "started cold"), cpu
+    assert any("default/snap-new-h100 was taken on a node this one does not match: GPUs: snapshot NVIDIA H100 "
+               "80GB HBM3, this node none" in r for r in cpu["reasons"]), cpu["reasons"]
+    assert any("snap-old-a100" in r for r in cpu["reasons"]), cpu["reasons"]
+    assert [p["container"] for p in cpu_node.given_up[0].pairs] == ["main"], "every container is a placeholder"
+    cond = _condition(fake_apiserver, "r-cpu")
+    assert cond["reason"] == podapi.REASON_INCOMPATIBLE and "started cold" in cond["message"], cond
+    assert not cpu_node.restored
 
 
 class FlakyStoreNode(FakeNode):

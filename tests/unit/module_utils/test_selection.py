@@ -159,3 +159,37 @@ def test_the_reference_skip_compat_annotation_skips_the_pod_spec_check() -> None
     assert len(selection.check_pod_spec(snap, changed)) == 1
     changed["metadata"]["annotations"][podapi.REF_ANN_SKIP_COMPAT] = "true"
     assert selection.check_pod_spec(snap, changed) == []
+
+
+@pytest.mark.parametrize("source, node, want", [
+    ({"arch": "x86_64"}, {"arch": "aarch64"}, ["architecture: snapshot x86_64, this node aarch64"]),
+    ({"arch": "x86_64", "cpuVendor": "AuthenticAMD"}, {"arch": "x86_64", "cpuVendor": "GenuineIntel"},
+     ["CPU vendor: snapshot AuthenticAMD, this node GenuineIntel"]),
+    ({"gpuModels": ["H100", "H100"]}, {"gpuModels": ["H100"]}, ["GPUs: snapshot H100, H100, this node H100"]),
+    ({"gpuModels": ["H100"]}, {"gpuModels": []}, ["GPUs: snapshot H100, this node none"]),
+    ({"gpuModels": ["B", "A"]}, {"gpuModels": ["A", "B"]}, []),
+    ({}, {"arch": "x86_64", "gpuModels": ["H100"]}, []),  # a CPU snapshot fits a GPU node; unknowns are not compared
+    ({"gpuModels": ["H100"]}, {"arch": "x86_64"}, []),
+    (None, {"arch": "x86_64"}, []),
+])
+def test_node_fit(source: object, node: object, want: list) -> None:
+    assert selection.node_fit(source, node) == want
+
+
+def test_select_passes_over_newer_snapshots_taken_on_nodes_unlike_this_one() -> None:
+    old = snapshot("old", "2026-01-01T10:00:00Z")
+    new = snapshot("new", "2026-01-02T10:00:00Z")
+    contents = {"content-old": {"status": {"source": {"arch": "x86_64", "gpuModels": ["A100"]}}},
+                "content-new": {"status": {"source": {"arch": "x86_64", "gpuModels": ["H100"]}}}}
+    target = read_back(pod())
+    assert selection.select_snapshot([old, new], target, contents=contents)[0] is new, "no node: the newest"
+    chosen, reasons = selection.select_snapshot([old, new], target, contents=contents,
+                                                node={"arch": "x86_64", "gpuModels": ["A100"]})
+    assert chosen is old and reasons == []
+    chosen, reasons = selection.select_snapshot([old, new], target, contents=contents,
+                                                node={"arch": "aarch64", "gpuModels": ["H100"]})
+    assert chosen is None
+    assert reasons[:2] == ["default/new was taken on a node this one does not match: architecture: snapshot x86_64, "
+                           "this node aarch64",
+                           "default/old was taken on a node this one does not match: architecture: snapshot x86_64, "
+                           "this node aarch64; GPUs: snapshot A100, this node H100"]
