@@ -1,5 +1,6 @@
 """A Kubernetes node for tests: pods as real containers (podman or a private containerd) and a fake kubelet that
-starts a placeholder container for every restore pod the fake API server gets (tests/support/fake_apiserver.py).
+starts a placeholder container for every container of every restore pod the fake API server gets
+(tests/support/fake_apiserver.py). The pods have two containers: the server ``main`` and a ``metrics`` sidecar.
 
 Each pod's ``emptyDir`` volumes (but snapshot-control, which the labs bind themselves) are host dirs
 ``emptydir-<pod>-<volume>`` under the node's tmp dir, bound read-write where its container mounts them: the source
@@ -15,6 +16,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Union
 
 from ansible_collections.warmstart.snapshot.plugins.module_utils.k8s import _podapi as podapi
+from ansible_collections.warmstart.snapshot.plugins.module_utils.k8s import _podcontract as pc
 
 from tests.support.fake_apiserver import FakeApiServer
 
@@ -25,6 +27,7 @@ NS = "ml"
 POD_LABELS = {"app": "embed", "model": "minilm"}
 COMMAND = ("python3", "/app/app.py")
 CACHE = ("cache", "/cache")  # the source pod's emptyDir volume (name, mountPath)
+SIDECAR = "metrics"  # the pods' second container (not snapshotted)
 
 
 def _stamp() -> str:
@@ -117,12 +120,13 @@ def emptydirs(lab: Node, pod: str, spec: Dict[str, Any], container: Dict[str, An
 
 
 class Kubelet(threading.Thread):
-    """Starts a placeholder container for every restore pod that appears, and reports it in the pod's status."""
+    """Starts a placeholder container for every restore pod that appears (pinned or selecting its snapshot), and reports it in the pod's status."""
 
     def __init__(self, api: FakeApiServer, lab: Node, node: str = "localhost") -> None:
         super().__init__(daemon=True, name="fake-kubelet")
         self.api, self.lab, self.node = api, lab, node
-        self.started: Dict[str, str] = {}  # pod name -> container
+        self.started: Dict[str, str] = {}  # pod name -> its first container
+        self.containers: Dict[str, Dict[str, str]] = {}  # pod name -> container name -> container
         self.running_at: Dict[str, float] = {}  # pod name -> when its status said Running (epoch s)
         self.stop = threading.Event()
         self.errors: List[str] = []
@@ -131,34 +135,44 @@ class Kubelet(threading.Thread):
         while not self.stop.is_set():
             try:
                 for pod in self.api.store.list("pods", NS, group=""):
-                    meta = pod["metadata"]
-                    if podapi.ANN_RESTORE_FROM in (meta.get("annotations") or {}) and meta["name"] not in self.started:
+                    meta, mode = pod["metadata"], pc.restore_mode(pod)
+                    if (mode["restore_from"] or mode["select"]) and meta["name"] not in self.started:
                         self.start_pod(pod)
             except Exception as exc:  # pylint: disable=broad-except
                 self.errors.append(repr(exc))
             self.stop.wait(0.2)
 
     def start_pod(self, pod: Dict[str, Any]) -> None:
+        """Every container of the pod, in order (the first one's handle in ``started``, all in ``containers``)."""
         name = pod["metadata"]["name"]
-        (container,) = pod["spec"]["containers"]
-        env = {e["name"]: e["value"] for e in container.get("env") or []}
-        assert env.get("SNAPSHOT_CONTROL_DIR") == "/snapshot-control", env
-        # the pod's own inert command as PID 1; its snapshot-control emptyDir as a host dir per pod
-        own = {k: v for k, v in env.items() if k == "SNAPSHOT_RESTORE_STANDBY"}  # a standby entrypoint's switch
-        full = self.lab.start(f"k8s-{name}", container["command"], cri_labels(NS, name, container["name"]),
-                              dict(own, ROLE=name), source=False,
-                              writable=emptydirs(self.lab, name, pod["spec"], container))
-        self.started[name] = full
-        cid = self.lab.container_id(full)
+        statuses: List[Dict[str, Any]] = []
+        for index, container in enumerate(pod["spec"]["containers"]):
+            env = {e["name"]: e["value"] for e in container.get("env") or []}
+            assert env.get("SNAPSHOT_CONTROL_DIR") == "/snapshot-control", env
+            # the container's own inert command as PID 1; its snapshot-control emptyDir as a host dir per container
+            own = {k: v for k, v in env.items() if k == "SNAPSHOT_RESTORE_STANDBY"}  # a standby entrypoint's switch
+            handle = f"k8s-{name}" if index == 0 else f"k8s-{name}-{container['name']}"
+            full = self.lab.start(handle, container["command"], cri_labels(NS, name, container["name"]),
+                                  dict(own, ROLE=name), source=False,
+                                  writable=emptydirs(self.lab, name, pod["spec"], container))
+            self.containers.setdefault(name, {})[container["name"]] = full
+            statuses.append(container_status(self.lab, container, full))
+        self.started[name] = self.containers[name][pod["spec"]["containers"][0]["name"]]
         with self.api.store.lock:
             stored = self.api.store.get("pods", name, NS, group="")
             stored["spec"]["nodeName"] = self.node
-            stored["status"] = {"phase": "Running", "podIP": self.lab.ip(full), "containerStatuses": [{
-                "name": container["name"], "image": container["image"],
-                "imageID": f"{container['image']}@sha256:{'cd' * 32}", "containerID": f"{self.lab.scheme}://{cid}",
-                "ready": False, "restartCount": 0, "state": {"running": {"startedAt": _stamp()}}}]}
+            stored["status"] = {"phase": "Running", "podIP": self.lab.ip(self.started[name]),
+                                "containerStatuses": statuses}
             self.api.store.put("pods", stored, group="")
             self.running_at[name] = time.time()
+
+
+def container_status(lab: Node, container: Dict[str, Any], handle: str) -> Dict[str, Any]:
+    """A running container's status as a kubelet reports it (``<scheme>://<id>``)."""
+    return {"name": container["name"], "image": container["image"],
+            "imageID": f"{container['image']}@sha256:{'cd' * 32}",
+            "containerID": f"{lab.scheme}://{lab.container_id(handle)}",
+            "ready": False, "restartCount": 0, "state": {"running": {"startedAt": _stamp()}}}
 
 
 def source_pod(c: Dict[str, Any], name: str, node: str = "localhost") -> str:
@@ -166,19 +180,24 @@ def source_pod(c: Dict[str, Any], name: str, node: str = "localhost") -> str:
     lab: Node = c["lab"]
     # two worker processes under the server: the pod's workload is a process tree, as inference servers are
     spec = template(lab.image)["spec"]
-    full = lab.start(f"src-{name}", list(COMMAND), cri_labels(NS, name, "main"), {"APP_WORKERS": "2"}, source=True,
-                     writable=emptydirs(lab, name, spec, spec["containers"][0]))
-    cid = lab.container_id(full)
+    main, sidecar = spec["containers"]
+    full = lab.start(f"src-{name}", list(COMMAND), cri_labels(NS, name, main["name"]), {"APP_WORKERS": "2"},
+                     source=True, writable=emptydirs(lab, name, spec, main))
+    side = lab.start(f"src-{name}-{sidecar['name']}", list(sidecar["command"]), cri_labels(NS, name, sidecar["name"]),
+                     {}, source=False)
     c["api"].add_pod(name, NS, spec=spec, labels=dict(POD_LABELS, role="source"), node=node)
     with c["api"].store.lock:
         pod = c["api"].store.get("pods", name, NS, group="")
-        pod["status"]["containerStatuses"][0]["containerID"] = f"{lab.scheme}://{cid}"
+        pod["status"]["containerStatuses"] = [container_status(lab, main, full), container_status(lab, sidecar, side)]
         c["api"].store.put("pods", pod, group="")
     return full
 
 
 def template(image: str) -> Dict[str, Any]:
+    """The pod template of the source and its replicas: the server (``main``, first) and a sidecar, as inference
+    pods often have (a metrics exporter, a proxy); only ``main`` is snapshotted."""
     return {"metadata": {"labels": dict(POD_LABELS)},
             "spec": {"containers": [{"name": "main", "image": image, "command": list(COMMAND),
-                                     "volumeMounts": [{"name": CACHE[0], "mountPath": CACHE[1]}]}],
+                                     "volumeMounts": [{"name": CACHE[0], "mountPath": CACHE[1]}]},
+                                    {"name": SIDECAR, "image": image, "command": ["sleep", "infinity"]}],
                      "volumes": [{"name": CACHE[0], "emptyDir": {}}]}}

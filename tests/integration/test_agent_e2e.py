@@ -8,6 +8,7 @@ Nobody runs ``ansible-playbook`` by hand: everything after a test writes to the 
 """
 from __future__ import annotations
 
+import base64
 import json
 import os
 import signal
@@ -20,16 +21,19 @@ from typing import Any, Callable, Dict, Iterator, List, Optional
 import pytest
 import yaml
 
+from ansible_collections.warmstart.snapshot.plugins.module_utils.agent import _admission as admission
 from ansible_collections.warmstart.snapshot.plugins.module_utils.agent import _agent as agent
 from ansible_collections.warmstart.snapshot.plugins.module_utils.k8s import _k8s_client as k8s
 from ansible_collections.warmstart.snapshot.plugins.module_utils.k8s import _podapi as podapi
 from ansible_collections.warmstart.snapshot.plugins.module_utils.k8s import _podbuild as podbuild
+from ansible_collections.warmstart.snapshot.plugins.module_utils.k8s import _podcontract as pc
 
 from tests.support.fake_apiserver import FakeApiServer
+from tests.support.tls_certs import Pki
 
 from .ansible_run import REPO, VENV_BIN, playbook, prep_vars
-from .process_lab import free_port
-from .k8s_lab import CACHE, NS, POD_LABELS, Kubelet, PodmanNode, emptydir, source_pod, template
+from .process_lab import free_port, port_open
+from .k8s_lab import CACHE, COMMAND, NS, POD_LABELS, Kubelet, PodmanNode, emptydir, source_pod, template
 
 pytestmark = pytest.mark.integration
 
@@ -213,6 +217,83 @@ def test_scaling_the_deployment_restores_every_new_replica_once(world: Dict[str,
     # a bound that catches a restore that hangs, not a performance claim (bench/ measures; a loaded 2-core CI runs
     # three restores of a 3-process tree at once here)
     assert all(0 < s < 300 for s in latencies), latencies
+
+
+@pytest.fixture()
+def admission_webhook(world: Dict[str, Any]) -> Iterator[str]:
+    """The agent's admission webhook as the k8s_agent role runs it (its own process, TLS), registered with the
+    fake API server as a MutatingWebhookConfiguration: every pod created through the API goes through it."""
+    pki = Pki(world["tmp"] / "admission-pki")
+    ca = pki.ca("ca")
+    cert, key = pki.issue("admission", "ca", ips=["127.0.0.1"], server=True)
+    port = free_port()
+    log = world["tmp"] / "admission.log"
+    with open(log, "ab") as out:
+        proc = subprocess.Popen(  # pylint: disable=consider-using-with  # stopped below
+            [str(VENV_BIN / "python"), "-m", "ansible_collections.warmstart.snapshot.plugins.module_utils.agent."
+             "_admission_server", "--host", "127.0.0.1", "--port", str(port), "--cert", str(cert), "--key", str(key),
+             "--kubeconfig", str(world["kubeconfig"])],
+            env=dict(os.environ, PYTHONPATH=str(REPO / ".collections")), stdout=out, stderr=subprocess.STDOUT)
+    try:
+        wait_for("the admission webhook listens", lambda: port_open(port), 60)
+        world["api"].store.put("mutatingwebhookconfigurations", {
+            "apiVersion": "admissionregistration.k8s.io/v1", "kind": "MutatingWebhookConfiguration",
+            "metadata": {"name": "warmstart-node-agent"},
+            "webhooks": [{"name": "pods.admission.snapshot.warmstart.io", "admissionReviewVersions": ["v1"],
+                          "sideEffects": "None", "failurePolicy": "Ignore", "timeoutSeconds": 5,
+                          "clientConfig": {"url": f"https://127.0.0.1:{port}/mutate-pods",
+                                           "caBundle": base64.b64encode(ca.read_bytes()).decode()},
+                          "rules": [{"operations": ["CREATE"], "apiGroups": [""], "apiVersions": ["v1"],
+                                     "resources": ["pods"], "scope": "Namespaced"}]}]},
+            group="admissionregistration.k8s.io")
+        yield str(log)
+    finally:
+        world["api"].store.remove("mutatingwebhookconfigurations", "warmstart-node-agent",
+                                  group="admissionregistration.k8s.io")
+        proc.terminate()
+        proc.wait(10)
+
+
+def scaled_replica(world: Dict[str, Any], image: Optional[str] = None) -> str:
+    """What a ReplicaSet controller does when an HPA scales a plain Deployment up: a pod from its template,
+    created through the API (admission runs), named by generateName; its name."""
+    spec = template(image or world["lab"].image)["spec"]
+    pod = {"apiVersion": "v1", "kind": "Pod",
+           "metadata": {"generateName": "embed-web-", "labels": dict(POD_LABELS, tier="web"),
+                        "ownerReferences": [{"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "embed-web",
+                                             "uid": "0000-web", "controller": True}]},
+           "spec": spec}
+    created = k8s.cluster_from({"kubeconfig": str(world["kubeconfig"])}).create("Pod", pod, NS)
+    return str(created["metadata"]["name"])
+
+
+def test_an_auto_restore_policy_restores_a_plain_deployments_new_replicas(world: Dict[str, Any],
+                                                                          admission_webhook: str) -> None:
+    """restoreConfig.mode auto: the pods of a Deployment without any warmstart annotation, scaled up by an HPA,
+    become restore pods when they are created, and the agent restores each once."""
+    warm(world)
+    world["api"].store.put("podsnapshotpolicies", {
+        "apiVersion": podapi.API_VERSION, "kind": podapi.KIND_POLICY, "metadata": {"name": "embed-web", "namespace": NS},
+        "spec": {"selector": {"matchLabels": {"app": "embed", "tier": "web"}}, "storeUrl": str(world["lab"].store),
+                 "triggerConfig": {"type": "manual"}, "restoreConfig": {"mode": "auto"}}}, group=podapi.GROUP)
+    # a replica of another spec (a new image rolling out) has no snapshot yet: it starts as it is, and says why
+    other = scaled_replica(world, image="embed:next")
+    pod = world["api"].store.get("pods", other, NS, group="")
+    assert "no Ready PodSnapshot fits it yet" in pod["metadata"]["annotations"][admission.ANN_AUTO_RESTORE]
+    assert pod["spec"]["containers"][0]["command"] == list(COMMAND), "started as it is"
+    names = [scaled_replica(world), scaled_replica(world)]  # the HPA scales to 2
+    for name in names:
+        pod = world["api"].store.get("pods", name, NS, group="")
+        assert pc.restore_mode(pod)["policy"] == "embed-web", pod["metadata"]
+        cond = final(world, name)
+        assert (cond["status"], cond["reason"]) == ("True", podapi.REASON_SUCCEEDED), cond
+    for name in names:
+        answer = world["lab"].ask(world["kubelet"].started[name])
+        assert answer["token"] == world["before"]["token"] and len(answer["restores"]) == 1, answer
+        pinned = world["api"].store.get("pods", name, NS, group="")["metadata"]["annotations"]
+        assert podapi.is_ready(snapshot(world, pinned[podapi.ANN_RESTORE_FROM])), "pinned to a Ready snapshot"
+    assert "restore pod (policy embed-web)" in Path(admission_webhook).read_text()
+    assert other not in world["kubelet"].started
 
 
 def test_the_agent_killed_during_a_restore_never_restores_twice(world: Dict[str, Any]) -> None:
