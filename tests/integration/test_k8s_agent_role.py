@@ -4,10 +4,13 @@ The real ``kubernetes`` client behind kubernetes.core.k8s and the collection's k
 the ServiceAccount, the RBAC objects, the ConfigMap and the DaemonSet; the test reads them back from the
 server's store: the rules are exactly the ones written out in docs/agent.md, the DaemonSet has the shape the
 node agent needs, check mode writes nothing, a second run changes nothing, a changed setting changes only the
-ConfigMap and the DaemonSet (whose pods roll), and state absent removes the agent but keeps the CRDs.
+ConfigMap and the DaemonSet (whose pods roll), and state absent removes the agent but keeps the CRDs. With
+k8s_agent_admission the mutating admission webhook's objects come last (the webhook configuration the very
+last) and go first, its rights only read, and it is refused without a CA for its certificate.
 """
 from __future__ import annotations
 
+import base64
 import json
 from pathlib import Path
 from typing import Any, Dict, Iterator, List
@@ -43,6 +46,21 @@ CLUSTER_RULES = [
     {"apiGroups": [GROUP], "resources": ["podsnapshotstorageconfigs"], "verbs": ["get"]},
 ]
 SUBJECTS = [{"kind": "ServiceAccount", "name": NAME, "namespace": NS}]
+ADMISSION = f"{NAME}-admission"
+ADMISSION_RULES = [
+    {"apiGroups": [GROUP], "resources": ["podsnapshotpolicies"], "verbs": ["get", "list"]},
+    {"apiGroups": [GROUP], "resources": ["podsnapshots"], "verbs": ["list"]},
+]
+CA_BUNDLE = base64.b64encode(b"-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n").decode()
+ADMISSION_PATHS = {  # the webhook's objects: their paths on the API server
+    "ServiceAccount": f"/api/v1/namespaces/{NS}/serviceaccounts/{ADMISSION}",
+    "ClusterRole": f"/apis/{RBAC}/v1/clusterroles/{ADMISSION}",
+    "RoleBinding ml": f"/apis/{RBAC}/v1/namespaces/ml/rolebindings/{ADMISSION}",
+    "RoleBinding ops": f"/apis/{RBAC}/v1/namespaces/ops/rolebindings/{ADMISSION}",
+    "Deployment": f"/apis/apps/v1/namespaces/{NS}/deployments/{ADMISSION}",
+    "Service": f"/api/v1/namespaces/{NS}/services/{ADMISSION}",
+    "MutatingWebhookConfiguration": f"/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations/{NAME}",
+}
 
 
 @pytest.fixture(name="api")
@@ -216,3 +234,78 @@ def test_all_namespaces_bind_cluster_wide_and_an_image_is_required(api: FakeApiS
     refused = deploy(api, k8s_agent_image="")
     assert refused.rc != 0 and "set k8s_agent_image" in refused.messages()
     assert json.dumps(refused.result["stats"]["localhost"]["failures"]) == "1"
+
+
+def test_admission_webhook_comes_last_reads_only_changes_nothing_again_and_goes_first(api: FakeApiServer) -> None:
+    refused = deploy(api, k8s_agent_admission=True, k8s_agent_install_crds=False)
+    assert refused.rc != 0 and api.writes() == []
+    assert "k8s_agent_admission_ca_bundle" in refused.messages()
+    assert "k8s_agent_admission_cert_manager_certificate" in refused.messages()
+
+    admission = dict(k8s_agent_admission=True, k8s_agent_admission_ca_bundle=CA_BUNDLE, k8s_agent_install_crds=False)
+    first = deploy(api, **admission)
+    ok(first)
+    assert api.warnings == [], "the role renders fields Kubernetes does not know"
+    applied = changed_items(first)
+    assert applied[-2:] == [f"Service {NS}/{ADMISSION}", f"MutatingWebhookConfiguration {NAME}"], applied
+
+    (webhook,) = get(api, "mutatingwebhookconfigurations", NAME, group="admissionregistration.k8s.io")["webhooks"]
+    assert webhook["name"] == "pods.admission.snapshot.warmstart.io"
+    assert webhook["clientConfig"] == {"service": {"namespace": NS, "name": ADMISSION, "path": "/mutate-pods",
+                                                   "port": 443}, "caBundle": CA_BUNDLE}
+    assert webhook["rules"] == [{"operations": ["CREATE"], "apiGroups": [""], "apiVersions": ["v1"],
+                                 "resources": ["pods"], "scope": "Namespaced"}]
+    assert (webhook["failurePolicy"], webhook["sideEffects"], webhook["admissionReviewVersions"]) == (
+        "Ignore", "None", ["v1"])
+    assert (webhook["timeoutSeconds"], webhook["reinvocationPolicy"], webhook["matchPolicy"]) == (
+        5, "Never", "Equivalent")
+    key = "kubernetes.io/metadata.name"
+    assert webhook["namespaceSelector"] == {"matchExpressions": [  # the watched ones, never the agent's own
+        {"key": key, "operator": "In", "values": ["ml", "ops"]}, {"key": key, "operator": "NotIn", "values": [NS]}]}
+
+    # it reads, nothing else, where the agent watches
+    assert get(api, "clusterroles", ADMISSION, group=RBAC)["rules"] == ADMISSION_RULES
+    subjects = [{"kind": "ServiceAccount", "name": ADMISSION, "namespace": NS}]
+    assert get(api, "serviceaccounts", ADMISSION, NS)["metadata"]["name"] == ADMISSION
+    for watched in ("ml", "ops"):
+        rb = get(api, "rolebindings", ADMISSION, watched, group=RBAC)
+        assert rb["roleRef"] == {"apiGroup": RBAC, "kind": "ClusterRole", "name": ADMISSION}
+        assert rb["subjects"] == subjects
+    assert api.store.get("clusterrolebindings", ADMISSION, group=RBAC) is None
+
+    deployment = get(api, "deployments", ADMISSION, NS, group="apps")
+    selector = {"app.kubernetes.io/name": ADMISSION}  # not the DaemonSet's: neither takes the other's pods
+    assert deployment["spec"]["replicas"] == 2 and deployment["spec"]["selector"]["matchLabels"] == selector
+    spec = deployment["spec"]["template"]["spec"]
+    assert spec["serviceAccountName"] == ADMISSION and spec["automountServiceAccountToken"] is True
+    assert "hostPID" not in spec and spec["volumes"] == [{"name": "tls",
+                                                          "secret": {"secretName": "warmstart-admission-tls"}}]
+    (server,) = spec["containers"]
+    assert server["image"] == IMAGE and server["command"] == [
+        "python3", "-m", "ansible_collections.warmstart.snapshot.plugins.module_utils.agent._admission_server",
+        "--port", "8443", "--cert", "/etc/warmstart/admission/tls.crt", "--key", "/etc/warmstart/admission/tls.key"]
+    assert server["ports"] == [{"name": "https", "containerPort": 8443, "protocol": "TCP"}]
+    assert server["volumeMounts"] == [{"name": "tls", "mountPath": "/etc/warmstart/admission", "readOnly": True}]
+    for probe in ("readinessProbe", "livenessProbe"):
+        assert server[probe]["httpGet"] == {"path": "/healthz", "port": "https", "scheme": "HTTPS"}
+    assert server["securityContext"] == {"runAsNonRoot": True, "runAsUser": 65532, "allowPrivilegeEscalation": False,
+                                         "readOnlyRootFilesystem": True, "capabilities": {"drop": ["ALL"]},
+                                         "seccompProfile": {"type": "RuntimeDefault"}}
+    service = get(api, "services", ADMISSION, NS)["spec"]
+    assert service["selector"] == selector
+    assert service["ports"] == [{"name": "https", "port": 443, "targetPort": "https", "protocol": "TCP"}]
+
+    again = deploy(api, **admission)
+    assert ok(again)["changed"] == 0, changed_items(again)
+
+    # absent (k8s_agent_admission left at its default) removes the webhook, its configuration first
+    before = len(api.writes())
+    ok(deploy(api, k8s_agent_state="absent", k8s_agent_image=""))
+    deletes = [w["path"] for w in api.writes()[before:] if w["method"] == "DELETE"]
+    assert deletes[0] == ADMISSION_PATHS["MutatingWebhookConfiguration"], deletes
+    assert set(ADMISSION_PATHS.values()) <= set(deletes)
+    assert api.store.get("mutatingwebhookconfigurations", NAME, group="admissionregistration.k8s.io") is None
+    assert api.store.get("deployments", ADMISSION, NS, group="apps") is None
+    assert api.store.get("services", ADMISSION, NS) is None
+    assert api.store.get("clusterroles", ADMISSION, group=RBAC) is None
+    assert api.store.get("rolebindings", ADMISSION, "ml", group=RBAC) is None
