@@ -111,7 +111,6 @@ def _hook(name: str = HOOK, url: Optional[str] = None, ca: Optional[str] = None,
                             "resources": ["pods"]}]}, **extra)
 
 
-
 def _install(server: FakeApiServer, config_doc: Dict[str, Any]) -> None:
     code, _headers, answer = server.request("POST", CONFIGS, config_doc, "?fieldValidation=Strict")
     assert code == 201, answer

@@ -661,7 +661,7 @@ POD_WITH_UNKNOWN = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p",
 def test_unknown_fields_are_refused_when_strict_and_dropped_with_a_warning_otherwise(
         fake_apiserver: FakeApiServer) -> None:
     code, _headers, answer = fake_apiserver.request("POST", "/api/v1/namespaces/default/pods", POD_WITH_UNKNOWN,
-                                  "?fieldValidation=Strict")
+                                                    "?fieldValidation=Strict")
     assert code == 400 and answer["reason"] == "BadRequest", answer
     assert 'unknown field "spec.containers[0].imagePullPolice"' in answer["message"]
     assert 'unknown field "spec.restartPolicyy"' in answer["message"]
@@ -672,7 +672,8 @@ def test_unknown_fields_are_refused_when_strict_and_dropped_with_a_warning_other
     assert sorted(headers.get_all("Warning")) == ['299 - "unknown field \\"spec.containers[0].imagePullPolice\\""',
                                                   '299 - "unknown field \\"spec.restartPolicyy\\""']
     code, headers, _answer = fake_apiserver.request("POST", "/api/v1/namespaces/default/configmaps",
-                                  {"metadata": {"name": "c"}, "data": {"a": "b"}, "dta": {}}, "?fieldValidation=Ignore")
+                                                    {"metadata": {"name": "c"}, "data": {"a": "b"}, "dta": {}},
+                                                    "?fieldValidation=Ignore")
     assert code == 201 and headers.get_all("Warning") is None
     assert "dta" not in fake_apiserver.store.get("configmaps", "c", "default")
 
