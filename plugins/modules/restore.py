@@ -206,10 +206,14 @@ options:
       - Default - V(close) when the tree comes back in another network namespace or on another node than the
         dump's (a restore O(into) a placeholder container or pod, whose address is new; a process restore on
         a node other than the one that took the snapshot, as its manifest records it); V(keep) for a process
-        restored on the node that took the snapshot, and O(into) a placeholder when every connection the
-        checkpoint listed has both ends in the snapshot (two processes of the container talking over loopback
-        come back together; CRIU keeps all or closes all). RV(restore.tcp) says which was applied and why,
-        and each listed connection with what was done to it.
+        restored on the node that took the snapshot.
+      - O(into) a placeholder, the default keeps each connection the checkpoint listed with both ends in the
+        snapshot over loopback (two processes of the container or pod talking over 127.0.0.1 or ::1, e.g.
+        tensor-parallel workers and their torch.distributed store, come back together) and closes the others
+        (they lead out of the snapshot, or use the source's own address, which the placeholder does not have);
+        C(mode) is V(mixed) when some are kept and some closed - the closed ones are rewritten as closed sockets
+        in the restore's own copy of the images. RV(restore.tcp) says which was applied and why, and each
+        listed connection with what was done to it.
       - V(keep) of a snapshot taken with O(warmstart.snapshot.checkpoint#module:tcp=close) is refused (its
         connections were not dumped).
     type: str
@@ -462,7 +466,8 @@ restore:
     tcp:
       description:
         - What the restore did (in check mode - would do) with the snapshot's established TCP connections - C(mode)
-          V(keep) or V(close) (see O(tcp)), and C(reason), why.
+          V(keep), V(close) or (O(into) a placeholder, by default) V(mixed) - some kept, the others closed (see
+          O(tcp)), and C(reason), why.
         - C(connections), when the checkpoint listed them - each C(local) and C(remote) address, C(internal)
           (its other end is in the snapshot too) and C(done) (V(kept) or V(closed)).
         - With O(into), each of RV(restore.destinations) that was restored (or would be) carries its own.

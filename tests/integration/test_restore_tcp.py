@@ -6,7 +6,9 @@ default: CRIU dumps the connection's state) and restored on this node, into the 
   message is echoed, and the workload's own message reaches the peer;
 - ``close``: the workload finds its connection closed (end of file, a write fails), the peer that writes to the
   old connection gets a reset, and the workload's listener still answers;
-- into a podman placeholder the default is ``close`` (the placeholder's network namespace is not the dump's).
+- into a podman placeholder the default closes a connection to a peer outside (the placeholder's network
+  namespace is not the dump's) and keeps one whose both ends are in the snapshot over loopback; with both
+  kinds at once, each gets its own (``mixed``).
 
 TCP_APP is written over the lab's script (so the lab's cleanup kills its copies): it connects to ``--peer`` at
 start, echoes what the peer sends (``echo:<line>``), and answers its listener (``--port``) with a JSON line of
@@ -40,6 +42,7 @@ ap.add_argument("--port", type=int, required=True)
 ap.add_argument("--mb", type=int, default=0)
 ap.add_argument("--peer", required=True, help="host:port to connect to at start")
 ap.add_argument("--listen", default="127.0.0.1")
+ap.add_argument("--inner", action="store_true", help="also hold a loopback connection to itself")
 args = ap.parse_args()
 
 ctl = os.environ["SNAPSHOT_CONTROL_DIR"]
@@ -51,6 +54,13 @@ srv = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
 srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
 srv.bind((args.listen, args.port))
 srv.listen(16)
+if args.inner:  # like a tensor-parallel server's workers and their store: a connection inside, over loopback
+    inner_srv = socket.socket()
+    inner_srv.bind(("127.0.0.1", 0))
+    inner_srv.listen(1)
+    client = socket.create_connection(inner_srv.getsockname())
+    server, _ = inner_srv.accept()
+    state.update(inner="open", rounds=0)
 with open(os.path.join(ctl, "ready-for-snapshot.tmp"), "w") as handle:
     handle.write("warm\n")
 os.rename(os.path.join(ctl, "ready-for-snapshot.tmp"), os.path.join(ctl, "ready-for-snapshot"))
@@ -92,6 +102,17 @@ while True:
                     state["sent"] = "ok"
                 except OSError as exc:
                     state["sent"] = closed(exc)
+            if state.get("inner") == "open":  # one round over the loopback connection: client -> server -> client
+                try:
+                    client.settimeout(5)
+                    server.settimeout(5)
+                    client.sendall(b"ping")
+                    server.sendall(server.recv(4).upper())
+                    back = client.recv(4)
+                    state["inner"] = "open" if back == b"PING" else f"eof ({back!r})"
+                    state["rounds"] += state["inner"] == "open"
+                except OSError as exc:
+                    state["inner"] = closed(exc)
             conn.sendall((json.dumps(state) + "\n").encode())
 '''
 
@@ -222,7 +243,7 @@ def test_into_a_placeholder_the_default_closes_the_connection(pod: Pod) -> None:
     assert dest["result"] == "succeeded"
     assert dest["tcp"]["mode"] == "close" and dest["tcp"]["reason"] == (
         f"restored into placeholder {ph}'s network namespace: 1 of the 1 established connections lead out of the "
-        "snapshot (CRIU keeps all or closes all)")
+        "snapshot or use the source's own address")
     (listed,) = dest["tcp"]["connections"]
     assert (listed["internal"], listed["done"]) == (False, "closed") and listed["remote"] == f"{gateway}:{port}"
     end = time.monotonic() + 15
@@ -231,6 +252,50 @@ def test_into_a_placeholder_the_default_closes_the_connection(pod: Pod) -> None:
         time.sleep(0.1)
         state = json_line((pod.ip(ph), 8080), b"state\n")
     assert state["peer"] == "eof" and state["received"] == ["ping1\n"], state
+
+
+@pytest.mark.parametrize("verify", [True, False], ids=["verified-copy", "store-in-place"])
+def test_into_a_placeholder_the_loopback_connection_stays_and_the_one_leaving_closes(pod: Pod, verify: bool) -> None:
+    """The source container's workload holds a loopback connection to itself and one to a peer on the host: the
+    default restore into a placeholder keeps the first (it carries a round there) and closes the second (end of
+    file) - the closed one rewritten in the restore's own copy of files.img (the verified copy, or beside links
+    to a store read in place without verify)."""
+    (pod.app / "tcp_app.py").write_text(TCP_APP)
+    gateway = json.loads(pod.podman("network", "inspect", "podman").stdout)[0]["subnets"][0]["gateway"]
+    srv = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    srv.bind(("0.0.0.0", 0))
+    srv.listen(4)
+    srv.settimeout(60)
+    port = srv.getsockname()[1]
+    with srv:
+        src = pod.run("mixsrc", "python3", "/app/tcp_app.py", "--port", "8080", "--listen", "0.0.0.0", "--inner",
+                      "--peer", f"{gateway}:{port}")
+        wait_file(pod.control("mixsrc") / "ready-for-snapshot", 60)
+        conn = srv.accept()[0]
+        with conn:
+            assert exchange(conn, b"ping1\n") == b"echo:ping1\n"
+            before = json_line((pod.ip(src), 8080), b"state\n")
+            assert (before["peer"], before["inner"], before["rounds"]) == ("open", "open", 1), before
+            ph = pod.placeholder("mixph")
+            results = pod.play([pod.checkpoint("checkpoint", container=src, leave_running=False),
+                                pod.restore("restore", name=src, into={"container": ph}, verify=verify)], "mixed")
+    dest = results["restore"]["restore"]["destinations"][0]
+    assert dest["result"] == "succeeded", dest
+    assert dest["tcp"]["mode"] == "mixed" and dest["tcp"]["reason"] == (
+        f"2 of the 3 established connections have both ends in the snapshot, over loopback, and are kept in "
+        f"placeholder {ph}'s network namespace; the other 1 lead out of it or use the source's own address, and "
+        "are closed"), dest["tcp"]
+    done = sorted((c["internal"], c["done"], c["remote"]) for c in dest["tcp"]["connections"])
+    assert [d[:2] for d in done] == [(False, "closed"), (True, "kept"), (True, "kept")], done
+    assert done[0][2] == f"{gateway}:{port}"
+    end = time.monotonic() + 15
+    state = json_line((pod.ip(ph), 8080), b"state\n")
+    while state["peer"] == "open" and time.monotonic() < end:
+        time.sleep(0.1)
+        state = json_line((pod.ip(ph), 8080), b"state\n")
+    assert state["peer"] == "eof" and state["received"] == ["ping1\n"], state
+    assert state["inner"] == "open" and state["rounds"] >= 2, state  # the kept connection carried rounds here
+    assert not list(pod.restore_root.glob("*/tcp-images")) and not list(pod.restore_root.glob("*/snapshot"))
 
 
 LOOP_APP = r'''
@@ -335,6 +400,16 @@ def test_the_connections_of_a_real_dump_are_listed_with_which_stay_inside(tmp_pa
         (outside,) = [c for c in conns if not c["internal"]]
         assert outside["remote"] == f"127.0.0.2:{peer.getsockname()[1]}" and outside["local"].startswith("127.0.0.")
         assert tcp_module("listed", images) == conns and tcp_module("connections", tmp_path) == []  # no files.img
+        rewritten = tmp_path / "rewritten"
+        rewritten.mkdir()
+        code = ("import json, sys; sys.path.insert(0, sys.argv[1]); "
+                "from ansible_collections.warmstart.snapshot.plugins.module_utils.criu import _tcp; "
+                "data, closed = _tcp.close_in_images(sys.argv[2], [(c['local'], c['remote']) for c in json.loads(sys.argv[4])]); "
+                "open(sys.argv[3] + '/files.img', 'wb').write(data); print(json.dumps(closed))")
+        done = subprocess.run(["/usr/bin/python3", "-c", code, str(REPO / ".collections"), str(images), str(rewritten),
+                               json.dumps(inside)], capture_output=True, text=True, check=False, timeout=60)
+        assert done.returncode == 0 and json.loads(done.stdout) == 1, done.stderr[-2000:]
+        assert tcp_module("connections", rewritten) == inside  # the one leaving is a closed socket now
         (images / "files.img").write_bytes(b"\0" * 8 + b"\xff\xff\xff\x0f" + b"\x01" * 12)
         assert tcp_module("listed", images) is None  # undecodable: no list (a restore then closes)
     finally:

@@ -101,6 +101,7 @@ class _Restore:
     lazy: Optional["Lazy"] = None  # a lazy restore's settings (None: eager)
     session: Optional[lz.Session] = None  # its lazy-pages daemon, once started
     criu_at: float = 0.0        # wall time CRIU's restore began (a lazy restore's times count from it)
+    images: str = ""            # the images CRIU reads, when not the source's own (a mixed tcp plan's rewrite)
 
 
 @dataclass
@@ -138,6 +139,22 @@ def _copy_source(r: _Restore, snap_dir: str) -> List[str]:
     os.makedirs(os.path.join(r.work, "snapshot", r.d.source["path"], "criu"), mode=0o700, exist_ok=True)
     r.tdir = os.path.join(r.work, "snapshot", r.d.source["path"])
     return [f"checksum: {p}" for p in problems]
+
+
+def _tcp_images(r: _Restore, plan: Optional[tcpm.TcpPlan], verified_copy: bool) -> List[str]:
+    """A ``mixed`` tcp plan's own images (``_tcp.own_images``: in place in our verified copy, else in
+    ``r.work/tcp-images``); ``r.images`` then points there. The problems, as refusals."""
+    if plan is None or plan.mode != "mixed":
+        return []
+    try:
+        r.images = tcpm.own_images(plan, os.path.join(r.tdir, "criu"), None if verified_copy else r.work)
+        return []
+    except Exception as exc:  # pylint: disable=broad-except  # pycriu's decoder and the file system: a refusal
+        return [f"tcp: cannot close the connections that leave the snapshot in its files.img: {exc}"]
+
+
+def _own_images(r: _Restore, verified_copy: bool) -> List[str]:  # removed once CRIU and a lazy daemon are done
+    return [os.path.join(r.work, d) for d in (["snapshot"] if verified_copy else []) + [tcpm.OWN_IMAGES]]
 
 
 def _pin(r: _Restore) -> None:
@@ -191,11 +208,11 @@ def _run_criu(r: _Restore, criu: str, options: CriuOptions, verified_copy: bool,
     # The images are read in place (CRIU writes its log and stats into the work dir): a staged dir of
     # symlinks would not do, the restored tasks open images after they moved into the new mount tree.
     t0, r.criu_at = time.monotonic(), time.time()
-    images = os.path.join(r.tdir, "criu")
+    images = r.images or os.path.join(r.tdir, "criu")
     if r.lazy is not None and r.lazy.plan["used"]:
         prog.phase(f"lazy-pages daemon for {r.info.name}")
         r.session = lz.start(criu, images, r.work, r.lazy.timeout, r.control, snapshot_id=r.doc["id"],
-                             tidy=[os.path.join(r.work, "snapshot")] if verified_copy else [])
+                             tidy=_own_images(r, verified_copy))
         options = dataclasses.replace(options, lazy_pages=True)
     prog.phase(f"restore into {r.info.name}")
     try:
@@ -350,7 +367,8 @@ def _copy_stage(r: _Restore, stage: str) -> None:
 
 def restore_one(criu: str, snap_dir: str, doc: Dict[str, Any], d: ph.Destination, options: CriuOptions,
                 restore_root: str, kill_on_failure: bool, gpu_node: Optional[GpuNode] = None,
-                verified_copy: bool = False, lazy: Optional[Lazy] = None) -> Dict[str, Any]:
+                verified_copy: bool = False, lazy: Optional[Lazy] = None,
+                tcp: Optional[tcpm.TcpPlan] = None) -> Dict[str, Any]:
     """Restore one source container into one checked placeholder; never raises for a restore failure.
 
     Phases: pin the placeholder, prepare it, CRIU (no CRIU plugin loaded for a GPU snapshot), the GPU state
@@ -363,6 +381,8 @@ def restore_one(criu: str, snap_dir: str, doc: Dict[str, Any], d: ph.Destination
 
     ``lazy``: CRIU's lazy restore (``_run_criu``): the tree runs as soon as it is restored, its memory streamed
     in from the same verified images; with ``lazy.wait`` the result waits for memory to be complete.
+
+    ``tcp``: the destination's plan (``_tcp.plan``); a ``mixed`` one gets images of its own (``_tcp_images``).
     """
     if d.info is None:
         raise snap.SnapshotError(f"placeholder {d.name} was not checked")
@@ -374,12 +394,12 @@ def restore_one(criu: str, snap_dir: str, doc: Dict[str, Any], d: ph.Destination
                 "error": f"refusing to restore into {d.name}: {exc}"}
     r = _begin(snap_dir, doc, d, d.info, restore_root)
     r.lazy = lazy
-    if verified_copy:
-        problems = _copy_source(r, snap_dir)
-        if problems:
-            shutil.rmtree(r.work, ignore_errors=True)
-            return {"container": d.name, "source": d.source["name"], "result": "refused", "reasons": problems,
-                    "error": f"refusing to restore into {d.name}: " + "; ".join(problems)}
+    problems = _copy_source(r, snap_dir) if verified_copy else []
+    problems = problems or _tcp_images(r, tcp, verified_copy)
+    if problems:
+        shutil.rmtree(r.work, ignore_errors=True)
+        return {"container": d.name, "source": d.source["name"], "result": "refused", "reasons": problems,
+                "error": f"refusing to restore into {d.name}: " + "; ".join(problems)}
     try:
         _pin(r)
         _prepare(r)
@@ -397,8 +417,9 @@ def restore_one(criu: str, snap_dir: str, doc: Dict[str, Any], d: ph.Destination
         _roll_back(r, str(exc), None, kill_on_failure)
     finally:
         _unpin(r)
-        if verified_copy and r.session is None:  # our copy of the memory images: CRIU is done with it (a lazy
-            shutil.rmtree(os.path.join(r.work, "snapshot"), ignore_errors=True)  # daemon's supervisor removes it)
+        if r.session is None:  # our copies of the memory images: CRIU is done with them (a lazy daemon's supervisor
+            for mine in _own_images(r, verified_copy):  # removes them)
+                shutil.rmtree(mine, ignore_errors=True)
     r.out["timings"] = {k: round(v, 3) for k, v in r.timings.items()}
     return r.out
 
@@ -442,7 +463,8 @@ def _select(store: Store, snapshot_id: Optional[str], name: Optional[str], label
 def _restore_exclusive(runtime: Runtime, criu: str, store: Any, doc: Dict[str, Any], d: ph.Destination,
                        opts: CriuOptions, restore_root: str, kill_on_failure: bool,
                        skip_image_check: bool, gpu: Optional[ph.GpuCheck] = None,
-                       verified_copy: bool = False, lazy: Optional[Lazy] = None) -> Dict[str, Any]:
+                       verified_copy: bool = False, lazy: Optional[Lazy] = None,
+                       tcp: Optional[tcpm.TcpPlan] = None) -> Dict[str, Any]:
     """One restore into a placeholder at a time: its lock held from a fresh inertness check to the end."""
     refused = {"container": d.name, "source": d.source["name"], "result": "refused"}
     try:
@@ -455,7 +477,7 @@ def _restore_exclusive(runtime: Runtime, criu: str, store: Any, doc: Dict[str, A
         if problems:
             return dict(refused, error=f"refusing to restore into {d.name}: " + "; ".join(problems), reasons=problems)
         return restore_one(criu, store.local_dir(doc["id"]), doc, d, opts, restore_root, kill_on_failure,
-                           gpu.node if gpu else None, verified_copy=verified_copy, lazy=lazy)
+                           gpu.node if gpu else None, verified_copy=verified_copy, lazy=lazy, tcp=tcp)
     finally:
         os.close(lock)
 
@@ -569,7 +591,7 @@ def _destination(runtime: Runtime, criu: str, store: Any, doc: Dict[str, Any], d
                 "tcp": plan.result(), **({"lazy": dict(lazy.plan)} if lazy else {})}
     opts = dataclasses.replace(options or CriuOptions.from_manifest(d.source["criu"]["options"]), tcp=plan.criu_tcp)
     done = _restore_exclusive(runtime, criu, store, doc, d, opts, restore_root, kill_on_failure, skip_image_check,
-                              gpu, verified_copy, lazy)
+                              gpu, verified_copy, lazy, plan)
     return done if done["result"] == "refused" else dict(done, tcp=plan.result())
 
 

@@ -3,7 +3,7 @@ explicit choice, the refusal of keep for a snapshot whose connections were not d
 from __future__ import annotations
 
 from types import SimpleNamespace
-from typing import List, Optional
+from typing import Any, Dict, List, Optional
 
 import pytest
 
@@ -80,7 +80,7 @@ def test_the_mode_becomes_crius_tcp_option(mode: str, established: Optional[bool
     assert getattr(opts, "tcp_close", None) is close
 
 
-def _conn(local: str, remote: str, internal: bool) -> dict:
+def _conn(local: str, remote: str, internal: bool) -> Dict[str, Any]:
     return {"local": local, "remote": remote, "internal": internal}
 
 
@@ -88,13 +88,47 @@ def test_a_placeholder_keeps_connections_whose_both_ends_are_in_the_snapshot_and
     pair = [_conn("127.0.0.1:44011", "127.0.0.1:58596", True), _conn("127.0.0.1:58596", "127.0.0.1:44011", True)]
     got, problems = tcpm.plan(None, "established", "web-1", "node-a", "node-b", pair)
     assert problems == [] and got.mode == "keep" and got.criu_tcp == "established"
-    assert got.reason.startswith("every established connection (2) has both ends in the snapshot")
+    assert got.reason.startswith("every established connection (2) has both ends in the snapshot, over loopback")
     assert [c["done"] for c in got.result()["connections"]] == ["kept", "kept"]
-    leaving = pair + [_conn("10.88.0.5:8000", "10.88.0.1:40000", False)]
-    got = tcpm.plan(None, "established", "web-1", "node-a", "node-b", leaving)[0]
-    assert got.mode == "close" and "1 of the 3 established connections lead out of the snapshot" in got.reason
-    assert [(c["local"], c["done"]) for c in got.result()["connections"]][-1] == ("10.88.0.5:8000", "closed")
     got = tcpm.plan("close", "established", "web-1", "node-a", "node-b", pair)[0]  # asked for: asked for wins
     assert got.mode == "close" and got.result()["connections"][0]["done"] == "closed"
     got = tcpm.plan(None, "close", "web-1", "node-a", "node-b", pair)[0]  # not dumped: nothing to keep
     assert got.mode == "close" and "connections" not in got.result()
+
+
+def test_a_placeholder_keeps_the_loopback_connections_and_closes_those_that_leave() -> None:
+    """The shape of a tensor-parallel server: its workers' store over loopback, a client's keep-alive from outside."""
+    pair = [_conn("127.0.0.1:29500", "127.0.0.1:58596", True), _conn("127.0.0.1:58596", "127.0.0.1:29500", True)]
+    client = _conn("10.88.0.5:8000", "10.88.0.1:40000", False)
+    got, problems = tcpm.plan(None, "established", "web-1", "node-a", "node-b", pair + [client])
+    assert problems == [] and got.mode == "mixed" and got.criu_tcp == "established"
+    assert got.reason == ("2 of the 3 established connections have both ends in the snapshot, over loopback, and are "
+                          "kept in placeholder web-1's network namespace; the other 1 lead out of it or use the "
+                          "source's own address, and are closed")
+    assert [(c["local"], c["done"]) for c in got.result()["connections"]] == [
+        ("127.0.0.1:29500", "kept"), ("127.0.0.1:58596", "kept"), ("10.88.0.5:8000", "closed")]
+    assert sorted(got.kept) == [("127.0.0.1:29500", "127.0.0.1:58596"), ("127.0.0.1:58596", "127.0.0.1:29500")]
+    none_left = tcpm.plan(None, "none", "web-1", "node-a", "node-b", pair + [client])[0]
+    assert none_left.mode == "mixed" and none_left.kept == got.kept  # a note on the reason keeps the plan
+    asked = tcpm.plan("keep", "established", "web-1", "node-a", "node-b", pair + [client])[0]
+    assert asked.mode == "keep" and [c["done"] for c in asked.result()["connections"]] == ["kept"] * 3
+    assert asked.reason.startswith("tcp: keep was asked for (the default would be mixed: 2 of the 3")
+
+
+@pytest.mark.parametrize("conns", [
+    [_conn("10.88.0.5:29500", "10.88.0.5:58596", True), _conn("10.88.0.5:58596", "10.88.0.5:29500", True)],
+    [_conn("10.88.0.5:8000", "10.88.0.1:40000", False)],
+    [_conn("[::1]:8000", "[::1]:40000", False)],  # loopback, but its other end is not in the snapshot
+], ids=["inside-over-the-pods-address", "leaving", "loopback-to-outside"])
+def test_a_placeholder_closes_what_does_not_stay_inside_over_loopback(conns: List[Dict[str, Any]]) -> None:
+    got = tcpm.plan(None, "established", "web-1", "node-a", "node-b", conns)[0]
+    assert got.mode == "close" and got.criu_tcp == "close" and got.kept == ()
+    assert got.reason == (f"restored into placeholder web-1's network namespace: {len(conns)} of the {len(conns)} "
+                          "established connections lead out of the snapshot or use the source's own address")
+    assert {c["done"] for c in got.result()["connections"]} == {"closed"}
+
+
+def test_ipv6_loopback_inside_the_snapshot_stays() -> None:
+    pair = [_conn("[::1]:29500", "[::1]:58596", True), _conn("[::1]:58596", "[::1]:29500", True)]
+    assert tcpm.plan(None, "established", "web-1", None, "", pair)[0].mode == "keep"
+    assert not tcpm.stays_inside(_conn("?:1", "?:2", True))
