@@ -1253,10 +1253,15 @@ class FakeApiServer:
             return exc.code, exc.headers, json.loads(exc.read())
 
     def install_crds(self, path: Optional[Path] = None) -> "FakeApiServer":
-        """Store the collection's CRDs (roles/k8s_crds/files/crds.yaml, or ``path``), as the k8s_crds role would."""
+        """Store the collection's CRDs (roles/k8s_crds/files/crds.yaml, or ``path``), as the k8s_crds role would;
+        each is first checked against Kubernetes' own CustomResourceDefinition schema (a problem raises)."""
         import yaml  # pylint: disable=import-outside-toplevel  # only the tests that need CRDs pay for it
 
         for crd in yaml.safe_load((path or CRDS).read_text())["items"]:
+            found = k8s_schemas.check(crd)  # as the real server would check them on apply
+            if found.unknown or found.invalid:
+                raise ValueError(f"CustomResourceDefinition {crd.get('metadata', {}).get('name')}: "
+                                 + "; ".join(found.invalid + [f"unknown field {u}" for u in found.unknown_paths()]))
             self.store.put("customresourcedefinitions", crd, group="apiextensions.k8s.io")
         return self
 

@@ -352,6 +352,23 @@ def test_crd_name_must_match_plural_and_group(fake_apiserver: FakeApiServer) -> 
     assert err.value.status == 422 and "must be spec.names.plural" in _status(err.value)["message"]
 
 
+def test_the_collections_crds_pass_kubernetes_own_schema_and_a_broken_one_is_refused(tmp_path: Path) -> None:
+    import yaml  # pylint: disable=import-outside-toplevel
+
+    with FakeApiServer() as server:
+        server.install_crds()  # roles/k8s_crds/files/crds.yaml, checked as the real server checks an apply
+        assert len(server.store.list("customresourcedefinitions", group="apiextensions.k8s.io")) == 5
+    crds = yaml.safe_load(fake_server_module.CRDS.read_text())
+    crds["items"][0]["spec"]["scop"] = "Namespaced"
+    crds["items"][0]["spec"]["versions"][0]["served"] = "yes"
+    broken = tmp_path / "crds.yaml"
+    broken.write_text(yaml.safe_dump(crds))
+    with FakeApiServer() as server, pytest.raises(ValueError) as refused:
+        server.install_crds(broken)
+    assert "podsnapshots.snapshot.warmstart.io" in str(refused.value) and "unknown field spec.scop" in str(refused.value)
+    assert "spec.versions[0].served" in str(refused.value), refused.value
+
+
 def test_bearer_token_is_required_when_configured(tmp_path: Path) -> None:
     with FakeApiServer(token="s3cret") as server:
         good = server.write_kubeconfig(tmp_path / "good")
