@@ -75,7 +75,11 @@ options:
     choices: [podman, containerd, auto]
     default: auto
   store:
-    description: The snapshot store; default the one the PodSnapshotContent names.
+    description:
+      - The snapshot store; default the one the PodSnapshotContent names, opened with the options of the
+        snapshot's PodSnapshotPolicy (its PodSnapshotStorageConfig's options and credentials Secret, as the
+        capture used them; O(store_options) when the policy's store has none). A policy whose Secret cannot be
+        read refuses the restore, naming the Secret.
     type: str
   restore_root:
     description: Where restore work dirs go on this node (default as M(warmstart.snapshot.restore)).

@@ -45,6 +45,7 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List, Mapping, Optional, Protocol, Tuple
 
 from ansible_collections.warmstart.snapshot.plugins.module_utils.k8s import _k8s_restorepods as rpods
+from ansible_collections.warmstart.snapshot.plugins.module_utils.k8s import _k8s_storage as storage
 from ansible_collections.warmstart.snapshot.plugins.module_utils.k8s import _podapi as podapi
 from ansible_collections.warmstart.snapshot.plugins.module_utils.k8s import _podcontract as pc
 from ansible_collections.warmstart.snapshot.plugins.module_utils.k8s import _selection as selection
@@ -86,6 +87,8 @@ class Work:
     size: int = 0  # the PodSnapshot's status.size (bytes)
     retries: int = 0  # earlier tries the store failed (the pod's restore-retry annotation)
     also: List[str] = field(default_factory=list)  # the reference's condition, for a pod that speaks its contract
+    # the snapshot's policy's store options (its storage config's, with its credentials Secret): never logged
+    store_options: JSON = field(default_factory=dict, repr=False)
 
     @classmethod
     def of(cls, pod: JSON, plan: Optional[JSON], fallback: bool) -> "Work":
@@ -333,15 +336,17 @@ def _try_restore(cluster: Cluster, s: Settings, pod: JSON, node: Node, check_mod
     fallback = fallback_of(pod, s.fallback)
     try:
         plan: Optional[JSON] = rpods.restore_plan(cluster, pod)
+        options = store_options(cluster, s.namespace, plan or {})
         refusal: List[str] = []
     except K8sError as exc:
-        plan, refusal = None, exc.reasons or [exc.message]
+        plan, options, refusal = None, {}, exc.reasons or [exc.message]
     if check_mode:
         return {"changed": True, "action": "would refuse" if refusal else "would restore", "pod": ref,
                 "reasons": refusal, "outcome": "Pending"}
     if claim(cluster, pod, s.agent) is None:
         return None
     work = Work.of(pod, plan, fallback)
+    work.store_options = options
     work.created = _epoch(((snap or {}).get("status") or {}).get("createdAt"))
     work.running_since = running_since(pod)
     work.size = int(((snap or {}).get("status") or {}).get("size") or 0)
@@ -349,6 +354,22 @@ def _try_restore(cluster: Cluster, s: Settings, pod: JSON, node: Node, check_mod
     if refusal:
         return _refused(cluster, s, work, node, refusal)
     return _restore(cluster, s, work, node)
+
+
+def store_options(cluster: Cluster, namespace: str, plan: JSON) -> JSON:
+    """The store options of the snapshot's PodSnapshotPolicy (``_k8s_storage.resolve_store``: its storage config's
+    options and credentials Secret) when that policy's store is the one the content names; {} without a policy
+    (the node's own options apply). A policy whose store cannot be resolved (its Secret unreadable) raises."""
+    policy, url = plan.get("policy"), (plan.get("store") or {}).get("url")
+    if not policy or not url:
+        return {}
+    try:
+        where = storage.resolve_store(cluster, namespace, policy=str(policy))
+    except K8sError as exc:
+        if exc.not_found and exc.what == f"{podapi.KIND_POLICY} {namespace}/{policy}":
+            return {}  # the policy is gone: the node's own options
+        raise
+    return dict(where.get("store_options") or {}) if where.get("store") == url else {}
 
 
 def _unfit_node(cluster: Cluster, s: Settings, pod: JSON, node: Node, reasons: List[str], check_mode: bool

@@ -102,7 +102,9 @@ class LocalNode:
             kwargs["restore_root"] = self.restore_root
         try:
             spec = ",".join(f"{p['source']}={self._container_id(work, p)}" for p in work.pairs)
-            store = open_store(self.store or work.store.get("url"), self.store_options)
+            # the node's own store wins; else the content's, with its policy's options (as the capture used them)
+            store = open_store(self.store, self.store_options) if self.store else \
+                open_store(work.store.get("url"), work.store_options or self.store_options)
             result = rinto.restore_into(store, spec, snapshot_id=work.snapshot_id, skip_compat=work.skip_compat_check,
                                         kill_on_failure=not work.cold_start, runtime_name=self.runtime_name,
                                         criu_path=self.criu_path, lazy=self.lazy, lazy_wait=self.lazy, **kwargs)

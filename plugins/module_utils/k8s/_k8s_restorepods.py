@@ -169,6 +169,7 @@ def restore_plan(cluster: Cluster, pod: JSON) -> JSON:
     for pair in pairs:
         pair["container_id"] = ids.get(pair["container"])
     return {"snapshot": source, "content": (snap.get("status") or {}).get("boundSnapshotContentName"),
+            "policy": (snap.get("spec") or {}).get("policyName"),
             "store": ((content or {}).get("spec") or {}).get("store") or {},
             "node": (pod.get("spec") or {}).get("nodeName"), "pairs": pairs,
             "skip_compat_check": pc.skips_compat_check(annotations)}

@@ -62,14 +62,15 @@ def _cluster(server: FakeApiServer) -> k8s.Cluster:
 
 
 def _snapshot(server: FakeApiServer, ready: bool = True, name: str = "snap-a", created: str = "2026-12-02T12:00:00Z",
-              source_node: Optional[Dict[str, Any]] = None) -> None:
+              source_node: Optional[Dict[str, Any]] = None, policy: Optional[str] = None,
+              url: str = "/mnt/snapshots") -> None:
     """PodSnapshot ``name`` of pod embed-0 (SOURCE), bound and Ready unless ``ready`` is false."""
     server.install_crds()
     if server.store.get("pods", "embed-0", "default") is None:
         server.add_pod("embed-0", containers=copy.deepcopy(SOURCE), labels={"app": "embed"})
     params = {"namespace": "default", "name": name, "source_pod": "embed-0", "containers": ["main"],
-              "scope": "whole-pod", "policy_name": None, "labels": None, "content_name": None,
-              "store": {"url": "/mnt/snapshots", "snapshot_id": "20261202T120000Z-1a2b3c4d"}, "node": None,
+              "scope": "whole-pod", "policy_name": policy, "labels": None, "content_name": None,
+              "store": {"url": url, "snapshot_id": "20261202T120000Z-1a2b3c4d"}, "node": None,
               "source_node": source_node or {"hostname": "node-1"}, "size": 1, "created_at": created,
               "ready": ready, "failed_reason": None, "failed_message": None}
     rec.ensure_pod_snapshot(_cluster(server), params)
@@ -112,6 +113,51 @@ def test_a_ready_snapshot_is_restored_once_and_recorded(fake_apiserver: FakeApiS
     again = agent.restore_pod(_cluster(fake_apiserver), _settings("r-0"), node)
     assert (again["action"], again["reason"]) == ("skipped", "its restore already ran (Succeeded)")
     assert len(node.restored) == 1
+
+
+def _s3_policy(server: FakeApiServer, secret: bool = True) -> None:
+    """PodSnapshotPolicy default/embed-s3 through storage config s3 (s3://bucket/fleet), whose credentials are in
+    Secret warmstart/s3 (absent unless ``secret``)."""
+    server.store.put("podsnapshotstorageconfigs", {"metadata": {"name": "s3"}, "spec": {
+        "storeUrl": "s3://bucket/fleet", "options": {"endpointUrl": "http://127.0.0.1:9000"},
+        "credentialsSecretRef": {"name": "s3", "namespace": "warmstart"}}}, group=podapi.GROUP)
+    server.store.put("podsnapshotpolicies", {"metadata": {"name": "embed-s3", "namespace": "default"}, "spec": {
+        "selector": {"matchLabels": {"app": "none"}}, "storageConfigName": "s3"}}, group=podapi.GROUP)
+    if secret:
+        server.store.put("secrets", {"metadata": {"name": "s3", "namespace": "warmstart"}, "data": {
+            "AWS_ACCESS_KEY_ID": "a2V5", "AWS_SECRET_ACCESS_KEY": "c2VjcmV0LWtleQ=="}}, group="")
+
+
+def test_the_restore_opens_the_store_with_its_policys_storage_config_and_credentials(
+        fake_apiserver: FakeApiServer) -> None:
+    """The agent's restore reads the snapshot where its capture wrote it: the policy's storage config options and
+    the credentials of its Secret reach the node (never its repr); a policy gone leaves the node's own options."""
+    _snapshot(fake_apiserver, policy="embed-s3", url="s3://bucket/fleet")
+    _s3_policy(fake_apiserver)
+    _restore_pod(fake_apiserver, "r-0")
+    node = FakeNode()
+    out = agent.restore_pod(_cluster(fake_apiserver), _settings("r-0"), node)
+    assert out["outcome"] == "succeeded", out
+    (work,) = node.restored
+    assert work.store["url"] == "s3://bucket/fleet"
+    assert work.store_options["endpoint_url"] == "http://127.0.0.1:9000"
+    assert work.store_options["secret_access_key"] == "secret-key" and "secret-key" not in repr(work)
+    assert "secret-key" not in repr(out)
+    fake_apiserver.store.remove("podsnapshotpolicies", "embed-s3", "default", group=podapi.GROUP)
+    _restore_pod(fake_apiserver, "r-1")
+    agent.restore_pod(_cluster(fake_apiserver), _settings("r-1"), node)
+    assert node.restored[-1].store_options == {}, "no policy: the node's own options"
+
+
+def test_a_policy_whose_credentials_cannot_be_read_refuses_the_restore_naming_the_secret(
+        fake_apiserver: FakeApiServer) -> None:
+    _snapshot(fake_apiserver, policy="embed-s3", url="s3://bucket/fleet")
+    _s3_policy(fake_apiserver, secret=False)
+    _restore_pod(fake_apiserver, "r-0")
+    node = FakeNode()
+    out = agent.restore_pod(_cluster(fake_apiserver), _settings("r-0"), node)
+    assert out["action"] == "refused" and node.restored == [], out
+    assert any("warmstart/s3" in r for r in out["reasons"]), out["reasons"]
 
 
 def test_a_missing_or_unready_snapshot_makes_the_pod_wait_without_spending_its_attempt(
