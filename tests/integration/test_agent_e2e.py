@@ -33,6 +33,7 @@ from tests.support.tls_certs import Pki
 
 from .ansible_run import REPO, VENV_BIN, playbook, prep_vars
 from .process_lab import free_port, port_open
+from .s3_lab import SECRET, Gate, serve
 from .k8s_lab import CACHE, COMMAND, NS, POD_LABELS, Kubelet, PodmanNode, emptydir, source_pod, template
 
 pytestmark = pytest.mark.integration
@@ -210,6 +211,8 @@ def test_scaling_the_deployment_restores_every_new_replica_once(world: Dict[str,
         answer = world["lab"].ask(kubelet.started[name])
         assert answer["token"] == world["before"]["token"] and answer["sha256"] == answer["digest"], answer
         assert len(answer["restores"]) == 1, f"{name} was restored {len(answer['restores'])} times"
+        # the workers' loopback connections to the server came back open and carry a round in the replica
+        assert answer["loop"]["broken"] == 0 and answer["loop"]["rounds"] >= 2, answer["loop"]
         complete = world["lab"].control(f"k8s-{name}") / "restore-complete"
         latencies.append(complete.stat().st_mtime - kubelet.running_at[name])
     world["latencies"] = latencies
@@ -324,6 +327,54 @@ def test_a_pod_whose_snapshot_appears_later_is_restored_when_it_appears(world: D
     ready_snapshot(world, "embed-later")
     cond = final(world, "embed-l-0")
     assert (cond["status"], cond["reason"]) == ("True", podapi.REASON_SUCCEEDED), cond
+
+
+def test_a_store_down_for_a_while_costs_a_retry_not_the_attempt(world: Dict[str, Any]) -> None:
+    """A snapshot in S3 (moto on loopback, credentials from a Secret through a PodSnapshotStorageConfig) behind a
+    gate: the gate shut, the agent's restore of a new replica stops on the unreachable store before anything is
+    touched, gives the pod's attempt back (restore-retry annotation, Restored waiting with the cause); opened
+    again, the next try restores it - once."""
+    import boto3  # pylint: disable=import-outside-toplevel  # only this test speaks S3 itself
+    api, run = world["api"], world["agent"]
+    moto_port = free_port()
+    moto = serve(moto_port)
+    gate = Gate(moto_port)
+    try:
+        bucket = "ws-agent-flaky"
+        boto3.client("s3", endpoint_url=f"http://127.0.0.1:{moto_port}", region_name="us-east-1",
+                     aws_access_key_id="warmstart-test", aws_secret_access_key=SECRET).create_bucket(Bucket=bucket)
+        api.store.put("secrets", {"metadata": {"name": "s3", "namespace": NS}, "data": {
+            "AWS_ACCESS_KEY_ID": base64.b64encode(b"warmstart-test").decode(),
+            "AWS_SECRET_ACCESS_KEY": base64.b64encode(SECRET.encode()).decode()}}, group="")
+        api.store.put("podsnapshotstorageconfigs", {"metadata": {"name": "flaky-s3"}, "spec": {
+            "storeUrl": f"s3://{bucket}/fleet", "credentialsSecretRef": {"name": "s3", "namespace": NS},
+            "options": {"endpointUrl": gate.url, "region": "us-east-1",
+                        "cacheDir": str(world["tmp"] / "s3-cache")}}}, group=podapi.GROUP)
+        api.store.put("podsnapshotpolicies", {
+            "apiVersion": podapi.API_VERSION, "kind": podapi.KIND_POLICY,
+            "metadata": {"name": "embed-s3", "namespace": NS},
+            "spec": {"selector": {"matchLabels": {"app": "embed-none"}}, "storageConfigName": "flaky-s3",
+                     "triggerConfig": {"type": "manual", "postCheckpoint": "resume"}}}, group=podapi.GROUP)
+        ready_snapshot(world, "embed-s3", policy="embed-s3")
+        gate.shut()
+        replica(world, "embed-f-0", "embed-s3")
+        retry = wait_for("the attempt given back", lambda: (
+            (api.store.get("pods", "embed-f-0", NS, group="") or {}).get("metadata", {}).get("annotations")
+            or {}).get(agent.ANN_RETRY), 240, run)
+        assert retry.startswith("1 "), retry
+        waiting = wait_for("embed-f-0 waits for its retry", lambda: _waiting(world, "embed-f-0"), 60, run)
+        assert "the store failed before anything was touched" in waiting and "try 1 of" in waiting, waiting
+        assert not (world["lab"].control("k8s-embed-f-0") / "restore-complete").exists(), "nothing restored yet"
+        gate.open()
+        cond = final(world, "embed-f-0", timeout=300)
+        assert (cond["status"], cond["reason"]) == ("True", podapi.REASON_SUCCEEDED), cond
+        answer = world["lab"].ask(world["kubelet"].started["embed-f-0"])
+        assert answer["token"] == world["before"]["token"] and len(answer["restores"]) == 1, answer
+        assert SECRET not in run.output()
+    finally:
+        gate.shut()
+        moto.kill()
+        moto.wait()
 
 
 def _waiting(world: Dict[str, Any], name: str) -> Optional[str]:
