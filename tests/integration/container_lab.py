@@ -2,7 +2,8 @@
 
 APP runs in the source container (local node image, ``podman run --init``): random memory whose SHA256 it
 reports, a TCP listener on all addresses (port 8080, read with ``ask``), a file it wrote into its root file
-system and one it deleted from the image, optional worker processes (APP_WORKERS) and the workload helper
+system and one it deleted from the image, optional worker processes (APP_WORKERS; with APP_LOOP each holds a
+loopback TCP connection to the server, a round over each on every ask) and the workload helper
 (workload/warmstart_workload.py) that says ``ready-for-snapshot`` and, in a restored copy, re-reads its
 instance (hostname, IPs, env.json). ``Pod`` starts sources and inert placeholders (``sleep infinity`` as
 PID 1) and removes everything it started in ``cleanup``; what does not depend on the runtime (the app dir,
@@ -24,7 +25,7 @@ from .podman_lab import node_image, play as _play, podman_env
 from .process_lab import json_line
 
 APP = r'''
-import hashlib, json, os, socket, sys, threading, time
+import hashlib, json, os, select, socket, sys, threading, time
 sys.path.insert(0, "/app")
 import warmstart_workload as ws
 
@@ -39,17 +40,41 @@ if os.environ.get("APP_GHOST"):  # an open, deleted 1 MiB file: beyond a small g
     ghost.flush()
     os.unlink("/tmp/ghost")
 workers = []  # APP_WORKERS=N: N child processes ticking a counter each (the server is then a process tree)
+loop = socket.socket() if os.environ.get("APP_LOOP") else None  # APP_LOOP=1: each worker also holds a loopback
+if loop is not None:  # TCP connection to the server, which it answers (as tensor-parallel workers their store)
+    loop.bind(("127.0.0.1", 0))
+    loop.listen(8)
 for n in range(int(os.environ.get("APP_WORKERS", "0"))):
     pid = os.fork()
     if pid == 0:
+        link = socket.create_connection(loop.getsockname()) if loop is not None else None
         tick = 0
         while True:
             tick += 1
             with open(f"/tmp/worker-{n}.tmp", "w") as out:
                 out.write(str(tick))
             os.replace(f"/tmp/worker-{n}.tmp", f"/tmp/worker-{n}")
-            time.sleep(0.1)
+            if link is None:
+                time.sleep(0.1)
+            elif select.select([link], [], [], 0.1)[0]:
+                data = link.recv(16)
+                if data:
+                    link.sendall(data.upper())
+                else:
+                    link = None
     workers.append(pid)
+links = [loop.accept()[0] for _ in workers] if loop is not None else []
+
+def loop_round():  # a round over every worker's loopback connection: {rounds: answered, broken: not}
+    for link in links:
+        try:
+            link.settimeout(5)
+            link.sendall(b"ping")
+            ok = link.recv(4) == b"PING"
+        except OSError:
+            ok = False
+        state["loop"]["rounds" if ok else "broken"] += 1
+    return state["loop"]
 
 def worker_state():
     alive = sum(1 for pid in workers if os.waitpid(pid, os.WNOHANG) == (0, 0))
@@ -64,7 +89,7 @@ with open("/tmp/state.txt", "w") as handle:
     handle.write(token)
 if os.path.exists("/etc/issue.net"):
     os.unlink("/etc/issue.net")
-state = {"counter": 0, "restores": []}
+state = {"counter": 0, "restores": [], "loop": {"rounds": 0, "broken": 0}}
 control = ws.Control()
 
 def refreshed(info):
@@ -91,7 +116,7 @@ while True:
             "sha256": hashlib.sha256(mem).hexdigest(), "pid": os.getpid(), "hostname": socket.gethostname(),
             "restores": state["restores"], "state_file": on_disk,
             "issue_net": os.path.exists("/etc/issue.net"), "env_role": os.environ.get("ROLE"),
-            "workers": worker_state(),
+            "workers": worker_state(), "loop": loop_round(),
         }) + "\n").encode())
 '''
 

@@ -178,10 +178,11 @@ def container_status(lab: Node, container: Dict[str, Any], handle: str) -> Dict[
 def source_pod(c: Dict[str, Any], name: str, node: str = "localhost") -> str:
     """A running source pod: the API object, and its container as a real podman container."""
     lab: Node = c["lab"]
-    # two worker processes under the server: the pod's workload is a process tree, as inference servers are
+    # two worker processes under the server, each holding a loopback TCP connection to it: the pod's workload is a
+    # process tree whose processes talk over 127.0.0.1, as a tensor-parallel inference server's do
     spec = template(lab.image)["spec"]
     main, sidecar = spec["containers"]
-    full = lab.start(f"src-{name}", list(COMMAND), cri_labels(NS, name, main["name"]), {"APP_WORKERS": "2"},
+    full = lab.start(f"src-{name}", list(COMMAND), cri_labels(NS, name, main["name"]), {"APP_WORKERS": "2", "APP_LOOP": "1"},
                      source=True, writable=emptydirs(lab, name, spec, main))
     side = lab.start(f"src-{name}-{sidecar['name']}", list(sidecar["command"]), cri_labels(NS, name, sidecar["name"]),
                      {}, source=False)

@@ -140,6 +140,7 @@ def test_restore_playbook_starts_restored_pods_through_the_contract(
         answer = lab.ask(full)
         assert answer["token"] == token and answer["sha256"] == answer["digest"], answer
         assert answer["workers"]["alive"] == 2, answer["workers"]  # the whole tree came back
+        assert answer["loop"]["broken"] == 0 and answer["loop"]["rounds"] >= 2, answer["loop"]  # its loopback links
         time.sleep(0.3)
         later = lab.ask(full)["workers"]["ticks"]
         assert all(b > a >= captured["before"]["workers"]["ticks"][i] for i, (a, b) in
