@@ -218,15 +218,31 @@ def pod(tmp_path: Path) -> Iterator[Pod]:
     yield from pod_for(tmp_path)
 
 
-def test_into_a_placeholder_the_default_closes_the_connection(pod: Pod) -> None:
-    """The source container's workload holds a connection to a peer on the host; restored into a placeholder
-    (another network namespace, another address) it finds that connection closed, its listener answers."""
-    (pod.app / "tcp_app.py").write_text(TCP_APP)
+def host_peer(pod: Pod) -> Tuple[str, socket.socket]:
+    """A listener on the host that the containers reach at their network's gateway: (the gateway, the listener)."""
     gateway = json.loads(pod.podman("network", "inspect", "podman").stdout)[0]["subnets"][0]["gateway"]
     srv = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     srv.bind(("0.0.0.0", 0))
     srv.listen(4)
     srv.settimeout(60)
+    return gateway, srv
+
+
+def peer_closed(pod: Pod, ph: str) -> Dict[str, Any]:
+    """The restored workload's state once it saw its connection to the peer closed (or after 15 s)."""
+    end = time.monotonic() + 15
+    state = json_line((pod.ip(ph), 8080), b"state\n")
+    while state["peer"] == "open" and time.monotonic() < end:
+        time.sleep(0.1)
+        state = json_line((pod.ip(ph), 8080), b"state\n")
+    return state
+
+
+def test_into_a_placeholder_the_default_closes_the_connection(pod: Pod) -> None:
+    """The source container's workload holds a connection to a peer on the host; restored into a placeholder
+    (another network namespace, another address) it finds that connection closed, its listener answers."""
+    (pod.app / "tcp_app.py").write_text(TCP_APP)
+    gateway, srv = host_peer(pod)
     port = srv.getsockname()[1]
     with srv:
         src = pod.run("tcpsrc", "python3", "/app/tcp_app.py", "--port", "8080", "--listen", "0.0.0.0",
@@ -246,11 +262,7 @@ def test_into_a_placeholder_the_default_closes_the_connection(pod: Pod) -> None:
         "snapshot or use the source's own address")
     (listed,) = dest["tcp"]["connections"]
     assert (listed["internal"], listed["done"]) == (False, "closed") and listed["remote"] == f"{gateway}:{port}"
-    end = time.monotonic() + 15
-    state = json_line((pod.ip(ph), 8080), b"state\n")
-    while state["peer"] == "open" and time.monotonic() < end:
-        time.sleep(0.1)
-        state = json_line((pod.ip(ph), 8080), b"state\n")
+    state = peer_closed(pod, ph)
     assert state["peer"] == "eof" and state["received"] == ["ping1\n"], state
 
 
@@ -261,11 +273,7 @@ def test_into_a_placeholder_the_loopback_connection_stays_and_the_one_leaving_cl
     file) - the closed one rewritten in the restore's own copy of files.img (the verified copy, or beside links
     to a store read in place without verify)."""
     (pod.app / "tcp_app.py").write_text(TCP_APP)
-    gateway = json.loads(pod.podman("network", "inspect", "podman").stdout)[0]["subnets"][0]["gateway"]
-    srv = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    srv.bind(("0.0.0.0", 0))
-    srv.listen(4)
-    srv.settimeout(60)
+    gateway, srv = host_peer(pod)
     port = srv.getsockname()[1]
     with srv:
         src = pod.run("mixsrc", "python3", "/app/tcp_app.py", "--port", "8080", "--listen", "0.0.0.0", "--inner",
@@ -288,11 +296,7 @@ def test_into_a_placeholder_the_loopback_connection_stays_and_the_one_leaving_cl
     done = sorted((c["internal"], c["done"], c["remote"]) for c in dest["tcp"]["connections"])
     assert [d[:2] for d in done] == [(False, "closed"), (True, "kept"), (True, "kept")], done
     assert done[0][2] == f"{gateway}:{port}"
-    end = time.monotonic() + 15
-    state = json_line((pod.ip(ph), 8080), b"state\n")
-    while state["peer"] == "open" and time.monotonic() < end:
-        time.sleep(0.1)
-        state = json_line((pod.ip(ph), 8080), b"state\n")
+    state = peer_closed(pod, ph)
     assert state["peer"] == "eof" and state["received"] == ["ping1\n"], state
     assert state["inner"] == "open" and state["rounds"] >= 2, state  # the kept connection carried rounds here
     assert not list(pod.restore_root.glob("*/tcp-images")) and not list(pod.restore_root.glob("*/snapshot"))
