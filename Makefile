@@ -14,7 +14,8 @@ export ANSIBLE_FORCE_COLOR ?= 0
 LINK := .collections/ansible_collections/warmstart/snapshot
 # Outside this git checkout: inside it, ansible-test would list files with git
 # and see none (build/ is ignored).
-SANITY_BASE := $(or $(TMPDIR),/tmp)/warmstart-sanity
+# one per checkout: two checkouts' sanity runs at once (a CI clone beside a working copy) must not share it
+SANITY_BASE := $(or $(TMPDIR),/tmp)/warmstart-sanity-$(shell printf '%s' '$(CURDIR)' | md5sum | cut -c1-8)
 SANITY_ROOT := $(SANITY_BASE)/ansible_collections/warmstart/snapshot
 VERSION := $(shell awk '/^version:/ {print $$2}' galaxy.yml)
 
