@@ -14,7 +14,7 @@ description:
     or annotations differ from the definition (values the API server added as defaults are no difference).
   - With O(state=absent) deletes them; the API server then deletes every object of those kinds.
   - The P(warmstart.snapshot.k8s_crds#role) role calls it with the collection's own definitions
-    (PodSnapshot, PodSnapshotContent, PodSnapshotPolicy).
+    (PodSnapshot, PodSnapshotContent, PodSnapshotPolicy, PodSnapshotManualTrigger, PodSnapshotStorageConfig).
 author:
   - warmstart developers (!UNKNOWN)
 extends_documentation_fragment:
