@@ -34,7 +34,7 @@ import os
 import shutil
 import struct
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
 MODES = ("keep", "close")  # asked for; a placeholder's default may also be "mixed" (some kept, the others closed)
 TCP_ESTABLISHED = 1
@@ -56,27 +56,40 @@ def _address(words: Any, port: int) -> str:
     return f"[{addr}]:{port}" if addr.version == 6 else f"{addr}:{port}"
 
 
-def connections(images_dir: str) -> List[Dict[str, Any]]:
-    """The established TCP connections of a dump (its ``files.img``), each ``{local, remote, internal}``:
-    ``internal`` when the other end is in the dump too. Read at checkpoint time, from images just written."""
-    try:
-        with open(os.path.join(images_dir, "files.img"), "rb") as handle:
-            data = handle.read()
-    except FileNotFoundError:
-        return []
-    from pycriu.images import fdinfo_pb2  # pylint: disable=import-outside-toplevel  # present wherever CRIU ran
-    found: List[Tuple[str, str]] = []
+def _entries(data: bytes, where: str) -> Iterator[Tuple[bytes, Any]]:
+    """Each entry of a ``files.img`` (its bytes, and the decoded ``file_entry``), after the image's header."""
+    from pycriu.images import fdinfo_pb2  # pylint: disable=import-outside-toplevel  # present wherever CRIU runs
     off = HEADER
     while off + 4 <= len(data):
         (size,) = struct.unpack_from("<I", data, off)
-        entry = fdinfo_pb2.file_entry()
-        entry.ParseFromString(data[off + 4:off + 4 + size])
+        raw = data[off + 4:off + 4 + size]
         off += 4 + size
-        if not entry.HasField("isk"):
-            continue
-        sk = entry.isk
-        if sk.proto == IPPROTO_TCP and sk.state == TCP_ESTABLISHED and sk.dst_port:
-            found.append((_address(sk.src_addr, sk.src_port), _address(sk.dst_addr, sk.dst_port)))
+        entry = fdinfo_pb2.file_entry()
+        entry.ParseFromString(raw)
+        yield raw, entry
+    if off != len(data):
+        raise ValueError(f"{where}: {len(data) - off} bytes after its last entry")
+
+
+def _tcp_ends(entry: Any) -> Optional[Tuple[str, str]]:
+    """(local, remote) of a connected TCP socket's entry (any state); None for any other file."""
+    sk = entry.isk if entry.HasField("isk") else None
+    if sk is None or sk.proto != IPPROTO_TCP or not sk.dst_port:
+        return None
+    return _address(sk.src_addr, sk.src_port), _address(sk.dst_addr, sk.dst_port)
+
+
+def connections(images_dir: str) -> List[Dict[str, Any]]:
+    """The established TCP connections of a dump (its ``files.img``), each ``{local, remote, internal}``:
+    ``internal`` when the other end is in the dump too. Read at checkpoint time, from images just written."""
+    path = os.path.join(images_dir, "files.img")
+    try:
+        with open(path, "rb") as handle:
+            data = handle.read()
+    except FileNotFoundError:
+        return []
+    found = [ends for _raw, entry in _entries(data, path)
+             for ends in [_tcp_ends(entry)] if ends and entry.isk.state == TCP_ESTABLISHED]
     pairs = set(found)
     return [{"local": local, "remote": remote, "internal": (remote, local) in pairs} for local, remote in found]
 
@@ -139,25 +152,18 @@ def close_in_images(images_dir: str, kept: Sequence[Tuple[str, str]]) -> Tuple[b
     unbound socket shut both ways (what CRIU's ``tcp_close`` makes of each), and how many were; the caller
     writes it into the restore's own images. ``images_dir`` holds verified bytes (the restore's copy or the
     node's verified cache), never a store's files read in place."""
-    with open(os.path.join(images_dir, "files.img"), "rb") as handle:
+    path = os.path.join(images_dir, "files.img")
+    with open(path, "rb") as handle:
         data = handle.read()
-    from pycriu.images import fdinfo_pb2  # pylint: disable=import-outside-toplevel  # present wherever CRIU runs
     keep = set(kept)
-    out, closed, off = [data[:HEADER]], 0, HEADER
-    while off + 4 <= len(data):
-        (size,) = struct.unpack_from("<I", data, off)
-        raw = data[off + 4:off + 4 + size]
-        off += 4 + size
-        entry = fdinfo_pb2.file_entry()
-        entry.ParseFromString(raw)
-        sk = entry.isk if entry.HasField("isk") else None
-        if sk is not None and sk.proto == IPPROTO_TCP and sk.dst_port and \
-                (_address(sk.src_addr, sk.src_port), _address(sk.dst_addr, sk.dst_port)) not in keep:
+    out, closed = [data[:HEADER]], 0
+    for raw, entry in _entries(data, path):
+        ends = _tcp_ends(entry)
+        if ends is not None and ends not in keep:
+            sk = entry.isk
             sk.state, sk.src_port, sk.dst_port, sk.shutdown = TCP_CLOSE, 0, 0, SHUTDOWN_BOTH
             raw, closed = entry.SerializeToString(), closed + 1
         out.append(struct.pack("<I", len(raw)) + raw)
-    if off != len(data):
-        raise ValueError(f"{images_dir}/files.img: {len(data) - off} bytes after its last entry")
     return b"".join(out), closed
 
 
