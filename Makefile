@@ -91,8 +91,9 @@ molecule: venv link
 build: venv
 	ansible-galaxy collection build --force --output-path build/
 
+# Into this user's collections (ansible.cfg's first path is the checkout's own link dir).
 install: build
-	ansible-galaxy collection install --force build/warmstart-snapshot-$(VERSION).tar.gz
+	ansible-galaxy collection install --force -p ~/.ansible/collections build/warmstart-snapshot-$(VERSION).tar.gz
 
 clean:
 	rm -rf build .collections tests/output

@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import threading
 import time
 from pathlib import Path
 from typing import List
@@ -231,3 +232,38 @@ def test_second_restore_of_same_snapshot_is_refused_while_first_runs(lab: Lab) -
     assert again["id"] == first["id"] and again["pid"] != first["pid"]
     assert lab.ours() == [again["pid"]]
     assert query(port)["pair_ok"] is True
+
+
+def test_journal_appended_to_around_the_dump_is_cut_back_to_the_dumps_size(lab: Lab) -> None:
+    """A file CRIU records the size of grows while the checkpoint runs (here another process appends to the
+    workload's journal every millisecond; the source itself can run on for a moment before CRIU's SIGSTOP
+    takes hold). The copy in the snapshot is cut back to the size the dump recorded, so the restore's size
+    check passes and the journal the copy finds is the one its memory knows."""
+    port = free_port()
+    lab.play([lab.start("appended", port, 8, "--pattern")])
+    journal = lab.wdir("appended") / "journal.log"
+    stop = threading.Event()
+
+    def append() -> None:
+        with open(journal, "a", encoding="utf-8") as handle:
+            while not stop.is_set():
+                handle.write("outside\n")
+                handle.flush()
+                time.sleep(0.001)
+
+    writer = threading.Thread(target=append, daemon=True)
+    writer.start()
+    try:
+        snap = lab.play([lab.checkpoint("checkpoint", workload="appended", leave_running=False)])["checkpoint"]
+    finally:
+        stop.set()
+        writer.join()
+    sid = snap["snapshot"]["id"]
+    entry = json.loads((lab.store / "snapshots" / sid / "manifest.json").read_text())["targets"][0]
+    trimmed = entry.get("workload_files_trimmed")
+    assert trimmed and trimmed[0]["path"] == "journal.log" and trimmed[0]["bytes"] > 0, entry
+    kept = (lab.store / "snapshots" / sid / "containers" / "appended" / "files" / "journal.log").read_bytes()
+    lab.play([lab.restore("restore", snapshot=sid)])
+    state = query(port)
+    assert state["journal_size"] >= len(kept), (state, len(kept))  # the copy appends on from the dump's size
+    assert journal.read_bytes().startswith(kept), "the restored journal does not go on from the snapshot's"

@@ -150,6 +150,25 @@ def signal_tree(pid: int, sig: int) -> None:
             pass
 
 
+def unstopped(pid: int) -> List[int]:
+    """The threads of ``pid``'s tree that are neither stopped (``T``, or ``t`` under a tracer) nor gone."""
+    out = []
+    for p in descendants(pid):
+        try:
+            tids = os.listdir(f"/proc/{p}/task")
+        except OSError:
+            continue
+        for tid in tids:
+            try:
+                with open(f"/proc/{p}/task/{tid}/stat", "rb") as handle:
+                    state = handle.read().rsplit(b")", 1)[1].split()[0]
+            except (OSError, IndexError):
+                continue
+            if state not in (b"T", b"t", b"Z", b"X"):
+                out.append(int(tid))
+    return out
+
+
 def wait_gone(pid: int, timeout: float) -> bool:
     end = time.monotonic() + timeout
     while time.monotonic() < end:

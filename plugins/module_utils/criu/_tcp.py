@@ -34,7 +34,9 @@ import os
 import shutil
 import struct
 from dataclasses import dataclass, field
-from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+from ansible_collections.warmstart.snapshot.plugins.module_utils.criu import _files as cimg
 
 MODES = ("keep", "close")  # asked for; a placeholder's default may also be "mixed" (some kept, the others closed)
 TCP_ESTABLISHED = 1
@@ -43,7 +45,6 @@ SHUTDOWN_BOTH = 3      # sk-opts.proto: sk_shutdown BOTH
 OWN_IMAGES = "tcp-images"  # a mixed restore's images, in its work dir, when they are not its own copy already
 IPPROTO_TCP = 6
 MAX_CONNECTIONS = 256  # listed in a manifest; more are counted, not listed
-HEADER = 8             # files.img: u32 IMG_COMMON magic, u32 FILES magic
 
 
 def _address(words: Any, port: int) -> str:
@@ -54,21 +55,6 @@ def _address(words: Any, port: int) -> str:
     if isinstance(addr, ipaddress.IPv6Address) and addr.ipv4_mapped is not None:
         addr = addr.ipv4_mapped
     return f"[{addr}]:{port}" if addr.version == 6 else f"{addr}:{port}"
-
-
-def _entries(data: bytes, where: str) -> Iterator[Tuple[bytes, Any]]:
-    """Each entry of a ``files.img`` (its bytes, and the decoded ``file_entry``), after the image's header."""
-    from pycriu.images import fdinfo_pb2  # pylint: disable=import-outside-toplevel  # present wherever CRIU runs
-    off = HEADER
-    while off + 4 <= len(data):
-        (size,) = struct.unpack_from("<I", data, off)
-        raw = data[off + 4:off + 4 + size]
-        off += 4 + size
-        entry = fdinfo_pb2.file_entry()
-        entry.ParseFromString(raw)
-        yield raw, entry
-    if off != len(data):
-        raise ValueError(f"{where}: {len(data) - off} bytes after its last entry")
 
 
 def _tcp_ends(entry: Any) -> Optional[Tuple[str, str]]:
@@ -82,13 +68,11 @@ def _tcp_ends(entry: Any) -> Optional[Tuple[str, str]]:
 def connections(images_dir: str) -> List[Dict[str, Any]]:
     """The established TCP connections of a dump (its ``files.img``), each ``{local, remote, internal}``:
     ``internal`` when the other end is in the dump too. Read at checkpoint time, from images just written."""
-    path = os.path.join(images_dir, "files.img")
     try:
-        with open(path, "rb") as handle:
-            data = handle.read()
+        data, path = cimg.read(images_dir)
     except FileNotFoundError:
         return []
-    found = [ends for _raw, entry in _entries(data, path)
+    found = [ends for _raw, entry in cimg.entries(data, path)
              for ends in [_tcp_ends(entry)] if ends and entry.isk.state == TCP_ESTABLISHED]
     pairs = set(found)
     return [{"local": local, "remote": remote, "internal": (remote, local) in pairs} for local, remote in found]
@@ -152,12 +136,10 @@ def close_in_images(images_dir: str, kept: Sequence[Tuple[str, str]]) -> Tuple[b
     unbound socket shut both ways (what CRIU's ``tcp_close`` makes of each), and how many were; the caller
     writes it into the restore's own images. ``images_dir`` holds verified bytes (the restore's copy or the
     node's verified cache), never a store's files read in place."""
-    path = os.path.join(images_dir, "files.img")
-    with open(path, "rb") as handle:
-        data = handle.read()
+    data, path = cimg.read(images_dir)
     keep = set(kept)
-    out, closed = [data[:HEADER]], 0
-    for raw, entry in _entries(data, path):
+    out, closed = [data[:cimg.HEADER]], 0
+    for raw, entry in cimg.entries(data, path):
         ends = _tcp_ends(entry)
         if ends is not None and ends not in keep:
             sk = entry.isk

@@ -37,6 +37,7 @@ from ansible_collections.warmstart.snapshot.plugins.module_utils.snapshot import
 from ansible_collections.warmstart.snapshot.plugins.module_utils.core import _iouring as iou
 from ansible_collections.warmstart.snapshot.plugins.module_utils.core import _safefs as safefs
 from ansible_collections.warmstart.snapshot.plugins.module_utils.criu import _tcp as tcpm
+from ansible_collections.warmstart.snapshot.plugins.module_utils.criu import _files as cimg
 from ansible_collections.warmstart.snapshot.plugins.module_utils.criu import _lazy as lz
 from ansible_collections.warmstart.snapshot.plugins.module_utils.store import _manifest as mf
 from ansible_collections.warmstart.snapshot.plugins.module_utils.criu import _mountns as mns
@@ -207,6 +208,7 @@ class _Job:
     hashed: Dict[str, Any] = field(default_factory=dict)      # what the StreamingHasher hashed during the dump
     files: List[Dict[str, Any]] = field(default_factory=list)  # the workload's own files
     in_use: Dict[str, int] = field(default_factory=dict)       # files the tree maps, as CRIU saw them
+    trimmed: List[Dict[str, Any]] = field(default_factory=list)  # workload files cut back to the dump's size
     extra: Dict[str, Any] = field(default_factory=dict)        # what the target kind captured while stopped
     mount_ns: Optional[Dict[str, Any]] = None                  # the tree's own mount namespace (_mountns)
 
@@ -365,12 +367,64 @@ def _capture_stopped(job: _Job, target: snap.Target, timings: Dict[str, float]) 
         job.extra = target.capture.while_stopped(job.tdir)
         timings["rootfs"] = time.monotonic() - t0
         return
+    _hold_stopped(target)
     own_dir = wl.paths(target.workloads_root, target.workload)["dir"] + "/" if target.workload else None
     if target.workload:
         job.files = _copy_workload_files(target, os.path.join(job.tdir, "files"))
+        _match_dump(job, target)
     # Sizes as CRIU saw them: taken while the tree is still stopped (a running
     # source may append to a file between any earlier look and the freeze).
     job.in_use = proc.files_in_use(target.pid, exclude=(own_dir,) if own_dir else ())
+
+
+def _hold_stopped(target: snap.Target, settle: float = 2.0) -> None:
+    """Every thread of the tree is stopped before its files are copied.
+
+    CRIU leaves the tree stopped by a SIGSTOP it queues before it detaches; a thread still runs until it takes
+    that signal. One still running after ``settle`` s gets a SIGSTOP of ours; one that never stops fails the
+    checkpoint (the rollback resumes the tree)."""
+    end, nudged = time.monotonic() + settle, False
+    while True:
+        running = proc.unstopped(target.pid)
+        if not running:
+            return
+        if time.monotonic() >= end:
+            if nudged:
+                raise snap.SnapshotError(
+                    f"{_checkpoint_what(target)}: thread(s) {', '.join(map(str, running))} kept running after the "
+                    "dump, so its files cannot be copied as the dump saw them; nothing was published, the tree "
+                    "runs on")
+            proc.signal_tree(target.pid, signal.SIGSTOP)
+            end, nudged = time.monotonic() + settle, True
+        time.sleep(0.01)
+
+
+def _match_dump(job: _Job, target: snap.Target) -> None:
+    """The copied workload files have the sizes CRIU recorded, or the snapshot could not be restored.
+
+    A file that grew only by appends after the dump (opened ``O_APPEND``; the source ran on for a moment
+    before its stop took hold) is cut back to the recorded size: the bytes past it were written by code the
+    memory image never ran. Any other difference fails the checkpoint, naming each file."""
+    recorded = cimg.regular_files(job.images)
+    wdir = wl.paths(target.workloads_root, target.workload or "")["dir"]
+    problems = []
+    for item in job.files:
+        seen = recorded.get(os.path.join(wdir, item["path"]))
+        if seen is None:
+            continue
+        copy = os.path.join(job.tdir, "files", item["path"])
+        size = os.stat(copy).st_size
+        if size == seen.size:
+            continue
+        if size > seen.size and seen.flags & os.O_APPEND:
+            os.truncate(copy, seen.size)
+            job.trimmed.append({"path": item["path"], "bytes": size - seen.size})
+            continue
+        problems.append(f"{item['path']}: {seen.size} bytes at the dump, {size} when copied")
+    if problems:
+        raise snap.SnapshotError(
+            f"{_checkpoint_what(target)}: workload files changed between the dump and their copy, so the "
+            f"snapshot could not be restored ({'; '.join(problems)}); nothing was published", reasons=problems)
 
 
 def _resume(target: snap.Target, plan: gh.CudaPlan, timings: Dict[str, float], stopped: contextlib.ExitStack) -> None:
@@ -427,6 +481,8 @@ def _target_entry(job: _Job, target: snap.Target, options: CriuOptions) -> Dict[
     }
     if job.mount_ns is not None:
         entry["mount_namespace"] = job.mount_ns
+    if job.trimmed:  # appended to after the dump, before the stop took hold: cut back (_match_dump)
+        entry["workload_files_trimmed"] = job.trimmed
     if options.tcp == "established":  # which connections have both ends in the snapshot (a restore decides on it)
         conns = tcpm.listed(job.images)
         if conns:

@@ -1,0 +1,63 @@
+"""The workload files a checkpoint copies while the tree is stopped, against the sizes CRIU's dump recorded
+(_checkpoint._match_dump): equal sizes pass, growth by appends to an ``O_APPEND`` file is cut back to the
+dump's size and noted, any other difference fails the checkpoint naming every file. The dump's records are
+stubbed here; test_process_snapshot runs it on real CRIU images."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Dict, Tuple, cast
+
+import pytest
+
+from ansible_collections.warmstart.snapshot.plugins.module_utils.criu import _files as cimg
+from ansible_collections.warmstart.snapshot.plugins.module_utils.snapshot import _checkpoint as ckpt
+from ansible_collections.warmstart.snapshot.plugins.module_utils.snapshot import _snapshot as snap
+from ansible_collections.warmstart.snapshot.plugins.module_utils.store._storeapi import Staging
+
+
+def job_with(tmp_path: Path, copies: Dict[str, bytes]) -> Tuple[ckpt._Job, snap.Target]:
+    """A job whose copies of workload ``w``'s files hold ``copies``, and its target."""
+    tdir = tmp_path / "staging" / "containers" / "w"
+    for rel, data in copies.items():
+        (tdir / "files" / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tdir / "files" / rel).write_bytes(data)
+    job = ckpt._Job(staging=cast(Staging, None), manifest={}, source={}, tdir=str(tdir))
+    job.files = [{"path": rel, "mode": 0o600} for rel in copies]
+    return job, snap.Target(pid=1, name="w", workload="w", workloads_root=str(tmp_path / "wl"))
+
+
+def dumped(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, sizes: Dict[str, Tuple[int, int]]) -> None:
+    """The dump's records: workload-relative path -> (size, flags), by the path the process saw."""
+    table = {str(tmp_path / "wl" / "w" / rel): cimg.Recorded(*v) for rel, v in sizes.items()}
+    monkeypatch.setattr(cimg, "regular_files", lambda images: table)
+
+
+def test_sizes_as_dumped_pass_untouched(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    job, target = job_with(tmp_path, {"journal.log": b"tick 1\n", "notes.txt": b"free"})
+    dumped(monkeypatch, tmp_path, {"journal.log": (7, os.O_RDWR | os.O_APPEND)})
+    ckpt._match_dump(job, target)
+    assert job.trimmed == []
+    assert (Path(job.tdir) / "files" / "journal.log").read_bytes() == b"tick 1\n"
+
+
+def test_appends_after_the_dump_are_cut_back(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    job, target = job_with(tmp_path, {"logs/journal.log": b"tick 1\ntick 2\ntick 3\n"})
+    dumped(monkeypatch, tmp_path, {"logs/journal.log": (14, os.O_RDWR | os.O_APPEND)})
+    ckpt._match_dump(job, target)
+    assert job.trimmed == [{"path": "logs/journal.log", "bytes": 7}]
+    assert (Path(job.tdir) / "files" / "logs" / "journal.log").read_bytes() == b"tick 1\ntick 2\n"
+
+
+def test_other_changes_fail_and_name_every_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    job, target = job_with(tmp_path, {"state.db": b"x" * 10, "journal.log": b"ab", "grown.bin": b"0123"})
+    dumped(monkeypatch, tmp_path, {"state.db": (12, os.O_RDWR),                    # shrank
+                                   "journal.log": (5, os.O_RDWR | os.O_APPEND),     # shorter: not appends
+                                   "grown.bin": (2, os.O_RDWR)})                    # grew, but not O_APPEND
+    with pytest.raises(snap.SnapshotError) as err:
+        ckpt._match_dump(job, target)
+    assert err.value.reasons == ["state.db: 12 bytes at the dump, 10 when copied",
+                                 "journal.log: 5 bytes at the dump, 2 when copied",
+                                 "grown.bin: 2 bytes at the dump, 4 when copied"]
+    assert "workload w" in str(err.value) and "nothing was published" in str(err.value)
+    assert (Path(job.tdir) / "files" / "grown.bin").read_bytes() == b"0123", "a refused file was changed"
