@@ -44,7 +44,7 @@ options:
     aliases: [ssl_ca_cert]
   request_timeout:
     description: Seconds to wait for one answer of the API server.
-    type: int
+    type: float
     default: 30
 requirements:
   - The Python library C(kubernetes) (37.x) for the interpreter the module runs with on the managed node

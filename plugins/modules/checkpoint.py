@@ -157,7 +157,7 @@ options:
     default: 536870912
   timeout:
     description: CRIU's timeout for collecting and freezing the tree, in seconds (V(0) is CRIU's default).
-    type: int
+    type: float
     default: 0
   wait_ready:
     description:
@@ -169,7 +169,7 @@ options:
     description:
       - Seconds to wait for readiness (O(wait_ready)), and for the answer of a workload with checkpoint hooks
         (C(checkpoint-requested)) before a GPU snapshot. Default - the profile's ready timeout, else 300.
-    type: int
+    type: float
   app_profile:
     description:
       - The application profile of a stock server (see C(docs/profiles.md)) - O(wait_ready) waits for its ready
@@ -215,10 +215,10 @@ options:
     choices: [auto, required, "off"]
   cuda_lock_timeout:
     description:
-      - Milliseconds the CUDA lock waits for running GPU work to finish (V(0) waits without limit). When it
+      - Seconds the CUDA lock waits for running GPU work to finish (V(0) waits without limit). When it
         expires the process is left running and the checkpoint fails.
-    type: int
-    default: 30000
+    type: float
+    default: 30
 notes:
   - Needs root. A process target should be the init of its own PID namespace (as M(warmstart.snapshot.workload)
     starts it), so that its PIDs cannot collide with other processes on the restoring node.
@@ -273,7 +273,7 @@ EXAMPLES = r"""
   warmstart.snapshot.checkpoint:
     workload: vllm
     cuda: required
-    cuda_lock_timeout: 60000
+    cuda_lock_timeout: 60
     leave_running: false
 """
 
@@ -417,13 +417,13 @@ def main() -> None:
             file_locks=dict(type="bool", default=True),
             link_remap=dict(type="bool", default=True),
             ghost_limit=dict(type="int", default=512 << 20),
-            timeout=dict(type="int", default=0),
+            timeout=dict(type="float", default=0),
             wait_ready=dict(type="bool", default=False),
-            ready_timeout=dict(type="int"),
+            ready_timeout=dict(type="float"),
             app_profile=dict(type="raw"),
             accelerator=dict(type="str", choices=["auto", "cuda", "ascend", "off"]),
             cuda=dict(type="str", choices=["auto", "required", "off"]),
-            cuda_lock_timeout=dict(type="int", default=30000),
+            cuda_lock_timeout=dict(type="float", default=30),
         ),
         mutually_exclusive=[("pid", "pidfile", "workload", "container", "pod")],
         required_one_of=[("pid", "pidfile", "workload", "container", "pod")],

@@ -48,7 +48,7 @@ options:
     default: true
   wait_timeout:
     description: Seconds to wait for O(wait).
-    type: int
+    type: float
     default: 60
 seealso:
   - module: warmstart.snapshot.pod_snapshot
@@ -98,7 +98,7 @@ def main() -> None:
             definitions=dict(type="list", elements="dict", required=True),
             state=dict(type="str", choices=["present", "absent"], default="present"),
             wait=dict(type="bool", default=True),
-            wait_timeout=dict(type="int", default=60),
+            wait_timeout=dict(type="float", default=60),
         ),
         supports_check_mode=True,
     )

@@ -15,7 +15,7 @@ description:
     CRIU location and version, the C(criu check) verdict and CRIU feature probes, cgroup version,
     container runtimes, NVIDIA GPUs through NVML, free space under the snapshot root, and the OS release.
   - Also returns a compact RV(node.fingerprint) that snapshots record and restores are checked against.
-  - Read-only; never changes the node. Results are returned as RV(node) and as the host fact C(warmstart_node).
+  - Read-only; never changes the node. Results are returned as RV(node) (register the task; an C(_info) module sets no host facts).
   - A missing CRIU, missing NVML bindings or a node without GPUs are reported in the result, not as failures.
 author:
   - warmstart developers (!UNKNOWN)
@@ -77,10 +77,15 @@ EXAMPLES = r"""
     probe_features: false
     snapshot_root: /mnt/nfs/warmstart
 
+- name: Read the node, CRIU's features probed
+  become: true
+  warmstart.snapshot.node_info:
+  register: node
+
 - name: Pre-dump needs soft-dirty tracking
   ansible.builtin.debug:
     msg: Iterative pre-dump is not available on {{ inventory_hostname }}
-  when: not warmstart_node.criu.features.mem_dirty_track
+  when: not node.node.criu.features.mem_dirty_track
 """
 
 RETURN = r"""
@@ -365,16 +370,6 @@ node:
         criu_version: 4.2.1
         os_id: ubuntu
         os_version_id: "24.04"
-ansible_facts:
-  description: The same facts as RV(node), as a host fact.
-  returned: always
-  type: dict
-  contains:
-    warmstart_node:
-      description: Same content as RV(node).
-      returned: always
-      type: dict
-      sample: {}
 """
 
 from ansible.module_utils.basic import AnsibleModule

@@ -65,7 +65,7 @@ options:
     required: true
   timeout:
     description: Seconds after which the page server is killed if it is still running.
-    type: int
+    type: float
     default: 900
   verify:
     description: Verify every file's size and SHA256 before serving.
@@ -154,7 +154,7 @@ def main() -> None:
             insecure=dict(type="bool", default=False),
             **tls_argument_spec(),
             port=dict(type="int", required=True),
-            timeout=dict(type="int", default=900),
+            timeout=dict(type="float", default=900),
             verify=dict(type="bool", default=True),
             criu_path=dict(type="path"),
             log_dir=dict(type="path", default="/var/lib/warmstart/restore"),

@@ -55,7 +55,7 @@ options:
     choices: [exists, scheduled, running]
   wait_timeout:
     description: Seconds to wait for O(wait_for).
-    type: int
+    type: float
     default: 120
   wait_sleep:
     description: Seconds between two reads while waiting.
@@ -148,7 +148,7 @@ def main() -> None:
             field_selector=dict(type="str"),
             filter=dict(type="str"),
             wait_for=dict(type="str", choices=list(WAIT_FOR)),
-            wait_timeout=dict(type="int", default=120),
+            wait_timeout=dict(type="float", default=120),
             wait_sleep=dict(type="float", default=1.0),
         ),
         mutually_exclusive=[("name", "label_selector"), ("name", "field_selector")],

@@ -154,7 +154,7 @@ options:
     description:
       - Seconds after which an attempt that was claimed (O(state=capturing)) and never recorded counts as failed
         (its agent stopped), so that the next O(state=capturing) may claim another one.
-    type: int
+    type: float
     default: 3600
 seealso:
   - module: warmstart.snapshot.restore_pod
@@ -312,7 +312,7 @@ def main() -> None:
             failed_reason=dict(type="str"),
             failed_message=dict(type="str"),
             max_attempts=dict(type="int", default=1),
-            attempt_timeout=dict(type="int", default=3600),
+            attempt_timeout=dict(type="float", default=3600),
         ),
         required_if=[("state", "present", ["source_pod"])],
         supports_check_mode=True,

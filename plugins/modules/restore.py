@@ -89,6 +89,18 @@ options:
       - Every newer snapshot passed over, for whatever reason, is named in RV(restore.passed_over).
     type: bool
     default: false
+  if_running:
+    description:
+      - What a process restore does when the snapshot's workload is already running on this node.
+      - V(refuse) - fail, naming the running pid (a restored copy would share its files and ports).
+      - V(keep) - when it runs as the restore of this very snapshot (its C(restore-complete) names the snapshot and
+        the running pid), do nothing (C(changed=false), RV(restore.already_running)) - re-running a play converges.
+        A workload running from anything else - another snapshot (a newer one selected by O(name)), a cold start -
+        is still refused.
+      - Not for O(into) (placeholders are the targets there).
+    type: str
+    choices: [refuse, keep]
+    default: refuse
   restore_root:
     description: Node-local directory for CRIU's restore work files and logs.
     type: path
@@ -173,7 +185,7 @@ options:
     description:
       - Seconds, from the restore's start, within which the lazy restore must have loaded all memory; past it
         the restored tree and the daemon are killed.
-    type: int
+    type: float
     default: 600
   page_server:
     description:
@@ -342,10 +354,15 @@ restore:
       returned: always
       sample: embed
     pid:
-      description: Host PID of the restored root.
+      description: Host PID of the restored root (with RV(restore.already_running), of the copy already running).
       type: int
       returned: not in check mode, without into
       sample: 22862
+    already_running:
+      description: O(if_running=keep) found the workload running as this snapshot's restore; nothing was done.
+      type: bool
+      returned: when true
+      sample: true
     pids:
       description: Host PIDs of the restored tree.
       type: list
@@ -563,6 +580,7 @@ def main() -> None:
             verify=dict(type="bool", default=True),
             skip_compat_check=dict(type="bool", default=False),
             skip_unreadable=dict(type="bool", default=False),
+            if_running=dict(type="str", choices=["refuse", "keep"], default="refuse"),
             insecure=dict(type="bool", default=False),
             app_profile=dict(type="raw"),
             restore_root=dict(type="path", default="/var/lib/warmstart/restore"),
@@ -572,7 +590,7 @@ def main() -> None:
             cuda=dict(type="str", choices=["auto", "required", "off"]),
             lazy=dict(type="bool", default=False),
             lazy_wait=dict(type="bool", default=False),
-            lazy_timeout=dict(type="int", default=600),
+            lazy_timeout=dict(type="float", default=600),
             page_server=dict(type="str"),
             **tls_argument_spec(),
             tcp=dict(type="str", choices=["keep", "close"]),

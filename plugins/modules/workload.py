@@ -70,7 +70,7 @@ options:
     default: false
   ready_timeout:
     description: Seconds to wait for readiness (O(wait_ready)); default the profile's ready timeout, else 300.
-    type: int
+    type: float
   app_profile:
     description:
       - The application profile of a stock server that knows nothing about warmstart - how to tell it is warm,
@@ -83,7 +83,7 @@ options:
     type: raw
   stop_timeout:
     description: Seconds between SIGTERM and SIGKILL when stopping.
-    type: int
+    type: float
     default: 10
   mount_namespace:
     description:
@@ -200,9 +200,9 @@ def main() -> None:
             chdir=dict(type="path"),
             root=dict(type="path", default="/var/lib/warmstart/workloads"),
             wait_ready=dict(type="bool", default=False),
-            ready_timeout=dict(type="int"),
+            ready_timeout=dict(type="float"),
             app_profile=dict(type="raw"),
-            stop_timeout=dict(type="int", default=10),
+            stop_timeout=dict(type="float", default=10),
             mount_namespace=dict(type="bool", default=True),
         ),
         required_if=[("state", "started", ("command",))],

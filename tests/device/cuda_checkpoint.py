@@ -354,7 +354,7 @@ def run_module(name: str, params: Dict[str, Any], work: Path) -> Dict[str, Any]:
         "checkpoint": dict(pid=None, pidfile=None, workload=None, container=None, pod=None, runtime="podman",
                            workloads_root="/var/lib/warmstart/workloads", name=None, labels={}, leave_running=True,
                            tcp="established", ext_unix_sk=True, file_locks=True, link_remap=True, ghost_limit=512 << 20,
-                           timeout=0, wait_ready=False, ready_timeout=300, cuda="auto", cuda_lock_timeout=30000),
+                           timeout=0, wait_ready=False, ready_timeout=300, cuda="auto", cuda_lock_timeout=30),
         "restore": dict(snapshot=None, name=None, labels=None, verify=True, skip_compat_check=False,
                         restore_root="/var/lib/warmstart/restore", into=None, cuda="auto"),
     }[name]

@@ -167,7 +167,7 @@ def test_engine_checkpoint_and_restore_with_accelerator_ascend(tmp_path: Path, c
         store.ensure()
         target = snap.Target(pid=pid, name="npu")
         done = ckpt.checkpoint(store, target, "npu", {}, CriuOptions(), leave_running=False, criu_path=CRIU,
-                               cuda="required", gpu_node=ascend_gpu_node(), cuda_lock_timeout=5000)
+                               cuda="required", gpu_node=ascend_gpu_node(), cuda_lock_timeout=5)
         assert done["cuda"]["used"] is True and done["cuda"]["pids"] == [pid], done["cuda"]
         assert "CANN snapshot API" in done["cuda"]["backend"]
         assert calls(log) == [f"lock:{pid}:0", f"backup:{pid}:0"]  # the source was ended, not resumed

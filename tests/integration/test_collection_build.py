@@ -41,3 +41,67 @@ def test_build_install_and_render_docs(tmp_path: Path) -> None:
     role = subprocess.run([str(VENV_BIN / "ansible-doc"), "-t", "role", "warmstart.snapshot.node_prep"],
                           cwd=tmp_path, env=env_installed, check=True, capture_output=True, text=True)
     assert "node_prep_criu_min_version" in role.stdout
+
+
+PLAY = """
+- name: The installed collection runs on its own
+  hosts: localhost
+  gather_facts: false
+  vars:
+    root: "{root}"
+  tasks:
+    - name: Read this node
+      warmstart.snapshot.node_info:
+        probe_features: false
+        snapshot_root: "{{{{ root }}}}/snapshots"
+      register: node
+
+    - name: Start a workload
+      warmstart.snapshot.workload:
+        name: installed
+        command: [sleep, "300"]
+        root: "{{{{ root }}}}/workloads"
+      register: started
+
+    - name: List an empty store
+      warmstart.snapshot.snapshot_info:
+        store: "{{{{ root }}}}/store"
+      register: listed
+
+    - name: Stop the workload
+      warmstart.snapshot.workload:
+        name: installed
+        state: stopped
+        root: "{{{{ root }}}}/workloads"
+      register: stopped
+
+    - name: Report, with the collection's role and filters
+      ansible.builtin.include_role:
+        name: warmstart.snapshot.fleet_report
+      vars:
+        fleet_report_title: installed
+        fleet_report_given_rows:
+          - {{pod: localhost, result: "{{{{ 'ok' if started.changed and stopped.changed and listed.snapshots == [] else 'failed' }}}}"}}
+        fleet_report_file: "{{{{ root }}}}/report.json"
+"""
+
+
+def test_the_installed_tarball_runs_a_playbook_of_its_own(tmp_path: Path) -> None:
+    """``build_ignore`` drops nothing a user needs: from the built tarball alone, installed into an empty
+    collections path, modules (with their module_utils), a role and its filters run."""
+    env = ansible_env()
+    subprocess.run([str(VENV_BIN / "ansible-galaxy"), "collection", "build", "--output-path", str(tmp_path), str(REPO)],
+                   cwd=tmp_path, env=env, check=True, capture_output=True, text=True)
+    dest = tmp_path / "installed"
+    env_installed = dict(env, ANSIBLE_COLLECTIONS_PATH=str(dest))
+    env_installed.pop("ANSIBLE_CONFIG")  # only the installed copy, not this checkout
+    subprocess.run([str(VENV_BIN / "ansible-galaxy"), "collection", "install", "-p", str(dest),
+                    str(next(tmp_path.glob("warmstart-snapshot-*.tar.gz")))],
+                   cwd=tmp_path, env=env_installed, check=True, capture_output=True, text=True)
+    (tmp_path / "play.yml").write_text(PLAY.format(root=tmp_path / "run"))
+    done = subprocess.run([str(VENV_BIN / "ansible-playbook"), "-i", "localhost,", "-c", "local",
+                           "-e", f"ansible_python_interpreter={VENV_BIN / 'python'}", "play.yml"],
+                          cwd=tmp_path, env=env_installed, capture_output=True, text=True, check=False)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
+    report = json.loads((tmp_path / "run" / "report.json").read_text())
+    assert report == {"title": "installed", "rows": [{"pod": "localhost", "result": "ok"}]}, report

@@ -102,7 +102,7 @@ def test_a_gpu_container_tree_is_checkpointed_and_restored_into_a_placeholder(po
     tree = app_tree(pod, src)
     assert len(tree) == 3, tree
     before = ask(pod.ip(src))
-    snap = pod.play([task(pod.checkpoint("checkpoint", container=src, cuda="required", cuda_lock_timeout=5000),
+    snap = pod.play([task(pod.checkpoint("checkpoint", container=src, cuda="required", cuda_lock_timeout=5),
                           fake["env"])], "gpu-ck")["checkpoint"]["snapshot"]
     assert sorted(snap["cuda"]["pids"]) == tree and snap["cuda"]["used"] is True
     order = snap["cuda"]["pids"]  # the tree's order: the app, then its workers

@@ -86,7 +86,7 @@ def test_fake_cuda_process_is_locked_checkpointed_dumped_and_restored_in_order(l
     port, pid, first = started(lab, "gpuish")
     token = first["token"]
 
-    task = lab.checkpoint("gpu checkpoint", workload="gpuish", cuda="required", cuda_lock_timeout=5000)
+    task = lab.checkpoint("gpu checkpoint", workload="gpuish", cuda="required", cuda_lock_timeout=5)
     task["environment"] = env
     snap = lab.play([task])["gpu checkpoint"]["snapshot"]
     assert snap["cuda"]["used"] is True and snap["cuda"]["pids"] == [pid], snap["cuda"]

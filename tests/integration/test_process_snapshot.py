@@ -227,8 +227,23 @@ def test_second_restore_of_same_snapshot_is_refused_while_first_runs(lab: Lab) -
     assert sorted(os.listdir(lab.restore_root)) == [Path(first["work_dir"]).name]
     assert query(port)["pid"] == 1
 
+    # if_running: keep - a re-run converges on the copy of this snapshot (check mode too); a newer snapshot of the
+    # workload (taken from the copy) does not replace the copy running from the older one: still refused.
+    kept = lab.play([lab.restore("keep", name="twice", if_running="keep"),
+                     lab.restore("keep, check", name="twice", if_running="keep", check=True),
+                     lab.checkpoint("newer", workload="twice", leave_running=True),
+                     lab.restore("keep, newer", name="twice", if_running="keep", expect_fail=True)])
+    for task in ("keep", "keep, check"):
+        assert kept[task]["changed"] is False, kept[task]
+        assert kept[task]["restore"]["already_running"] is True and kept[task]["restore"]["pid"] == first["pid"]
+        assert kept[task]["msg"] == (f"workload twice already runs as the restore of snapshot {first['id']} "
+                                     f"(pid {first['pid']})")
+    newer = kept["keep, newer"]
+    assert newer["failed"] is True and newer["reasons"] == second["reasons"], newer
+    assert lab.ours() == [first["pid"]] and running_free(first["pid"])
+
     # Once that copy is stopped, the same snapshot restores again.
-    again = lab.play([lab.stop("twice"), lab.restore("again", name="twice")])["again"]["restore"]
+    again = lab.play([lab.stop("twice"), lab.restore("again", snapshot=first["id"])])["again"]["restore"]
     assert again["id"] == first["id"] and again["pid"] != first["pid"]
     assert lab.ours() == [again["pid"]]
     assert query(port)["pair_ok"] is True

@@ -131,6 +131,17 @@ def parse_kv(text: str) -> Dict[str, str]:
     return out
 
 
+def read_record(control_dir: str, name: str, limit: int = 4096) -> Dict[str, str]:
+    """The ``key=value`` lines of ``control_dir/name`` ({} when it is not there). The control dir is the
+    workload's: the file is opened without following a symlink and must be a regular file of one link."""
+    try:
+        fd = safefs.open_file(os.path.join(control_dir, name), os.O_RDONLY)
+    except OSError:
+        return {}
+    with os.fdopen(fd, "rb") as handle:
+        return parse_kv(handle.read(limit).decode("utf-8", "replace"))
+
+
 def _read(path: str) -> Optional[str]:
     try:
         with open(path, "r", encoding="utf-8") as handle:

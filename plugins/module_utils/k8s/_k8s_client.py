@@ -202,7 +202,7 @@ def _object(doc: Any) -> JSON:
 class Cluster:
     """Plain-JSON requests to one API server through a kubernetes ``ApiClient``."""
 
-    def __init__(self, api_client: Any, request_timeout: Optional[int] = 30) -> None:
+    def __init__(self, api_client: Any, request_timeout: Optional[float] = 30) -> None:
         self.client = api_client
         self.host = api_client.configuration.host
         self.timeout = request_timeout

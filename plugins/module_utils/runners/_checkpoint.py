@@ -14,12 +14,12 @@ Keeps the runners' invariants (``_common``). Besides:
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any, Dict, Mapping, Optional
 
 from ansible_collections.warmstart.snapshot.plugins.module_utils.accel import _accel as acc
 from ansible_collections.warmstart.snapshot.plugins.module_utils.snapshot import _checkpoint as ckpt
 from ansible_collections.warmstart.snapshot.plugins.module_utils.snapshot import _container as ctr
-from ansible_collections.warmstart.snapshot.plugins.module_utils.accel import _cuda as cu
 from ansible_collections.warmstart.snapshot.plugins.module_utils.node import _metrics as mt
 from ansible_collections.warmstart.snapshot.plugins.module_utils.node import _profile as pf
 from ansible_collections.warmstart.snapshot.plugins.module_utils.snapshot import _snapshot as snap
@@ -48,7 +48,7 @@ def run(p: Params, check_mode: bool) -> Result:
                                  wait_ready=p["wait_ready"], ready_timeout=p["ready_timeout"],
                                  criu_path=p["criu_path"], pod=_pod_record(p.get("pod"), target),
                                  cuda=cuda, gpu_node=node,
-                                 cuda_lock_timeout=p.get("cuda_lock_timeout", cu.DEFAULT_LOCK_TIMEOUT_MS),
+                                 cuda_lock_timeout=p["cuda_lock_timeout"],
                                  check_mode=check_mode)
     except (WarmstartError, OSError) as exc:
         raise common.with_warning(with_context(exc, target=target_info), _record(p, check_mode, None))
@@ -61,9 +61,9 @@ def run(p: Params, check_mode: bool) -> Result:
 
 
 def _criu_options(p: Params) -> CriuOptions:
-    """The module's CRIU options."""
+    """The module's CRIU options (CRIU counts its ``timeout`` in whole seconds: a fraction is rounded up)."""
     return CriuOptions(tcp=p["tcp"], ext_unix_sk=p["ext_unix_sk"], file_locks=p["file_locks"],
-                       link_remap=p["link_remap"], ghost_limit=p["ghost_limit"], timeout=p["timeout"])
+                       link_remap=p["link_remap"], ghost_limit=p["ghost_limit"], timeout=math.ceil(p["timeout"]))
 
 
 def _target(p: Params) -> Any:

@@ -42,6 +42,9 @@ def run(p: Params, check_mode: bool) -> Result:
         if p.get("into") and p.get("app_profile") is not None:
             raise pf.ProfileError("app_profile: a restore into placeholders releases containers through the "
                                   "snapshot's own profile only; give app_profile for process snapshots")
+        if p.get("into") and p.get("if_running", "refuse") != "refuse":
+            raise WarmstartError("if_running: applies to a process restore; a restore into placeholders restores into "
+                                 "the running placeholders it is given")
         result = _restore_into(_into_params(p), check_mode) if p.get("into") else _restore_process(p, check_mode)
     except (WarmstartError, OSError) as exc:
         err = with_context(exc, outcome="failed")
@@ -72,8 +75,13 @@ def _restore_process(p: Params, check_mode: bool) -> Result:
                         page_server=p.get("page_server"), control_roots=p.get("control_roots"),
                         workloads_root=p.get("workloads_root") or wl.DEFAULT_ROOT, check_mode=check_mode,
                         tcp=p.get("tcp"), tls=common.tls_files(p), skip_unreadable=bool(p.get("skip_unreadable")),
-                        insecure=bool(p.get("insecure")), profile=pf.resolve(p.get("app_profile"), "app_profile"))
+                        insecure=bool(p.get("insecure")), profile=pf.resolve(p.get("app_profile"), "app_profile"),
+                        if_running=p.get("if_running") or "refuse")
     outcome = result.get("outcome", "succeeded")
+    if result.get("already_running"):  # if_running: keep, and this snapshot's copy runs: nothing to do
+        return dict(changed=False, restore=result, outcome=outcome,
+                    msg=f"workload {result['workload']} already runs as the restore of snapshot {result['id']} "
+                        f"(pid {result['pid']})")
     if check_mode:
         return dict(changed=True, restore=result, outcome=outcome, msg=f"would restore snapshot {result['id']}")
     return dict(changed=True, restore=result, outcome=outcome, warnings=list(result.get("warnings", [])))

@@ -56,7 +56,7 @@ from ansible_collections.warmstart.snapshot.plugins.module_utils.criu._criu_rpc 
 def checkpoint(store: Store, target: snap.Target, name: str, labels: Dict[str, str], options: CriuOptions,
                leave_running: bool = True, wait_ready: bool = False, ready_timeout: Optional[float] = None,
                criu_path: Optional[str] = None, pod: Optional[Dict[str, Any]] = None, cuda: str = "auto",
-               cuda_lock_timeout: int = cu.DEFAULT_LOCK_TIMEOUT_MS, gpu_node: Optional[GpuNode] = None,
+               cuda_lock_timeout: float = gh.DEFAULT_LOCK_TIMEOUT, gpu_node: Optional[GpuNode] = None,
                check_mode: bool = False) -> Dict[str, Any]:
     """Snapshot ``target`` into ``store``; ``cuda`` (auto | required | off) decides about GPU state (see CudaPlan).
 
@@ -139,11 +139,11 @@ def _refuse_io_uring(what: str, pid: int) -> None:
                                  reasons=problems)
 
 
-def _would_checkpoint(store: Store, target: snap.Target, name: str, cuda: str, lock_timeout_ms: int,
+def _would_checkpoint(store: Store, target: snap.Target, name: str, cuda: str, lock_timeout: float,
                       gpu_node: Optional[GpuNode]) -> Dict[str, Any]:
     """Check mode: the refusals a checkpoint would meet before touching anything; creates nothing."""
     store.check_usable()
-    plan = gh.cuda_plan(cuda, gpu_node or GpuNode(), lock_timeout_ms)
+    plan = gh.cuda_plan(cuda, gpu_node or GpuNode(), lock_timeout)
     gh.find_cuda(plan, target.pid)
     what = f"container {target.name} (workload pid {target.pid})" if target.capture else f"pid {target.pid}"
     _refuse_io_uring(what, target.pid)

@@ -43,7 +43,7 @@ from ansible_collections.warmstart.snapshot.plugins.module_utils.accel._gpunode 
 from ansible_collections.warmstart.snapshot.plugins.module_utils.node._compat import CUDA_MODES
 from ansible_collections.warmstart.snapshot.plugins.module_utils.accel._gpu import cuda_version_string
 
-
+DEFAULT_LOCK_TIMEOUT = cu.DEFAULT_LOCK_TIMEOUT_MS / 1000  # seconds: cuda_lock_timeout
 CRIU_LIBS_DIR = "CRIU_LIBS_DIR"
 
 
@@ -74,12 +74,15 @@ class CudaPlan:
         return out
 
 
-def cuda_plan(mode: str, gpu_node: GpuNode, lock_timeout_ms: int = cu.DEFAULT_LOCK_TIMEOUT_MS) -> CudaPlan:
-    """Step 1, before anything is touched: is there a CUDA checkpoint backend? ``required`` without one fails here."""
+def cuda_plan(mode: str, gpu_node: GpuNode, lock_timeout: float = DEFAULT_LOCK_TIMEOUT) -> CudaPlan:
+    """Step 1, before anything is touched: is there a CUDA checkpoint backend? ``required`` without one fails here.
+
+    ``lock_timeout``: seconds the lock waits for running GPU work (0: no limit); the driver takes milliseconds."""
     if mode not in CUDA_MODES:
         raise snap.SnapshotError(f"cuda: {mode!r} is not one of {', '.join(CUDA_MODES)}")
-    if lock_timeout_ms < 0:
-        raise snap.SnapshotError(f"cuda_lock_timeout: {lock_timeout_ms} ms is negative (0 waits without limit)")
+    if lock_timeout < 0:
+        raise snap.SnapshotError(f"cuda_lock_timeout: {lock_timeout:g} s is negative (0 waits without limit)")
+    lock_timeout_ms = int(round(lock_timeout * 1000))
     if mode == "off":
         return CudaPlan(mode, reason="cuda: off - GPU state is not checkpointed by warmstart", lock_timeout_ms=lock_timeout_ms)
     backend, why = gpu_node.backend()

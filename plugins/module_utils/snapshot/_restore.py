@@ -58,6 +58,9 @@ from ansible_collections.warmstart.snapshot.plugins.module_utils.criu._criu_rpc 
 from ansible_collections.warmstart.snapshot.plugins.module_utils.criu._criu_rpc import restore as criu_restore
 
 
+IF_RUNNING = ("refuse", "keep")
+
+
 @dataclass
 class _RestoreArgs:
     """The options of one restore, as ``restore`` checked them; node-side places are this node's."""
@@ -81,6 +84,7 @@ class _RestoreArgs:
     skip_unreadable: bool = False
     insecure: bool = False  # pages in the clear from a page server beyond loopback
     profile: Optional[profiles.Profile] = None  # releases the copy instead of the one the snapshot recorded
+    if_running: str = "refuse"  # the snapshot's workload already runs: refuse, or keep a copy of this snapshot
     passed_over: List[Dict[str, str]] = field(default_factory=list)  # newer snapshots select passed over
     t_start: float = field(default_factory=time.monotonic)
     t_wall: float = field(default_factory=time.time)
@@ -95,7 +99,7 @@ def restore(store: Store, snapshot_id: Optional[str] = None, name: Optional[str]
             workloads_root: str = wl.DEFAULT_ROOT, control_roots: Optional[List[str]] = None,
             check_mode: bool = False, tcp: Optional[str] = None, tls: Any = None,
             skip_unreadable: bool = False, insecure: bool = False,
-            profile: Optional[profiles.Profile] = None) -> Dict[str, Any]:
+            profile: Optional[profiles.Profile] = None, if_running: str = "refuse") -> Dict[str, Any]:
     """Restore a process snapshot; with GPU state (``cuda`` auto or required) the CUDA processes are restored too.
 
     ``lazy``: the tree resumes at once and CRIU's lazy-pages daemon streams its memory in (from the local
@@ -116,6 +120,11 @@ def restore(store: Store, snapshot_id: Optional[str] = None, name: Optional[str]
     ``profile``: the application profile that releases the copy once CRIU let it go and says when it serves
     (``_appprofile``); default the one the snapshot recorded. A failed step or probe kills the copy.
 
+    ``if_running``: ``refuse`` (a restored copy would share the running workload's files and ports), or ``keep``:
+    when the workload already runs as the restore of this very snapshot (its restore-complete names the snapshot
+    and the running pid), nothing is done and the result says ``already_running`` - a re-run converges. A workload
+    running from anything else (another snapshot, a cold start) is refused either way.
+
     ``check_mode``: select and preflight (GPU checks included) and return {id, name, verified,
     compat_checked, gpu_state, tcp, passed_over}; no process, lock file, directory or store object is touched.
 
@@ -125,9 +134,13 @@ def restore(store: Store, snapshot_id: Optional[str] = None, name: Optional[str]
     """
     a = _RestoreArgs(verify, skip_compat, options, restore_root, cuda, gpu_node or GpuNode(), lazy, lazy_wait,
                      lazy_timeout, page_server, workloads_root, list(control_roots or rw.DEFAULT_CONTROL_ROOTS), tcp,
-                     tls=tls, skip_unreadable=skip_unreadable, insecure=insecure, profile=profile)
+                     tls=tls, skip_unreadable=skip_unreadable, insecure=insecure, profile=profile,
+                     if_running=if_running)
     try:
         criu, node, doc = _choose(store, snapshot_id, name, labels, criu_path, a)
+        kept = _kept_copy(doc, a)
+        if kept is not None:
+            return kept
         if check_mode:
             return _would_restore(store, doc, node, a)
         target = doc["targets"][0] if doc.get("targets") else {}
@@ -150,6 +163,8 @@ def _choose(store: Store, snapshot_id: Optional[str], name: Optional[str], label
     """
     if a.cuda not in CUDA_MODES:
         raise snap.SnapshotError(f"cuda: {a.cuda!r} is not one of {', '.join(CUDA_MODES)}")
+    if a.if_running not in IF_RUNNING:
+        raise snap.SnapshotError(f"if_running: {a.if_running!r} is not one of {', '.join(IF_RUNNING)}")
     if a.lazy_timeout <= 0:
         raise snap.SnapshotError(f"lazy_timeout: {a.lazy_timeout:g} s is not positive")
     if tcpm.invalid(a.tcp):
@@ -174,6 +189,22 @@ def _choose(store: Store, snapshot_id: Optional[str], name: Optional[str], label
         exc.with_details(outcome="incompatible")
         raise
     return criu, node, doc
+
+
+def _kept_copy(doc: Dict[str, Any], a: _RestoreArgs) -> Optional[Dict[str, Any]]:
+    """``if_running: keep``: the result for a workload that already runs as the restore of ``doc`` (None: restore)."""
+    target = doc["targets"][0] if doc.get("targets") else {}
+    if a.if_running != "keep" or not target.get("workload"):
+        return None
+    pid = wl.running_pid(a.workloads_root, target["workload"])
+    if pid is None:
+        return None
+    record = ctl.read_record(wl.paths(a.workloads_root, target["workload"])["control"], ctl.RESTORE_COMPLETE)
+    if record.get("snapshot") != doc["id"] or record.get("host_pid") != str(pid):
+        return None  # running, but not as this snapshot's copy: the preflight refuses it
+    return {"id": doc["id"], "name": doc["name"], "outcome": "succeeded", "already_running": True, "pid": pid,
+            "pids": proc.descendants(pid), "ns_pid": proc.ns_pids(pid)[-1], "workload": target["workload"],
+            "passed_over": a.passed_over}
 
 
 def _would_restore(store: Store, doc: Dict[str, Any], node: Dict[str, Any], a: _RestoreArgs) -> Dict[str, Any]:

@@ -35,7 +35,7 @@ def checkpoint_params(store: st.FsStore, tmp_path: Path, **over: Any) -> Dict[st
                      container=None, pod=None, runtime="podman", workloads_root=str(tmp_path / "workloads"),
                      criu_path=None, name=None, labels={}, leave_running=True, tcp="established",
                      ext_unix_sk=True, file_locks=True, link_remap=True, ghost_limit=512 << 20, timeout=0,
-                     wait_ready=False, ready_timeout=300, cuda="auto", cuda_lock_timeout=30000,
+                     wait_ready=False, ready_timeout=300, cuda="auto", cuda_lock_timeout=30,
                      progress_file=None), **over)
 
 

@@ -154,7 +154,7 @@ def short(fake: Fake) -> List[str]:
 
 def run_checkpoint(engine: Dict[str, Any], ns: Ns, node: GpuNode, criu: Optional[Criu], cuda: str,
                    monkeypatch: pytest.MonkeyPatch, leave_running: bool = True, control: Optional[str] = None,
-                   lock_ms: int = 30000) -> Dict[str, Any]:
+                   lock_s: float = 30) -> Dict[str, Any]:
     if criu is not None:
         monkeypatch.setattr(ckpt, "dump", criu.dump)
     else:
@@ -163,7 +163,7 @@ def run_checkpoint(engine: Dict[str, Any], ns: Ns, node: GpuNode, criu: Optional
         monkeypatch.setattr(ckpt, "dump", no_dump)
     target = snap.Target(ns.pid, "process", control_dir=control)
     return ckpt.checkpoint(engine["store"], target, "gpu-test", {}, CriuOptions(), leave_running=leave_running,
-                           cuda=cuda, cuda_lock_timeout=lock_ms, gpu_node=node)
+                           cuda=cuda, cuda_lock_timeout=lock_s, gpu_node=node)
 
 
 def nothing_published(engine: Dict[str, Any]) -> bool:
@@ -211,6 +211,14 @@ def test_decision_table(mode: str, driver: str, is_cuda: bool, outcome: str, fak
     assert not short(fake)  # deciding never locks anything
 
 
+def test_the_lock_timeout_is_taken_in_seconds_and_handed_on_in_milliseconds() -> None:
+    """cuda_lock_timeout is seconds like every duration of the modules; the driver's lock takes milliseconds."""
+    assert gh.cuda_plan("off", GpuNode(), 1.5).lock_timeout_ms == 1500
+    assert gh.cuda_plan("off", GpuNode()).lock_timeout_ms == 30000
+    with pytest.raises(snap.SnapshotError, match=r"^cuda_lock_timeout: -0.25 s is negative \(0 waits without limit\)$"):
+        gh.cuda_plan("off", GpuNode(), -0.25)
+
+
 def test_required_fails_cleanly_with_the_real_absent_driver(engine: Dict[str, Any], ns: Ns,
                                                             monkeypatch: pytest.MonkeyPatch) -> None:
     """This machine has no NVIDIA driver: cuda required fails before the store or the process is touched."""
@@ -237,7 +245,7 @@ def test_gpu_checkpoint_locks_dumps_then_gives_back_and_records_the_gpus(
     fake.add(ns.pid)
     criu = Criu(fake)
     result = run_checkpoint(engine, ns, node_with(libs["full"], (UUID_A, H100), (UUID_B, H100)), criu, "auto",
-                            monkeypatch, lock_ms=1234)
+                            monkeypatch, lock_s=1.234)
     # CRIU dumped a CHECKPOINTED process, with no plugin dir of its own (its cuda_plugin cannot act too)
     assert criu.seen[0]["states"] == {ns.pid: "checkpointed"}
     assert criu.seen[0]["libs_dir_empty"] is True
@@ -287,7 +295,7 @@ def test_a_lock_timeout_fails_before_criu_and_leaves_the_process_running(
         fake: Fake, libs: Dict[str, Path], engine: Dict[str, Any], ns: Ns, monkeypatch: pytest.MonkeyPatch) -> None:
     fake.add(ns.pid, busy=True)
     with pytest.raises(snap.SnapshotError, match=r"not locked within 500 ms.*still RUNNING"):
-        run_checkpoint(engine, ns, node_with(libs["full"], (UUID_A, H100)), None, "auto", monkeypatch, lock_ms=500)
+        run_checkpoint(engine, ns, node_with(libs["full"], (UUID_A, H100)), None, "auto", monkeypatch, lock_s=0.5)
     assert fake.states() == {ns.pid: "running"}
     assert nothing_published(engine)
 

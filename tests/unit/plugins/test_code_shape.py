@@ -341,3 +341,16 @@ def test_the_by_path_rule_catches_what_it_names() -> None:
     good = ast.parse("import os\nos.open(p, os.O_RDONLY)\nos.open(n, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600, dir_fd=d)\n"
                      "os.open(p, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)\nopen(p, 'rb')\nos.fchmod(f, 0o600)\n")
     assert _by_path_problems(good) == []
+
+
+def test_action_groups_follow_the_auth_a_module_takes() -> None:
+    """module_defaults by group: every module taking the Kubernetes auth options (doc fragment k8s_auth) is in
+    the ``k8s`` group, every other module in ``snapshot`` - one group each, none left out."""
+    import yaml  # pylint: disable=import-outside-toplevel
+
+    groups = yaml.safe_load((REPO / "meta" / "runtime.yml").read_text())["action_groups"]
+    modules = sorted(p.stem for p in (PLUGINS / "modules").glob("*.py") if p.stem != "__init__")
+    takes_auth = {m for m in modules if "warmstart.snapshot.k8s_auth" in (PLUGINS / "modules" / f"{m}.py").read_text()}
+    assert sorted(groups) == ["k8s", "snapshot"]
+    assert sorted(groups["k8s"]) == sorted(takes_auth)
+    assert sorted(groups["snapshot"]) == sorted(set(modules) - takes_auth)
