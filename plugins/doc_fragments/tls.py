@@ -19,7 +19,7 @@ options:
       - The certificate of the node that serves must name the address the restore connects to (subjectAltName
         IP or DNS); any certificate of the CA is accepted from a restoring node.
       - Files default to C(<keys>/tls/ca.pem), C(<keys>/tls/cert.pem) and C(<keys>/tls/key.pem), the keys
-        directory being E(WARMSTART_KEYS_DIR), else C(/etc/warmstart/keys); M(warmstart.snapshot.node_prep)
+        directory being E(WARMSTART_KEYS_DIR), else C(/etc/warmstart/keys); P(warmstart.snapshot.node_prep#role)
         distributes them (C(node_prep_tls_ca), C(node_prep_tls_cert), C(node_prep_tls_key)).
       - For M(warmstart.snapshot.restore), only with O(warmstart.snapshot.restore#module:page_server).
       - Every file is checked before anything starts - missing, unreadable, not PEM, or a key readable by group or

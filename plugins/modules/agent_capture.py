@@ -142,7 +142,7 @@ trigger_phase:
 from ansible.module_utils.basic import AnsibleModule, env_fallback
 from ansible_collections.warmstart.snapshot.plugins.module_utils.runners._adapter import run_module
 from ansible_collections.warmstart.snapshot.plugins.module_utils.runners import _agent_capture
-from ansible_collections.warmstart.snapshot.plugins.module_utils.runners._specs import auth_argument_spec, store_argument_spec
+from ansible_collections.warmstart.snapshot.plugins.module_utils.runners._specs import auth_argument_spec, runtime_option, store_argument_spec
 
 
 def main() -> None:
@@ -158,7 +158,7 @@ def main() -> None:
             agent_id=dict(type="str"),
             max_attempts=dict(type="int", default=3),
             ready_timeout=dict(type="float", default=300),
-            runtime=dict(type="str", choices=["podman", "containerd", "auto"], default="auto"),
+            runtime=runtime_option(),
             store=dict(type="str"),
             store_options=store_argument_spec()["store_options"],
             criu_path=dict(type="path"),

@@ -171,7 +171,7 @@ record_error:
 from ansible.module_utils.basic import AnsibleModule, env_fallback
 from ansible_collections.warmstart.snapshot.plugins.module_utils.runners._adapter import run_module
 from ansible_collections.warmstart.snapshot.plugins.module_utils.runners import _agent_restore
-from ansible_collections.warmstart.snapshot.plugins.module_utils.runners._specs import auth_argument_spec, store_argument_spec
+from ansible_collections.warmstart.snapshot.plugins.module_utils.runners._specs import auth_argument_spec, runtime_option, store_argument_spec
 
 
 def main() -> None:
@@ -184,7 +184,7 @@ def main() -> None:
             node_name=dict(type="str", fallback=(env_fallback, ["NODE_NAME"])),
             agent_id=dict(type="str"),
             fallback=dict(type="str", choices=["none", "cold-start"], default="none"),
-            runtime=dict(type="str", choices=["podman", "containerd", "auto"], default="auto"),
+            runtime=runtime_option(),
             store=dict(type="str"),
             store_options=store_argument_spec()["store_options"],
             criu_path=dict(type="path"),

@@ -118,7 +118,7 @@ options:
         O(pod) target whose O(pod.container_id) is V(<runtime>://<id>), that runtime is used.
     type: str
     choices: [podman, containerd, auto]
-    default: podman
+    default: auto
   workloads_root:
     description: State directory root of workloads (as in M(warmstart.snapshot.workload)).
     type: path
@@ -391,7 +391,7 @@ from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.warmstart.snapshot.plugins.module_utils.runners import _checkpoint
 from ansible_collections.warmstart.snapshot.plugins.module_utils.runners._adapter import run_module
 from ansible_collections.warmstart.snapshot.plugins.module_utils.runners._specs import (
-    metrics_argument_spec, pod_argument_spec, progress_argument_spec, store_argument_spec)
+    metrics_argument_spec, pod_argument_spec, progress_argument_spec, runtime_option, store_argument_spec)
 
 
 def main() -> None:
@@ -403,7 +403,7 @@ def main() -> None:
             container=dict(type="str"),
             pod=pod_argument_spec(uid=dict(type="str"), spec_hash=dict(type="str")),
             volumes=dict(type="list", elements="str", default=[]),
-            runtime=dict(type="str", choices=["podman", "containerd", "auto"], default="podman"),
+            runtime=runtime_option(),
             workloads_root=dict(type="path", default="/var/lib/warmstart/workloads"),
             **store_argument_spec(),
             **progress_argument_spec(),

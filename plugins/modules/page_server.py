@@ -72,7 +72,7 @@ options:
     type: bool
     default: true
   criu_path:
-    description: CRIU binary (default - the one M(warmstart.snapshot.node_prep) installed).
+    description: CRIU binary (default - the one P(warmstart.snapshot.node_prep#role) installed).
     type: path
   log_dir:
     description: Directory for the page server's log (C(page-server-<port>.log)).

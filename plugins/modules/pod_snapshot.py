@@ -45,14 +45,16 @@ author:
 extends_documentation_fragment:
   - warmstart.snapshot.k8s_auth
   - warmstart.snapshot.attributes.api
-  - warmstart.snapshot.attributes.no_diff
   - warmstart.snapshot.attributes
 attributes:
   check_mode:
     support: full
     description: Reads the source pod and the records and reports what would be created or changed.
   diff_mode:
-    description: No diff; RV(actions) lists the changes.
+    support: full
+    description:
+      - Returns the PodSnapshot and its PodSnapshotContent before and after (a capture attempt - the PodSnapshot
+        only), without the metadata the API server keeps; RV(actions) lists the changes.
 options:
   namespace:
     description: Namespace of the PodSnapshot and of the source pod.
@@ -280,6 +282,8 @@ reasons:
   sample: ["PodSnapshotContent x points back to uid 'a', but PodSnapshot ns/y has uid 'b' (the PodSnapshot was deleted and created again)"]
 """
 
+import functools
+
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.warmstart.snapshot.plugins.module_utils.runners import _pod_snapshot
 from ansible_collections.warmstart.snapshot.plugins.module_utils.runners._adapter import run_module
@@ -317,7 +321,7 @@ def main() -> None:
         required_if=[("state", "present", ["source_pod"])],
         supports_check_mode=True,
     )
-    run_module(module, _pod_snapshot.run)
+    run_module(module, functools.partial(_pod_snapshot.run, diff=module._diff))
 
 
 if __name__ == "__main__":

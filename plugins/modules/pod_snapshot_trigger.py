@@ -28,14 +28,14 @@ author:
 extends_documentation_fragment:
   - warmstart.snapshot.k8s_auth
   - warmstart.snapshot.attributes.api
-  - warmstart.snapshot.attributes.no_diff
   - warmstart.snapshot.attributes
 attributes:
   check_mode:
     support: full
     description: Reads the trigger, the pod and the PodSnapshot and reports what would be created or set.
   diff_mode:
-    description: No diff; RV(actions) lists the changes.
+    support: full
+    description: Returns the trigger and its PodSnapshot before and after, without the metadata the API server keeps; RV(actions) lists the changes.
 options:
   namespace:
     description: Namespace of the trigger (and of its pod and PodSnapshot).
@@ -93,6 +93,8 @@ actions:
     - recorded snapshotCreated embed-now-1a2b3c4d on PodSnapshotManualTrigger inference/embed-now
 """
 
+import functools
+
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.warmstart.snapshot.plugins.module_utils.runners import _pod_snapshot_trigger
 from ansible_collections.warmstart.snapshot.plugins.module_utils.runners._adapter import run_module
@@ -108,7 +110,7 @@ def main() -> None:
         ),
         supports_check_mode=True,
     )
-    run_module(module, _pod_snapshot_trigger.run)
+    run_module(module, functools.partial(_pod_snapshot_trigger.run, diff=module._diff))
 
 
 if __name__ == "__main__":

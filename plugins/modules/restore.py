@@ -286,7 +286,7 @@ options:
           - V(auto) asks every runtime whose tool is installed on the node; exactly one must know each placeholder.
         type: str
         choices: [podman, containerd, auto]
-        default: podman
+        default: auto
       skip_image_check:
         description: Restore even if a placeholder runs another image than the snapshot's container did.
         type: bool
@@ -564,7 +564,8 @@ from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.warmstart.snapshot.plugins.module_utils.runners import _restore
 from ansible_collections.warmstart.snapshot.plugins.module_utils.runners._adapter import run_module
 from ansible_collections.warmstart.snapshot.plugins.module_utils.runners._specs import (
-    metrics_argument_spec, pod_argument_spec, progress_argument_spec, store_argument_spec, tls_argument_spec)
+    metrics_argument_spec, pod_argument_spec, progress_argument_spec, runtime_option, store_argument_spec,
+    tls_argument_spec)
 
 
 def main() -> None:
@@ -598,7 +599,7 @@ def main() -> None:
                 container=dict(type="str"),
                 container_map=dict(type="list", elements="str"),
                 pod=pod_argument_spec(source=dict(type="str")),
-                runtime=dict(type="str", choices=["podman", "containerd", "auto"], default="podman"),
+                runtime=runtime_option(),
                 skip_image_check=dict(type="bool", default=False),
                 kill_placeholder_on_failure=dict(type="bool", default=True),
             ), mutually_exclusive=[("container", "container_map", "pod")],

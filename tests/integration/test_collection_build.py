@@ -7,6 +7,11 @@ import subprocess
 import tarfile
 from pathlib import Path
 
+import pytest
+import yaml
+
+from tests.support.tool_venvs import tool_venv
+
 from .ansible_run import REPO, VENV_BIN, ansible_env
 
 MODULES = sorted(p.stem for p in (REPO / "plugins" / "modules").glob("*.py") if not p.stem.startswith("_"))
@@ -86,22 +91,39 @@ PLAY = """
 """
 
 
-def test_the_installed_tarball_runs_a_playbook_of_its_own(tmp_path: Path) -> None:
+def floor_pin() -> str:
+    """``ansible-core==<the newest release of the lowest minor meta/runtime.yml claims>`` (requires_ansible)."""
+    claimed = yaml.safe_load((REPO / "meta" / "runtime.yml").read_text())["requires_ansible"]
+    assert claimed == f">={FLOOR_MINOR}.0", f"requires_ansible is {claimed}: test that floor (FLOOR_MINOR, FLOOR_PIN)"
+    return FLOOR_PIN
+
+
+FLOOR_MINOR = "2.17"
+FLOOR_PIN = "ansible-core==2.17.14"
+
+
+@pytest.mark.parametrize("core", ["main", "floor"])
+def test_the_installed_tarball_runs_a_playbook_of_its_own(tmp_path: Path, core: str) -> None:
     """``build_ignore`` drops nothing a user needs: from the built tarball alone, installed into an empty
-    collections path, modules (with their module_utils), a role and its filters run."""
+    collections path, modules (with their module_utils), a role and its filters run - on the ansible-core this
+    checkout develops with, and on the oldest one meta/runtime.yml claims (its own venv, ``.venv-floor``)."""
     env = ansible_env()
     subprocess.run([str(VENV_BIN / "ansible-galaxy"), "collection", "build", "--output-path", str(tmp_path), str(REPO)],
                    cwd=tmp_path, env=env, check=True, capture_output=True, text=True)
+    bin_dir = VENV_BIN if core == "main" else tool_venv("floor", [floor_pin()])
     dest = tmp_path / "installed"
     env_installed = dict(env, ANSIBLE_COLLECTIONS_PATH=str(dest))
     env_installed.pop("ANSIBLE_CONFIG")  # only the installed copy, not this checkout
-    subprocess.run([str(VENV_BIN / "ansible-galaxy"), "collection", "install", "-p", str(dest),
+    env_installed.pop("ANSIBLE_STDOUT_CALLBACK", None)  # ansible.builtin.json is newer than the floor
+    subprocess.run([str(bin_dir / "ansible-galaxy"), "collection", "install", "--no-deps", "-p", str(dest),
                     str(next(tmp_path.glob("warmstart-snapshot-*.tar.gz")))],
                    cwd=tmp_path, env=env_installed, check=True, capture_output=True, text=True)
     (tmp_path / "play.yml").write_text(PLAY.format(root=tmp_path / "run"))
-    done = subprocess.run([str(VENV_BIN / "ansible-playbook"), "-i", "localhost,", "-c", "local",
-                           "-e", f"ansible_python_interpreter={VENV_BIN / 'python'}", "play.yml"],
+    done = subprocess.run([str(bin_dir / "ansible-playbook"), "-i", "localhost,", "-c", "local",
+                           "-e", f"ansible_python_interpreter={bin_dir / 'python'}", "play.yml"],
                           cwd=tmp_path, env=env_installed, capture_output=True, text=True, check=False)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
+    version = subprocess.run([str(bin_dir / "ansible"), "--version"], capture_output=True, text=True, check=True)
+    assert (FLOOR_PIN.split("==")[1] in version.stdout.splitlines()[0]) is (core == "floor"), version.stdout
     report = json.loads((tmp_path / "run" / "report.json").read_text())
     assert report == {"title": "installed", "rows": [{"pod": "localhost", "result": "ok"}]}, report

@@ -170,6 +170,21 @@ def ref(kind: str, name: str, namespace: Optional[str] = None) -> str:
     return f"{kind} {namespace}/{name}" if namespace else f"{kind} {name}"
 
 
+SERVER_FIELDS = ("uid", "resourceVersion", "generation", "creationTimestamp", "managedFields", "selfLink")
+
+
+def object_diff(kind: str, name: str, namespace: Optional[str], before: Optional[JSON], after: Optional[JSON]) -> JSON:
+    """One entry of a module's ``diff``: the object before and after (``{}`` where it did not or does not exist),
+    without the metadata the API server keeps for itself."""
+    def view(obj: Optional[JSON]) -> JSON:
+        if not obj:
+            return {}
+        meta = {k: v for k, v in (obj.get("metadata") or {}).items() if k not in SERVER_FIELDS}
+        return dict(obj, metadata=meta)
+    header = ref(kind, name, namespace)
+    return {"before_header": header, "after_header": header, "before": view(before), "after": view(after)}
+
+
 def _status_message(body: Any) -> Tuple[str, str]:
     try:
         doc = json.loads(body) if isinstance(body, (str, bytes)) else body

@@ -10,20 +10,50 @@ only with ``failed_reason`` are refused here, before a connection is made.
 """
 from __future__ import annotations
 
+from typing import List, Optional, Tuple
+
 from ansible_collections.warmstart.snapshot.plugins.module_utils.k8s import _k8s_records as rec
+from ansible_collections.warmstart.snapshot.plugins.module_utils.k8s import _podapi as podapi
 from ansible_collections.warmstart.snapshot.plugins.module_utils.k8s import _k8s_requests as req
 from ansible_collections.warmstart.snapshot.plugins.module_utils.core._errors import WarmstartError
-from ansible_collections.warmstart.snapshot.plugins.module_utils.k8s._k8s_client import JSON, Cluster, Params, cluster_from
+from ansible_collections.warmstart.snapshot.plugins.module_utils.k8s._k8s_client import (
+    JSON, Cluster, Params, cluster_from, object_diff)
 
 
-def run(params: Params, check_mode: bool) -> JSON:
-    """The PodSnapshot + PodSnapshotContent records of a snapshot (``state: present``), or their deletion."""
+def run(params: Params, check_mode: bool, diff: bool = False) -> JSON:
+    """The PodSnapshot + PodSnapshotContent records of a snapshot (``state: present``), or their deletion; with
+    ``diff``, each record before and after."""
     state = params["state"]
     if params.get("failed_reason") and params.get("ready") and state == "present":
         raise WarmstartError("failed_reason needs ready=false")
     if state == "failed" and not params.get("failed_reason"):
         raise WarmstartError("state=failed needs failed_reason (the CamelCase cause, e.g. CheckpointFailed)")
     cluster = cluster_from(params)
+    before = _records(cluster, params) if diff else None
+    result = _run(cluster, params, check_mode)
+    if before is not None:
+        result["diff"] = _diff(params, before, result)
+    return result
+
+
+def _records(cluster: Cluster, params: Params) -> Tuple[Optional[JSON], Optional[JSON]]:
+    """The PodSnapshot and the PodSnapshotContent (the one named, or bound) as they are before the change."""
+    snap = cluster.find(podapi.KIND_SNAPSHOT, params["name"], params["namespace"])
+    cname = params.get("content_name") or ((snap or {}).get("status") or {}).get("boundSnapshotContentName")
+    return snap, (cluster.find(podapi.KIND_CONTENT, cname) if cname else None)
+
+
+def _diff(params: Params, before: Tuple[Optional[JSON], Optional[JSON]], result: JSON) -> List[JSON]:
+    """The PodSnapshot before and after; the content too, except for a capture attempt (it touches none)."""
+    out = [object_diff(podapi.KIND_SNAPSHOT, params["name"], params["namespace"], before[0], result["snapshot"])]
+    content = result["content"] or before[1]
+    if params["state"] in ("present", "absent") and content:
+        out.append(object_diff(podapi.KIND_CONTENT, content["metadata"]["name"], None, before[1], result["content"]))
+    return out
+
+
+def _run(cluster: Cluster, params: Params, check_mode: bool) -> JSON:
+    state = params["state"]
     if state in ("capturing", "failed"):
         return _capture_attempt(cluster, params, check_mode)
     if state == "absent":

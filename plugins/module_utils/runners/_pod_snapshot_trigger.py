@@ -10,9 +10,21 @@ this one ships without ``_k8s_records``.
 from __future__ import annotations
 
 from ansible_collections.warmstart.snapshot.plugins.module_utils.k8s import _k8s_requests as req
-from ansible_collections.warmstart.snapshot.plugins.module_utils.k8s._k8s_client import JSON, Params, cluster_from
+from ansible_collections.warmstart.snapshot.plugins.module_utils.k8s import _podapi as podapi
+from ansible_collections.warmstart.snapshot.plugins.module_utils.k8s._k8s_client import JSON, Params, cluster_from, object_diff
 
 
-def run(params: Params, check_mode: bool) -> JSON:
-    """One pass over a PodSnapshotManualTrigger: its PodSnapshot request, then its Triggered condition."""
-    return req.reconcile_trigger(cluster_from(params), params["namespace"], params["name"], check_mode)
+def run(params: Params, check_mode: bool, diff: bool = False) -> JSON:
+    """One pass over a PodSnapshotManualTrigger: its PodSnapshot request, then its Triggered condition; with
+    ``diff``, the trigger and its PodSnapshot before and after."""
+    cluster = cluster_from(params)
+    ns, name = params["namespace"], params["name"]
+    trigger = cluster.find(podapi.KIND_TRIGGER, name, ns) if diff else None
+    sname = (((trigger or {}).get("status") or {}).get("snapshotCreated") or {}).get("name") or \
+        (req.trigger_snapshot_name(trigger) if trigger else None)
+    snap = cluster.find(podapi.KIND_SNAPSHOT, sname, ns) if sname else None
+    result = req.reconcile_trigger(cluster, ns, name, check_mode)
+    if diff and sname:
+        result["diff"] = [object_diff(podapi.KIND_TRIGGER, name, ns, trigger, result["trigger"]),
+                          object_diff(podapi.KIND_SNAPSHOT, sname, ns, snap, result["snapshot"])]
+    return result

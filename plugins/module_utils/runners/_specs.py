@@ -14,6 +14,12 @@ from typing import Any, Dict
 from ansible_collections.warmstart.snapshot.plugins.module_utils.core import _paths
 
 
+def runtime_option() -> Dict[str, Any]:
+    """The one ``runtime`` option of every module that names containers: the runtime that owns them, by default
+    whichever installed one knows them (``_runtime.Auto``)."""
+    return dict(type="str", choices=["podman", "containerd", "auto"], default="auto")
+
+
 def auth_argument_spec() -> Dict[str, Any]:
     """The Kubernetes auth options, as the doc fragment warmstart.snapshot.k8s_auth documents them.
 

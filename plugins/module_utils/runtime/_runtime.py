@@ -60,7 +60,7 @@ def running(runtime: Runtime, container: str) -> ContainerInfo:
     """``runtime.inspect(container)``, refused with TargetError unless it runs with a host PID."""
     info = runtime.inspect(container)
     if not info.running or info.pid <= 0:
-        raise TargetError(f"container {container} ({runtime.name}) is not running (status: {info.status})")
+        raise TargetError(f"container {container} ({info.runtime}) is not running (status: {info.status})")
     return info
 
 

@@ -484,7 +484,7 @@ def _restore_exclusive(runtime: Runtime, criu: str, store: Any, doc: Dict[str, A
 
 def restore_into(store: Store, into: Any, snapshot_id: Optional[str] = None, name: Optional[str] = None,
                  labels: Optional[Dict[str, str]] = None, verify: bool = True, skip_compat: bool = False,
-                 skip_image_check: bool = False, kill_on_failure: bool = True, runtime_name: str = "podman",
+                 skip_image_check: bool = False, kill_on_failure: bool = True, runtime_name: str = "auto",
                  options: Optional[CriuOptions] = None, criu_path: Optional[str] = None,
                  restore_root: str = rw.DEFAULT_RESTORE_ROOT, check_mode: bool = False,
                  tcp: Optional[str] = None, cuda: str = "auto", gpu_node: Optional[GpuNode] = None,
