@@ -103,8 +103,6 @@ def k8s_rows(targets: Sequence[Dict[str, Any]], node_map: Dict[str, str], hostva
         rec = recorded.get(pod)
         if rec is not None and rec.get("failed"):
             row.update(result="failed", detail="recording it in the cluster failed: " + str(rec.get("msg")))
-        elif rec is not None and rec.get("state") and rec.get("state") != "succeeded" and not snap:
-            row.update(result=str(rec.get("state")))
     return rows
 
 

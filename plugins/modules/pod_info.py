@@ -101,9 +101,7 @@ targets:
   description:
     - One summary per pod. For a restore pod (one with a restore-from annotation, ours or C(nvidia.com/restore-from))
       C(restore_outcome) is its outcome by the reference contract's table (V(Pending), V(Succeeded), V(Failed),
-      V(PartiallySucceeded), V(Unknown); see M(warmstart.snapshot.restore_pod)); C(restore_state) is the deprecated
-      earlier name (V(pending), V(succeeded), V(failed), V(partial)), kept for one release. Both are null for
-      other pods.
+      V(PartiallySucceeded), V(Unknown); see M(warmstart.snapshot.restore_pod)), null for other pods.
     - Each of C(containers) says C(name), C(container_id), C(running), C(ready), C(restart_count) and C(volumes),
       where it mounts the pod's C(emptyDir) volumes (what a snapshot takes along, M(warmstart.snapshot.checkpoint)
       O(warmstart.snapshot.checkpoint#module:volumes)).
@@ -120,7 +118,6 @@ targets:
       annotations: {}
       spec_hash: 5f0c3e...
       restore_outcome: null
-      restore_state: null
       containers:
         - {name: main, container_id: "podman://0f3a...", running: true, ready: true, restart_count: 0,
            volumes: [/root/.cache]}

@@ -233,14 +233,6 @@ losses:
   type: list
   elements: str
   sample: ["container 'main' restarted (1 times) after its restore began"]
-state:
-  description:
-    - Deprecated, use RV(outcome) and RV(losses); kept for one release. The earlier names - V(pending),
-      V(succeeded), V(failed) (also when RV(losses) is not empty) or V(partial).
-  returned: when O(action) is classify, begin or finish
-  type: str
-  sample: succeeded
-  choices: [pending, succeeded, failed, partial]
 condition:
   description: The pod's C(Restored) condition (else its C(nvidia.com/Restored) one), null when it has none.
   returned: when O(action=classify)

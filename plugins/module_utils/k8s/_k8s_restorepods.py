@@ -105,9 +105,9 @@ OUTCOMES = podapi.RESULT_CONDITIONS  # the node's restore result -> (condition s
 
 
 def outcome_fields(pod: JSON) -> JSON:
-    """What a result says about where restore pod ``pod`` stands: ``outcome`` (the reference's name, ``classify``),
-    ``losses`` (``restore_losses``) and the deprecated ``state`` (``legacy_state``, kept for one release)."""
-    return {"outcome": pc.classify(pod), "losses": pc.restore_losses(pod), "state": pc.legacy_state(pod)}
+    """What a result says about where restore pod ``pod`` stands: ``outcome`` (the reference's name, ``classify``)
+    and ``losses`` (``restore_losses``)."""
+    return {"outcome": pc.classify(pod), "losses": pc.restore_losses(pod)}
 
 
 def begin_restore(cluster: Cluster, namespace: str, name: str, message: str = "", check_mode: bool = False) -> JSON:

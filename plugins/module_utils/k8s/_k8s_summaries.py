@@ -41,7 +41,6 @@ def summary(pod: JSON) -> JSON:
             "node": spec.get("nodeName"), "phase": status.get("phase"), "labels": meta.get("labels") or {},
             "annotations": meta.get("annotations") or {}, "spec_hash": spechash.pod_spec_hash(pod),
             "restore_outcome": pc.classify(pod) if restoring else None,
-            "restore_state": pc.legacy_state(pod) if restoring else None,  # deprecated: restore_outcome
             "containers": containers}
 
 

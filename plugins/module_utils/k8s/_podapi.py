@@ -125,7 +125,6 @@ RESULT_CONDITIONS = {
     "partially_succeeded": ("False", REASON_PARTIAL),
     "incompatible": ("False", REASON_INCOMPATIBLE),
 }
-LEGACY_STATES = ("pending", "succeeded", "failed", "partial")  # classify's earlier names: the deprecated ``state``
 READY_CONDITION = "Ready"
 FAILED_CONDITION = "Failed"
 

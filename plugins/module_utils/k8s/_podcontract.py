@@ -494,18 +494,6 @@ def restore_losses(pod: Dict[str, Any]) -> List[str]:
     return losses
 
 
-def legacy_state(pod: Dict[str, Any]) -> str:
-    """The deprecated ``state`` (one of ``LEGACY_STATES``): "failed" also when ``restore_losses`` finds any."""
-    outcome = classify(pod)
-    if outcome == podapi.OUTCOME_FAILED:
-        return "failed"
-    if outcome == podapi.OUTCOME_PARTIAL:
-        return "partial"
-    if restore_losses(pod):
-        return "failed"
-    return "succeeded" if outcome == podapi.OUTCOME_SUCCEEDED else "pending"
-
-
 CONFIGMAP_PREFIX = "configmap:"
 CONFIGMAP_DEFAULT_KEY = "profile"
 _DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")

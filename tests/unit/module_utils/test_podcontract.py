@@ -228,30 +228,6 @@ def test_restore_losses_of_a_destination_that_died_after_the_restore_began() -> 
         ["container 'sidecar' restarted (3 times) after its restore began"]
 
 
-def test_legacy_state_keeps_the_earlier_names_and_rules() -> None:
-    terminated = [{"name": "main", "restartCount": 0, "state": {"terminated": {"exitCode": 1}}}]
-    cases = [
-        (None, "Running", None, "pending"),
-        (_restored("False", "RestoreInProgress"), "Running", None, "pending"),
-        (_restored("Unknown", "RestoreInProgress"), "Running", None, "pending"),
-        (_restored("False", "SomethingNew"), "Running", None, "pending"),
-        (_restored("True", "RestoreSucceeded"), "Running", None, "succeeded"),
-        (_restored("False", "RestoreFailed"), "Running", None, "failed"),
-        (_restored("False", "RestoreIncompatible"), "Running", None, "failed"),
-        (_restored("False", "RestorePartiallySucceeded"), "Running", None, "partial"),
-        (_restored("False", "RestorePartiallySucceeded"), "Failed", None, "partial"),
-        (None, "Failed", None, "failed"),
-        (_restored("True", "RestoreSucceeded"), "Failed", None, "failed"),
-        (None, "Succeeded", None, "failed"),
-        (_restored("True", "RestoreSucceeded"), "Succeeded", None, "succeeded"),
-        (_restored("True", "RestoreSucceeded"), "Running", terminated, "failed"),
-    ]
-    for condition, phase, statuses, state in cases:
-        doc = _restore_pod_with(condition, phase=phase, statuses=statuses)
-        assert (condition, phase, pc.legacy_state(doc)) == (condition, phase, state)
-        assert state in podapi.LEGACY_STATES
-
-
 # --- the reference contract's names -----------------------------------------------------------
 
 def test_reference_annotations_are_read_as_aliases() -> None:
