@@ -80,3 +80,19 @@ def test_the_check_finds_what_a_real_server_refuses() -> None:
     found = problems(broken)
     assert any("hostPID" in p for p in found), found
     assert "unknown field spec.template.spec.containers[0].imagePullPolice" in found, found
+
+
+@pytest.mark.parametrize("role,task,var", [("k8s_crds", "Apply the warmstart CRDs", "k8s_crds_validate_certs"),
+                                           ("k8s_agent", None, "k8s_agent_validate_certs")])
+def test_validate_certs_is_passed_only_when_set(role: str, task: Any, var: str) -> None:
+    """Unset, the roles leave certificate checks to the kubeconfig (``insecure-skip-tls-verify``) and
+    K8S_AUTH_VERIFY_SSL, as the modules do; set, they pass it on."""
+    root = ROLE.parent / role
+    tasks = yaml.safe_load((root / "tasks" / "main.yml").read_text())
+    args = [args["validate_certs"] for t in tasks for args in t.values()
+            if isinstance(args, dict) and "validate_certs" in args and (task is None or t.get("name") == task)]
+    assert args, f"no task of {role} passes validate_certs"
+    defaults = yaml.safe_load((root / "defaults" / "main.yml").read_text())
+    for value, want in ((defaults[var], "OMITTED"), (False, False), (True, True)):
+        templar = Templar(loader=DataLoader(), variables={var: value, "omit": "OMITTED"})
+        assert [templar.template(trust_as_template(a)) for a in args] == [want] * len(args), (role, value)
