@@ -407,9 +407,10 @@ def _match_dump(job: _Job, target: snap.Target) -> None:
     memory image never ran. Any other difference fails the checkpoint, naming each file."""
     recorded = cimg.regular_files(job.images)
     wdir = wl.paths(target.workloads_root, target.workload or "")["dir"]
+    real = os.path.realpath(wdir)  # CRIU names a file by the path its process resolved
     problems = []
     for item in job.files:
-        seen = recorded.get(os.path.join(wdir, item["path"]))
+        seen = recorded.get(os.path.join(wdir, item["path"])) or recorded.get(os.path.join(real, item["path"]))
         if seen is None:
             continue
         copy = os.path.join(job.tdir, "files", item["path"])

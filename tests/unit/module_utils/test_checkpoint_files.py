@@ -61,3 +61,15 @@ def test_other_changes_fail_and_name_every_file(tmp_path: Path, monkeypatch: pyt
                                  "grown.bin: 2 bytes at the dump, 4 when copied"]
     assert "workload w" in str(err.value) and "nothing was published" in str(err.value)
     assert (Path(job.tdir) / "files" / "grown.bin").read_bytes() == b"0123", "a refused file was changed"
+
+
+def test_a_workloads_root_reached_through_a_symlink_still_matches(tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """CRIU records the resolved path; a workloads root given through a symlink names the same files."""
+    job, target = job_with(tmp_path, {"journal.log": b"tick 1\ntick 2\n"})
+    (tmp_path / "real" / "w").mkdir(parents=True)
+    (tmp_path / "wl").symlink_to(tmp_path / "real")
+    monkeypatch.setattr(cimg, "regular_files", lambda images: {
+        str(tmp_path / "real" / "w" / "journal.log"): cimg.Recorded(7, os.O_RDWR | os.O_APPEND)})
+    ckpt._match_dump(job, target)
+    assert job.trimmed == [{"path": "journal.log", "bytes": 7}]
