@@ -230,7 +230,8 @@ def test_keys_refuses_a_malformed_kek_without_showing_it(tmp_path: Path) -> None
 def test_signed_by_default_makes_the_fleet_key_once_and_hands_it_out(tmp_path: Path) -> None:
     """No key given: the fleet key is made on the controller (0600, like an SSH key), installed on a node that
     takes snapshots, and its public half is the trust set; a second run changes nothing; a restore-only node
-    keeps the trust set and loses the private key; check mode makes nothing; opting out installs nothing."""
+    keeps the trust set and loses the private key, as does signing_key_state absent (once: no churn); check mode
+    makes nothing; opting out installs nothing."""
     controller = tmp_path / "controller" / "fleet-signing.key"
     fresh = tmp_path / "fresh"
     fresh.mkdir()
@@ -249,6 +250,12 @@ def test_signed_by_default_makes_the_fleet_key_once_and_hands_it_out(tmp_path: P
     again = _keys_play(tmp_path, "again", node_prep_fleet_key_path=str(controller))
     assert again.rc == 0 and again.stats()["changed"] == 0, again.messages()
     assert sg.load_signing_key(str(controller)).key_id == key.key_id, "the fleet key was replaced"
+    for run_name in ("absent", "absent again"):  # the key taken off a node that signs by default: once, then no churn
+        absent = _keys_play(tmp_path, run_name, node_prep_fleet_key_path=str(controller),
+                            node_prep_signing_key_state="absent")
+        assert absent.rc == 0, absent.messages()
+        assert _modes(top) == {".": 0o755, "trusted": 0o755, f"trusted/fleet-{key.key_id}.pub": 0o644}
+    assert absent.stats()["changed"] == 0, absent.messages()
     restore_only = _keys_play(tmp_path, "restore-only", node_prep_fleet_key_path=str(controller),
                               node_prep_takes_snapshots=False)
     assert restore_only.rc == 0, restore_only.messages()
