@@ -361,13 +361,13 @@ def _resume_tree(target: snap.Target, failed: bool) -> None:
 
 
 def _capture_stopped(job: _Job, target: snap.Target, timings: Dict[str, float]) -> None:
-    """What must match the memory image, taken while the tree is still stopped."""
+    """What must match the memory image, taken while the tree is still stopped (every thread of it)."""
+    _hold_stopped(target)
     if target.capture:
         t0 = time.monotonic()
         job.extra = target.capture.while_stopped(job.tdir)
         timings["rootfs"] = time.monotonic() - t0
         return
-    _hold_stopped(target)
     own_dir = wl.paths(target.workloads_root, target.workload)["dir"] + "/" if target.workload else None
     if target.workload:
         job.files = _copy_workload_files(target, os.path.join(job.tdir, "files"))
@@ -377,13 +377,16 @@ def _capture_stopped(job: _Job, target: snap.Target, timings: Dict[str, float]) 
     job.in_use = proc.files_in_use(target.pid, exclude=(own_dir,) if own_dir else ())
 
 
-def _hold_stopped(target: snap.Target, settle: float = 2.0) -> None:
+STOP_SETTLE = 2.0  # seconds a thread may take to stop after the dump before it gets a SIGSTOP of ours
+
+
+def _hold_stopped(target: snap.Target) -> None:
     """Every thread of the tree is stopped before its files are copied.
 
     CRIU leaves the tree stopped by a SIGSTOP it queues before it detaches; a thread still runs until it takes
-    that signal. One still running after ``settle`` s gets a SIGSTOP of ours; one that never stops fails the
+    that signal. One still running after STOP_SETTLE s gets a SIGSTOP of ours; one that never stops fails the
     checkpoint (the rollback resumes the tree)."""
-    end, nudged = time.monotonic() + settle, False
+    end, nudged = time.monotonic() + STOP_SETTLE, False
     while True:
         running = proc.unstopped(target.pid)
         if not running:
@@ -395,7 +398,7 @@ def _hold_stopped(target: snap.Target, settle: float = 2.0) -> None:
                     "dump, so its files cannot be copied as the dump saw them; nothing was published, the tree "
                     "runs on")
             proc.signal_tree(target.pid, signal.SIGSTOP)
-            end, nudged = time.monotonic() + settle, True
+            end, nudged = time.monotonic() + STOP_SETTLE, True
         time.sleep(0.01)
 
 

@@ -1,12 +1,14 @@
 """The workload files a checkpoint copies while the tree is stopped, against the sizes CRIU's dump recorded
 (_checkpoint._match_dump): equal sizes pass, growth by appends to an ``O_APPEND`` file is cut back to the
-dump's size and noted, any other difference fails the checkpoint naming every file. The dump's records are
-stubbed here; test_process_snapshot runs it on real CRIU images."""
+dump's size and noted, any other difference fails the checkpoint naming every file; and nothing is copied or
+captured before every thread of the tree is stopped (_hold_stopped). The dump's records and the threads' states
+are stubbed here; test_process_snapshot runs it on real CRIU images."""
 from __future__ import annotations
 
 import os
+import signal
 from pathlib import Path
-from typing import Dict, Tuple, cast
+from typing import Dict, List, Tuple, cast
 
 import pytest
 
@@ -73,3 +75,51 @@ def test_a_workloads_root_reached_through_a_symlink_still_matches(tmp_path: Path
         str(tmp_path / "real" / "w" / "journal.log"): cimg.Recorded(7, os.O_RDWR | os.O_APPEND)})
     ckpt._match_dump(job, target)
     assert job.trimmed == [{"path": "journal.log", "bytes": 7}]
+
+
+# --- every thread stopped before anything is copied (_hold_stopped) ----------------------------------------------
+
+class FakeCapture:
+    """A container target's capture: notes which threads still ran when it captured."""
+
+    def __init__(self, running: List[int]) -> None:
+        self.running = running
+        self.saw_running: List[List[int]] = []
+
+    def while_stopped(self, target_dir: str) -> Dict[str, str]:
+        self.saw_running.append(list(self.running))
+        return {"rootfs": "captured"}
+
+
+@pytest.fixture(name="quick")
+def fixture_quick(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(ckpt, "STOP_SETTLE", 0.05)
+
+
+@pytest.mark.usefixtures("quick")
+def test_the_capture_waits_for_every_thread_and_nudges_one_that_keeps_running(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    running = [4242]
+    sent: List[Tuple[int, int]] = []
+    monkeypatch.setattr(ckpt.proc, "unstopped", lambda pid: list(running))
+    monkeypatch.setattr(ckpt.proc, "signal_tree", lambda pid, sig: (sent.append((pid, sig)), running.clear()))
+    capture = FakeCapture(running)
+    job, _target = job_with(tmp_path, {})
+    ckpt._capture_stopped(job, snap.Target(pid=7, name="c", capture=cast(snap.Capture, capture)), {})
+    assert sent == [(7, signal.SIGSTOP)] and capture.saw_running == [[]], "captured while a thread ran"
+    assert job.extra == {"rootfs": "captured"}
+
+
+@pytest.mark.usefixtures("quick")
+def test_a_thread_that_never_stops_fails_the_checkpoint_naming_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(ckpt.proc, "unstopped", lambda pid: [4242, 4243])
+    monkeypatch.setattr(ckpt.proc, "signal_tree", lambda pid, sig: None)
+    with pytest.raises(snap.SnapshotError, match=r"^workload w: thread\(s\) 4242, 4243 kept running after the dump"):
+        ckpt._hold_stopped(snap.Target(pid=7, name="w", workload="w"))
+
+
+@pytest.mark.usefixtures("quick")
+def test_a_stopped_tree_is_not_signalled(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(ckpt.proc, "unstopped", lambda pid: [])
+    monkeypatch.setattr(ckpt.proc, "signal_tree", lambda pid, sig: pytest.fail("a stopped tree got a signal"))
+    ckpt._hold_stopped(snap.Target(pid=7, name="w", workload="w"))

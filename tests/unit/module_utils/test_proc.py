@@ -1,8 +1,13 @@
-"""proc.detach: the double fork behind the checkpoint guardian and the lazy-restore supervisors."""
+"""proc.detach: the double fork behind the checkpoint guardian and the lazy-restore supervisors; proc.unstopped:
+which threads of a tree still run."""
 from __future__ import annotations
 
 import json
 import os
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 from ansible_collections.warmstart.snapshot.plugins.module_utils.core import _proc as proc
@@ -46,3 +51,28 @@ def test_file_mismatches_name_each_file_and_hint_at_node_local_ones(tmp_path: Pa
     assert f"file {other}: 5 bytes on this node, 7 at checkpoint (different software)" in got
     assert len(got) == 4, "an unchanged file was reported"
     assert proc.file_mismatches({f"/nonexistent/{n}": 1 for n in range(12)}, limit=8)[-1] == "... and 4 more files differ"
+
+
+def test_unstopped_names_the_threads_of_a_tree_that_still_run() -> None:
+    """proc.unstopped: every thread of the tree, children included, until a SIGSTOP has taken hold of each."""
+    code = "import subprocess, threading, time; c = subprocess.Popen(['sleep', '60']); " \
+           "threading.Thread(target=time.sleep, args=(60,), daemon=True).start(); time.sleep(60)"
+    parent = subprocess.Popen([sys.executable, "-c", code])
+    try:
+        deadline = time.monotonic() + 10
+        while len(proc.descendants(parent.pid)) < 2 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        tree = proc.descendants(parent.pid)
+        running = proc.unstopped(parent.pid)
+        assert len(tree) == 2 and len(running) == 3, (tree, running)  # two threads of python, the sleep child
+        proc.signal_tree(parent.pid, signal.SIGSTOP)
+        while proc.unstopped(parent.pid) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert proc.unstopped(parent.pid) == []
+        proc.signal_tree(parent.pid, signal.SIGCONT)
+        while len(proc.unstopped(parent.pid)) < 3 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert sorted(proc.unstopped(parent.pid)) == sorted(running)
+    finally:
+        proc.signal_tree(parent.pid, signal.SIGKILL)
+        parent.wait()
