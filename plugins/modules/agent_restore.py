@@ -143,15 +143,15 @@ message:
   returned: when restored or recovered
   type: str
 seconds:
-  description: How long the node's restore took.
+  description: Seconds the node's restore took.
   returned: when restored
   type: float
 ready_seconds:
-  description: From the moment the pod's placeholder containers were all running to the restore's completion.
+  description: Seconds from the moment the pod's placeholder containers were all running to the restore's completion.
   returned: when restored and the pod's status says when its containers started
   type: float
 snapshot_age_seconds:
-  description: The PodSnapshot's age (from its C(createdAt)) at the restore.
+  description: The PodSnapshot's age in seconds (from its C(createdAt)) at the restore.
   returned: when restored
   type: float
 restore:
