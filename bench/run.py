@@ -638,12 +638,12 @@ def summarize(results: Dict[str, Any]) -> Dict[str, Any]:
                                  - o["restore_verify_off"]["timings"].get("preflight", 0) for o in ours])
         stats: Dict[str, Any] = {}
         for key in ("frozen_time", "memdump_time", "memwrite_time"):
-            stats[f"ours.dump.{key}"] = summ([o["checkpoint"]["criu_stats"].get(key, 0) / 1e6 for o in ours])
-            stats[f"raw.dump.{key}"] = summ([r["dump"]["criu_stats"].get(key, 0) / 1e6 for r in raw])
-        stats["ours.restore.restore_time"] = summ([o["restore_verify_on"]["criu_stats"].get("restore_time", 0) / 1e6
+            stats[f"ours.dump.{key}"] = summ([o["checkpoint"]["criu_stats"].get(key, 0) for o in ours])
+            stats[f"raw.dump.{key}"] = summ([r["dump"]["criu_stats"].get(key, 0) for r in raw])
+        stats["ours.restore.restore_time"] = summ([o["restore_verify_on"]["criu_stats"].get("restore_time", 0)
                                                    for o in ours] + [o["restore_verify_off"]["criu_stats"].get(
-                                                       "restore_time", 0) / 1e6 for o in ours])
-        stats["raw.restore.restore_time"] = summ([r["restore"]["criu_stats"].get("restore_time", 0) / 1e6 for r in raw])
+                                                       "restore_time", 0) for o in ours])
+        stats["raw.restore.restore_time"] = summ([r["restore"]["criu_stats"].get("restore_time", 0) for r in raw])
         s["criu_stats_s"] = stats
         size_mb = ours[0]["checkpoint"]["image_bytes"] / 1e6
         ck = phases["checkpoint.checksum"]

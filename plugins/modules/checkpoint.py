@@ -328,10 +328,10 @@ snapshot:
       returned: always
       sample: {cuda_lock: 0.002, cuda_checkpoint: 1.9, dump: 0.38, total: 2.4}
     criu_stats:
-      description: CRIU's dump statistics (times in microseconds, page counts).
+      description: CRIU's dump statistics - its times (C(*_time)) in seconds, its counts (pages) as they are.
       type: dict
       returned: always
-      sample: {frozen_time: 45313, pages_written: 954}
+      sample: {frozen_time: 0.045313, pages_written: 954}
     source_node:
       description: The source node as the manifest records it (architecture, kernel, CPU vendor, model and flags hash, CRIU, OS).
       type: dict

@@ -497,10 +497,10 @@ restore:
       returned: check mode, without into
       sample: false
     criu_stats:
-      description: CRIU's restore statistics (microseconds, pages).
+      description: CRIU's restore statistics - its times (C(*_time)) in seconds, its counts (pages) as they are.
       type: dict
       returned: not in check mode, without into
-      sample: {restore_time: 120000}
+      sample: {restore_time: 0.12}
     app_profile:
       description:
         - The application profile that released the copy - C(name), C(release) (each step run - C(step),

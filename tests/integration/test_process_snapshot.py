@@ -100,6 +100,10 @@ def test_checkpoint_stops_source_and_restore_continues_its_state(lab: Lab) -> No
     assert restored["changed"] is True
     res = restored["restore"]
     assert res["id"] == info["id"] and res["ns_pid"] == 1 and res["workload"] == "warm"
+    # CRIU's statistics in warmstart's units: times in seconds (CRIU's images count microseconds), pages counted
+    for stats, timed in ((info["criu_stats"], "frozen_time"), (res["criu_stats"], "restore_time")):
+        assert isinstance(stats[timed], float) and 0 < stats[timed] < 60, stats
+    assert isinstance(info["criu_stats"]["pages_written"], int) and info["criu_stats"]["pages_written"] >= 50 << 8
     after = query(port)
     elapsed = time.monotonic() - t_before
     # The counter continues: not below its value at checkpoint, and no further on than the process could

@@ -344,7 +344,9 @@ def restore(criu_path: str, images_dir: str, work_dir: str, options: CriuOptions
 # (u32 size + protobuf stats_entry). Decoded with the generated message only,
 # which works across protobuf versions (pycriu's dict decoder does not).
 
-def read_stats(path: str) -> Dict[str, int]:
+def read_stats(path: str) -> Dict[str, float]:
+    """CRIU's ``stats-dump`` / ``stats-restore``: its counters as they are, its times (``*_time``, microseconds in
+    the image) in seconds like every duration warmstart reports; {} when there is none or pycriu cannot read it."""
     try:
         with open(path, "rb") as handle:
             data = handle.read()
@@ -359,10 +361,10 @@ def read_stats(path: str) -> Dict[str, int]:
     (size,) = struct.unpack_from("<I", data, 8)
     entry = stats_pb2.stats_entry()
     entry.ParseFromString(data[12:12 + size])
-    out: Dict[str, int] = {}
+    out: Dict[str, float] = {}
     for part in ("dump", "restore"):
         if entry.HasField(part):
             msg = getattr(entry, part)
             for desc, value in msg.ListFields():
-                out[desc.name] = int(value)
+                out[desc.name] = round(int(value) / 1e6, 6) if desc.name.endswith("_time") else int(value)
     return out
