@@ -160,11 +160,10 @@ def unstopped(pid: int) -> List[int]:
             continue
         for tid in tids:
             try:
-                with open(f"/proc/{p}/task/{tid}/stat", "rb") as handle:
-                    state = handle.read().rsplit(b")", 1)[1].split()[0]
-            except (OSError, IndexError):
+                state = stat_fields(int(tid))[0]  # /proc/<tid> is each thread's, listed or not
+            except (OSError, IndexError, ValueError):
                 continue
-            if state not in (b"T", b"t", b"Z", b"X"):
+            if state not in ("T", "t", "Z", "X"):
                 out.append(int(tid))
     return out
 

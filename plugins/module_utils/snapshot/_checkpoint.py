@@ -395,8 +395,8 @@ def _hold_stopped(target: snap.Target) -> None:
             if nudged:
                 raise snap.SnapshotError(
                     f"{_checkpoint_what(target)}: thread(s) {', '.join(map(str, running))} kept running after the "
-                    "dump, so its files cannot be copied as the dump saw them; nothing was published, the tree "
-                    "runs on")
+                    "dump, so its files cannot be copied as the dump saw them; nothing was published and the tree "
+                    "runs on - checkpoint it again (a thread stuck in uninterruptible I/O does not stop)")
             proc.signal_tree(target.pid, signal.SIGSTOP)
             end, nudged = time.monotonic() + STOP_SETTLE, True
         time.sleep(0.01)
@@ -408,7 +408,11 @@ def _match_dump(job: _Job, target: snap.Target) -> None:
     A file that grew only by appends after the dump (opened ``O_APPEND``; the source ran on for a moment
     before its stop took hold) is cut back to the recorded size: the bytes past it were written by code the
     memory image never ran. Any other difference fails the checkpoint, naming each file."""
-    recorded = cimg.regular_files(job.images)
+    try:
+        recorded = cimg.regular_files(job.images)
+    except Exception as exc:  # pylint: disable=broad-except  # pycriu's and protobuf's decoder errors
+        raise snap.SnapshotError(f"{_checkpoint_what(target)}: cannot read the dump's files.img ({exc}); nothing was "
+                                 "published") from None
     wdir = wl.paths(target.workloads_root, target.workload or "")["dir"]
     real = os.path.realpath(wdir)  # CRIU names a file by the path its process resolved
     problems = []
@@ -428,7 +432,8 @@ def _match_dump(job: _Job, target: snap.Target) -> None:
     if problems:
         raise snap.SnapshotError(
             f"{_checkpoint_what(target)}: workload files changed between the dump and their copy, so the "
-            f"snapshot could not be restored ({'; '.join(problems)}); nothing was published", reasons=problems)
+            f"snapshot could not be restored ({'; '.join(problems)}); nothing was published and the source runs on - "
+            "checkpoint it again", reasons=problems)
 
 
 def _resume(target: snap.Target, plan: gh.CudaPlan, timings: Dict[str, float], stopped: contextlib.ExitStack) -> None:

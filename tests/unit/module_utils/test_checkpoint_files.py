@@ -77,6 +77,18 @@ def test_a_workloads_root_reached_through_a_symlink_still_matches(tmp_path: Path
     assert job.trimmed == [{"path": "journal.log", "bytes": 7}]
 
 
+def test_an_unreadable_files_img_fails_the_checkpoint_with_the_cause(tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    job, target = job_with(tmp_path, {"journal.log": b"tick 1\n"})
+
+    def broken(images: str) -> Dict[str, cimg.Recorded]:
+        raise ValueError(f"{images}/files.img: 3 bytes after its last entry")
+    monkeypatch.setattr(cimg, "regular_files", broken)
+    with pytest.raises(snap.SnapshotError, match=r"^workload w: cannot read the dump's files.img \(.*3 bytes after "
+                                                 r"its last entry\); nothing was published$"):
+        ckpt._match_dump(job, target)
+
+
 # --- every thread stopped before anything is copied (_hold_stopped) ----------------------------------------------
 
 class FakeCapture:
