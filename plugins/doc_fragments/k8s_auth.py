@@ -43,8 +43,10 @@ options:
     type: path
     aliases: [ssl_ca_cert]
   request_timeout:
-    description: Seconds to wait for one answer of the API server.
-    type: float
+    description:
+      - Seconds to wait for one answer of the API server.
+      - A duration - seconds, or a number with a unit - V(90s), V(30m), V(12h), V(7d), or a sum such as V(1d12h).
+    type: raw
     default: 30
 requirements:
   - The Python library C(kubernetes) (37.x) for the interpreter the module runs with on the managed node

@@ -73,7 +73,7 @@ def k8s_rows(targets: Sequence[Dict[str, Any]], node_map: Dict[str, str], hostva
         recorded[key] = rec
     rows = []
     for target in targets:
-        pod, node = _pod(target), target.get("node")
+        pod, node = _pod(target), target.get("node_name")
         row: Dict[str, Any] = {"pod": pod, "host": node_map.get(str(node)), "result": "", "detail": ""}
         rows.append(row)
         if not node:
@@ -115,10 +115,10 @@ def k8s_restore_work(begun: Sequence[Dict[str, Any]]) -> List[Dict[str, Any]]:
         meta = (res.get("pod") or {}).get("metadata") or {}
         store = res.get("store") or {}
         for pair in res["pairs"]:
-            out.append({"namespace": meta.get("namespace"), "name": meta.get("name"), "node": res.get("node"),
+            out.append({"namespace": meta.get("namespace"), "name": meta.get("name"), "node": res.get("node_name"),
                         "source": pair.get("source"), "container": pair.get("container"),
-                        "container_id": pair.get("container_id"), "snapshot": res.get("snapshot"),
-                        "snapshot_id": store.get("snapshotId"), "store_url": store.get("url"),
+                        "container_id": pair.get("container_id"), "snapshot": res.get("pod_snapshot_name"),
+                        "snapshot_id": store.get("snapshot_id"), "store_url": store.get("url"),
                         "skip_compat_check": bool(res.get("skip_compat_check"))})
     return out
 
@@ -220,7 +220,7 @@ def k8s_restore_rows(pods: Sequence[Dict[str, Any]], node_map: Dict[str, str], s
         rows.append(row)
         wait = waited.get(name) or {}
         target = (wait.get("targets") or [{}])[0]
-        row["host"] = node_map.get(str(target.get("node"))) or target.get("node")
+        row["host"] = node_map.get(str(target.get("node_name"))) or target.get("node_name")
         if wait.get("failed"):
             row.update(result="not started", detail=str(wait.get("msg")))
             continue

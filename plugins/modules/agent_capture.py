@@ -71,8 +71,10 @@ options:
     type: int
     default: 3
   ready_timeout:
-    description: Seconds to wait for C(ready-for-snapshot) when the policy's trigger is C(workload).
-    type: float
+    description:
+      - Seconds to wait for C(ready-for-snapshot) when the policy's trigger is C(workload).
+      - A duration - seconds, or a number with a unit - V(90s), V(30m), V(12h), V(7d), or a sum such as V(1d12h).
+    type: raw
     default: 300
   runtime:
     description: The container runtime that runs the pod's containers; V(auto) asks each installed one.
@@ -107,8 +109,8 @@ action:
   returned: always
   type: str
   sample: captured
-snapshot:
-  description: The request, as C(namespace/name).
+pod_snapshot_ref:
+  description: The request (a PodSnapshot), as C(namespace/name).
   returned: when a request was found or created
   type: str
   sample: ml/embed-warm
@@ -130,7 +132,7 @@ reasons:
   type: list
   elements: str
 requested:
-  description: The request made for O(pod) and O(policy) (C(snapshot), C(created)), or for O(trigger).
+  description: The request made for O(pod) and O(policy) (C(pod_snapshot_name), C(created)), or for O(trigger).
   returned: with O(pod) and O(policy), or O(trigger)
   type: dict
 trigger_phase:
@@ -157,7 +159,7 @@ def main() -> None:
             node_name=dict(type="str", fallback=(env_fallback, ["NODE_NAME"])),
             agent_id=dict(type="str"),
             max_attempts=dict(type="int", default=3),
-            ready_timeout=dict(type="float", default=300),
+            ready_timeout=dict(type="raw", default=300),
             runtime=runtime_option(),
             store=dict(type="str"),
             store_options=store_argument_spec()["store_options"],

@@ -95,8 +95,10 @@ options:
     type: bool
     default: false
   running_timeout:
-    description: Seconds to wait for a restore of a recovered pod that still runs on this node.
-    type: float
+    description:
+      - Seconds to wait for a restore of a recovered pod that still runs on this node.
+      - A duration - seconds, or a number with a unit - V(90s), V(30m), V(12h), V(7d), or a sum such as V(1d12h).
+    type: raw
     default: 900
   metrics_dir:
     description:
@@ -132,12 +134,31 @@ reasons:
   returned: when waiting or refused
   type: list
   elements: str
+pod_ref:
+  description: The pod, as C(namespace/name).
+  returned: always
+  type: str
+  sample: ml/embed-restore-0
 outcome:
-  description: The restore's outcome (V(succeeded), V(failed), V(partially_succeeded), V(incompatible)), or the pod's
-    reference outcome when skipped or waiting.
+  description:
+    - The node's restore outcome (V(succeeded), V(failed), V(partially_succeeded), V(incompatible)), as
+      M(warmstart.snapshot.restore) returns it; null when no restore was attempted (skipped, waiting, check mode).
   returned: always
   type: str
   sample: succeeded
+pod_outcome:
+  description:
+    - Where the pod stands by the reference contract's table (V(Pending), V(Succeeded), V(Failed),
+      V(PartiallySucceeded), V(Unknown); see RV(warmstart.snapshot.restore_pod#module:pod_outcome)) - after the
+      outcome was recorded, or while it waits or is skipped; absent when recovering in check mode.
+  returned: when skipped, waiting, would refuse or restore, or when the outcome was recorded
+  type: str
+  sample: Succeeded
+pod_snapshot_name:
+  description: The PodSnapshot restored from.
+  returned: when restored
+  type: str
+  sample: embed-20261202
 message:
   description: What the Restored condition says.
   returned: when restored or recovered
@@ -190,7 +211,7 @@ def main() -> None:
             criu_path=dict(type="path"),
             restore_root=dict(type="path"),
             lazy=dict(type="bool", default=False),
-            running_timeout=dict(type="float", default=900),
+            running_timeout=dict(type="raw", default=900),
             metrics_dir=dict(type="path"),
         ),
         supports_check_mode=True,

@@ -63,9 +63,9 @@ removed:
   sample:
     - namespace: ml
       name: embed-20261207-0100
-      policy: embed
+      policy_name: embed
       reason: "not restored from for 3d (last_access_timeout=72h)"
-      store: {url: "s3://snapshots/fleet", snapshotId: "20261204T010000Z-1a2b3c4d"}
+      store: {url: "s3://snapshots/fleet", snapshot_id: "20261204T010000Z-1a2b3c4d", path: null}
       bytes_freed: 2147483648
 kept:
   description: Expired PodSnapshots kept because a restore pod still restores from them, and why.

@@ -156,8 +156,10 @@ options:
     type: int
     default: 536870912
   timeout:
-    description: CRIU's timeout for collecting and freezing the tree, in seconds (V(0) is CRIU's default).
-    type: float
+    description:
+      - CRIU's timeout for collecting and freezing the tree, in seconds (V(0) is CRIU's default).
+      - A duration - seconds, or a number with a unit - V(90s), V(30m), V(12h), V(7d), or a sum such as V(1d12h).
+    type: raw
     default: 0
   wait_ready:
     description:
@@ -169,7 +171,8 @@ options:
     description:
       - Seconds to wait for readiness (O(wait_ready)), and for the answer of a workload with checkpoint hooks
         (C(checkpoint-requested)) before a GPU snapshot. Default - the profile's ready timeout, else 300.
-    type: float
+      - A duration - seconds, or a number with a unit - V(90s), V(30m), V(12h), V(7d), or a sum such as V(1d12h).
+    type: raw
   app_profile:
     description:
       - The application profile of a stock server (see C(docs/profiles.md)) - O(wait_ready) waits for its ready
@@ -217,7 +220,8 @@ options:
     description:
       - Seconds the CUDA lock waits for running GPU work to finish (V(0) waits without limit). When it
         expires the process is left running and the checkpoint fails.
-    type: float
+      - A duration - seconds, or a number with a unit - V(90s), V(30m), V(12h), V(7d), or a sum such as V(1d12h).
+    type: raw
     default: 30
 notes:
   - Needs root. A process target should be the init of its own PID namespace (as M(warmstart.snapshot.workload)
@@ -417,13 +421,13 @@ def main() -> None:
             file_locks=dict(type="bool", default=True),
             link_remap=dict(type="bool", default=True),
             ghost_limit=dict(type="int", default=512 << 20),
-            timeout=dict(type="float", default=0),
+            timeout=dict(type="raw", default=0),
             wait_ready=dict(type="bool", default=False),
-            ready_timeout=dict(type="float"),
+            ready_timeout=dict(type="raw"),
             app_profile=dict(type="raw"),
             accelerator=dict(type="str", choices=["auto", "cuda", "ascend", "off"]),
             cuda=dict(type="str", choices=["auto", "required", "off"]),
-            cuda_lock_timeout=dict(type="float", default=30),
+            cuda_lock_timeout=dict(type="raw", default=30),
         ),
         mutually_exclusive=[("pid", "pidfile", "workload", "container", "pod")],
         required_one_of=[("pid", "pidfile", "workload", "container", "pod")],

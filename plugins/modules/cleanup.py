@@ -63,6 +63,7 @@ options:
         (same format as O(max_age)).
       - Keep it well above the time between two writes of a running checkpoint; V(0) removes every staging
         directory, including those of checkpoints that run right now.
+      - A duration - seconds, or a number with a unit - V(90s), V(30m), V(12h), V(7d), or a sum such as V(1d12h).
     type: raw
     default: 1h
   name:
@@ -134,13 +135,7 @@ EXAMPLES = r"""
 
 RETURN = r"""
 removed:
-  description: Ids of the snapshots removed (in check mode - that would be removed).
-  returned: success
-  type: list
-  elements: str
-  sample: [20261201T080000Z-0a1b2c3d]
-removed_snapshots:
-  description: The snapshots in RV(removed), with why and how large.
+  description: The snapshots removed (in check mode - that would be removed), with why and how large.
   returned: success
   type: list
   elements: dict
@@ -194,11 +189,15 @@ bytes_freed:
   type: int
   sample: 3987719
 kept:
-  description: Ids of the snapshots considered and kept, newest first.
+  description: The snapshots considered and kept, newest first.
   returned: success
   type: list
-  elements: str
-  sample: [20261202T124302Z-f6ccdab5]
+  elements: dict
+  contains:
+    id: {description: Snapshot id., type: str, returned: always, sample: 20261202T124302Z-f6ccdab5}
+    name: {description: Snapshot name., type: str, returned: always, sample: embed}
+    labels: {description: Its labels., type: dict, returned: always, sample: {model: all-minilm-l6-v2}}
+    created_at: {description: Creation time in UTC (ISO 8601)., type: str, returned: always, sample: "2026-12-02T12:43:02.123456Z"}
 broken:
   description: Snapshot directories whose manifest cannot be read.
   returned: success

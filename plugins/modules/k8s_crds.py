@@ -47,8 +47,10 @@ options:
     type: bool
     default: true
   wait_timeout:
-    description: Seconds to wait for O(wait).
-    type: float
+    description:
+      - Seconds to wait for O(wait).
+      - A duration - seconds, or a number with a unit - V(90s), V(30m), V(12h), V(7d), or a sum such as V(1d12h).
+    type: raw
     default: 60
 seealso:
   - module: warmstart.snapshot.pod_snapshot
@@ -98,7 +100,7 @@ def main() -> None:
             definitions=dict(type="list", elements="dict", required=True),
             state=dict(type="str", choices=["present", "absent"], default="present"),
             wait=dict(type="bool", default=True),
-            wait_timeout=dict(type="float", default=60),
+            wait_timeout=dict(type="raw", default=60),
         ),
         supports_check_mode=True,
     )

@@ -64,8 +64,10 @@ options:
     type: int
     required: true
   timeout:
-    description: Seconds after which the page server is killed if it is still running.
-    type: float
+    description:
+      - Seconds after which the page server is killed if it is still running.
+      - A duration - seconds, or a number with a unit - V(90s), V(30m), V(12h), V(7d), or a sum such as V(1d12h).
+    type: raw
     default: 900
   verify:
     description: Verify every file's size and SHA256 before serving.
@@ -102,7 +104,7 @@ page_server:
   returned: success
   type: dict
   contains:
-    snapshot:
+    snapshot_id:
       description: Snapshot id served.
       type: str
       returned: always
@@ -154,7 +156,7 @@ def main() -> None:
             insecure=dict(type="bool", default=False),
             **tls_argument_spec(),
             port=dict(type="int", required=True),
-            timeout=dict(type="float", default=900),
+            timeout=dict(type="raw", default=900),
             verify=dict(type="bool", default=True),
             criu_path=dict(type="path"),
             log_dir=dict(type="path", default="/var/lib/warmstart/restore"),

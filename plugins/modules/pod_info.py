@@ -54,8 +54,10 @@ options:
     type: str
     choices: [exists, scheduled, running]
   wait_timeout:
-    description: Seconds to wait for O(wait_for).
-    type: float
+    description:
+      - Seconds to wait for O(wait_for).
+      - A duration - seconds, or a number with a unit - V(90s), V(30m), V(12h), V(7d), or a sum such as V(1d12h).
+    type: raw
     default: 120
   wait_sleep:
     description: Seconds between two reads while waiting.
@@ -80,7 +82,7 @@ EXAMPLES = r"""
       container: main
       spec_hash: "{{ item.spec_hash }}"
     store: /mnt/snapshots
-  delegate_to: "{{ item.node }}"
+  delegate_to: "{{ item.node_name }}"
   loop: "{{ embed_pods.targets }}"
 
 - name: Wait until the restore pods' placeholders run
@@ -100,7 +102,7 @@ pods:
 targets:
   description:
     - One summary per pod. For a restore pod (one with a restore-from annotation, ours or C(nvidia.com/restore-from))
-      C(restore_outcome) is its outcome by the reference contract's table (V(Pending), V(Succeeded), V(Failed),
+      C(pod_outcome) is its outcome by the reference contract's table (V(Pending), V(Succeeded), V(Failed),
       V(PartiallySucceeded), V(Unknown); see M(warmstart.snapshot.restore_pod)), null for other pods.
     - Each of C(containers) says C(name), C(container_id), C(running), C(ready), C(restart_count) and C(volumes),
       where it mounts the pod's C(emptyDir) volumes (what a snapshot takes along, M(warmstart.snapshot.checkpoint)
@@ -112,12 +114,12 @@ targets:
     - namespace: ml
       name: embed-0
       uid: 8d7c1c8e-4f7b-4a40-9b7e-1f1b5a0e2d11
-      node: gpu-01
+      node_name: gpu-01
       phase: Running
       labels: {app: embed}
       annotations: {}
       spec_hash: 5f0c3e...
-      restore_outcome: null
+      pod_outcome: null
       containers:
         - {name: main, container_id: "podman://0f3a...", running: true, ready: true, restart_count: 0,
            volumes: [/root/.cache]}
@@ -145,7 +147,7 @@ def main() -> None:
             field_selector=dict(type="str"),
             filter=dict(type="str"),
             wait_for=dict(type="str", choices=list(WAIT_FOR)),
-            wait_timeout=dict(type="float", default=120),
+            wait_timeout=dict(type="raw", default=120),
             wait_sleep=dict(type="float", default=1.0),
         ),
         mutually_exclusive=[("name", "label_selector"), ("name", "field_selector")],

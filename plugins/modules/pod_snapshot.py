@@ -39,7 +39,7 @@ description:
     attempt (C(Ready) False with the reason, C(Failed) False C(WillRetry)) and the source pod is not touched; the
     last attempt makes it C(Failed) True (RV(final)). The source pod is not read, so a request whose pod is gone can
     be failed with the reason.
-  - The records are returned in every case (RV(snapshot), RV(content), RV(status)).
+  - The records are returned in every case (RV(pod_snapshot), RV(pod_snapshot_content), RV(status)).
 author:
   - warmstart developers (!UNKNOWN)
 extends_documentation_fragment:
@@ -156,7 +156,8 @@ options:
     description:
       - Seconds after which an attempt that was claimed (O(state=capturing)) and never recorded counts as failed
         (its agent stopped), so that the next O(state=capturing) may claim another one.
-    type: float
+      - A duration - seconds, or a number with a unit - V(90s), V(30m), V(12h), V(7d), or a sum such as V(1d12h).
+    type: raw
     default: 3600
 seealso:
   - module: warmstart.snapshot.restore_pod
@@ -218,12 +219,12 @@ EXAMPLES = r"""
 """
 
 RETURN = r"""
-snapshot:
+pod_snapshot:
   description: The PodSnapshot as the API server returned it (as it would be, in check mode); null when absent.
   returned: always
   type: dict
   sample: {metadata: {name: embed-20261202, namespace: inference}, spec: {source: {podRef: {name: embed-0}}}}
-content:
+pod_snapshot_content:
   description: The PodSnapshotContent it is bound to; null when there is none (no O(store) yet, or absent).
   returned: always
   type: dict
@@ -316,7 +317,7 @@ def main() -> None:
             failed_reason=dict(type="str"),
             failed_message=dict(type="str"),
             max_attempts=dict(type="int", default=1),
-            attempt_timeout=dict(type="float", default=3600),
+            attempt_timeout=dict(type="raw", default=3600),
         ),
         required_if=[("state", "present", ["source_pod"])],
         supports_check_mode=True,

@@ -23,7 +23,7 @@ description:
     M(warmstart.snapshot.restore_pod) O(warmstart.snapshot.restore_pod#module:action=finish) writes on each
     (partly) successful restore, or from their creation when never restored from. With both rules a
     snapshot goes when either says so, and its C(reason) names each.
-  - With O(policy) or O(storage_config), RV(store) and RV(store_options) say where snapshots go - the policy's
+  - With O(policy) or O(storage_config), RV(store_url) and RV(store_options) say where snapshots go - the policy's
     C(storeUrl), or the C(PodSnapshotStorageConfig) it names in C(storageConfigName) (or O(storage_config)) with
     its options and the credentials from its C(credentialsSecretRef) Secret (in the Secret's namespace, by default
     O(namespace)). A policy with both C(storeUrl) and C(storageConfigName), or neither, is refused naming both; a
@@ -67,10 +67,11 @@ options:
     description:
       - Expire Ready PodSnapshots not restored from (or, never restored from, not created) within this duration -
         V(72h), V(90m), V(7d), V(1d12h), or seconds.
-    type: str
+      - A duration - seconds, or a number with a unit - V(90s), V(30m), V(12h), V(7d), or a sum such as V(1d12h).
+    type: raw
   storage_config:
     description:
-      - A PodSnapshotStorageConfig to resolve into RV(store) and RV(store_options); with O(policy) as well, the
+      - A PodSnapshotStorageConfig to resolve into RV(store_url) and RV(store_options); with O(policy) as well, the
         policy must name this one.
     type: str
   include_credentials:
@@ -110,7 +111,7 @@ EXAMPLES = r"""
 - name: Checkpoint into that store
   warmstart.snapshot.checkpoint:
     pod: {namespace: ml, name: embed-0, container: server}
-    store: "{{ where.store }}"
+    store: "{{ where.store_url }}"
     store_options: "{{ where.store_options }}"
   no_log: true
 """
@@ -128,11 +129,11 @@ snapshots:
       labels: {model: minilm}
       ready: true
       created_at: "2026-12-02T12:43:02Z"
-      content: ml-embed-0-20261202t124302z-f6ccdab5-0e7d1c2a
+      content_name: ml-embed-0-20261202t124302z-f6ccdab5-0e7d1c2a
       size: 361758720
       pod_spec_hash: 5f0c3e...
       source_pod: embed-0
-      node: gpu-01
+      node_name: gpu-01
       store: {url: /mnt/snapshots, snapshot_id: 20261202T124302Z-f6ccdab5, path: /mnt/snapshots/snapshots/20261202T124302Z-f6ccdab5}
       failed: false
       policy_name: embed
@@ -153,7 +154,7 @@ expired:
   returned: always
   type: list
   elements: dict
-store:
+store_url:
   description: With O(policy) or O(storage_config) - the store snapshots go to (a directory or V(s3://bucket/prefix)).
   returned: always
   type: str
@@ -194,7 +195,7 @@ def main() -> None:
             policy=dict(type="str"),
             keep_last=dict(type="int", default=0),
             group_by=dict(type="list", elements="str", default=[]),
-            last_access_timeout=dict(type="str"),
+            last_access_timeout=dict(type="raw"),
             storage_config=dict(type="str"),
             include_credentials=dict(type="bool", default=False),
         ),

@@ -68,7 +68,7 @@ phase:
   returned: always
   type: str
   sample: pending
-snapshot_name:
+pod_snapshot_name:
   description: The PodSnapshot the trigger created (null when it failed before creating one).
   returned: always
   type: str
@@ -78,7 +78,7 @@ trigger:
   returned: always
   type: dict
   sample: {spec: {targetPod: embed-0}, status: {snapshotCreated: {name: embed-now-1a2b3c4d}}}
-snapshot:
+pod_snapshot:
   description: The trigger's PodSnapshot (null when there is none).
   returned: always
   type: dict

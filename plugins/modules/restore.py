@@ -185,7 +185,8 @@ options:
     description:
       - Seconds, from the restore's start, within which the lazy restore must have loaded all memory; past it
         the restored tree and the daemon are killed.
-    type: float
+      - A duration - seconds, or a number with a unit - V(90s), V(30m), V(12h), V(7d), or a sum such as V(1d12h).
+    type: raw
     default: 600
   page_server:
     description:
@@ -374,7 +375,7 @@ restore:
       type: int
       returned: not in check mode, without into
       sample: 1
-    workload:
+    workload_name:
       description: Workload name, if the snapshot is of one.
       type: str
       returned: not in check mode, without into
@@ -393,10 +394,10 @@ restore:
       returned: not in check mode, without into
       sample: []
     started_at:
-      description: When the restore started on the node (Unix time; RV(restore.timings) count from it).
-      type: float
+      description: When the restore started on the node, in UTC (ISO 8601); RV(restore.timings) count from it.
+      type: str
       returned: not in check mode, without into
-      sample: 1796292596.985
+      sample: "2026-12-07T17:50:00.123456Z"
     timings:
       description:
         - Seconds per phase (preflight, restore, total).
@@ -591,7 +592,7 @@ def main() -> None:
             cuda=dict(type="str", choices=["auto", "required", "off"]),
             lazy=dict(type="bool", default=False),
             lazy_wait=dict(type="bool", default=False),
-            lazy_timeout=dict(type="float", default=600),
+            lazy_timeout=dict(type="raw", default=600),
             page_server=dict(type="str"),
             **tls_argument_spec(),
             tcp=dict(type="str", choices=["keep", "close"]),

@@ -30,7 +30,7 @@ description:
   - O(action=validate) fails with every way O(pod) falls short of a restore pod; each container must run the inert
     command, or its own entrypoint with C(SNAPSHOT_RESTORE_STANDBY) set to a true value. RV(entrypoints) says which
     form each container has. No API server is needed.
-  - O(action=classify) tells where a restore pod stands - RV(outcome) by the reference contract's table from its
+  - O(action=classify) tells where a restore pod stands - RV(pod_outcome) by the reference contract's table from its
     C(Restored) condition, RV(losses) from the pod's phase and container states; O(pod), or the pod
     O(namespace)/O(name) read from the API.
   - O(action=select) finds the PodSnapshot to restore O(pod) or O(template) from - the newest Ready one in
@@ -47,7 +47,7 @@ description:
     PodSnapshot is bound to its content (backlink uid, Ready) and was taken from the pod's spec (unless the pod's
     skip-compat annotation is C(true)), and works out the (source, destination container) pairs to restore; then
     adds the finalizer C(snapshot.warmstart.io/restore) and sets the C(Restored) condition to C(False), reason
-    C(RestoreInProgress), as the reference contract does. Returns what the node needs (RV(store), RV(pairs), RV(node)). A
+    C(RestoreInProgress), as the reference contract does. Returns what the node needs (RV(store), RV(pairs), RV(node_name)). A
     pod whose restore already ran is refused - a restore is never replayed; a new pod is needed.
   - O(action=finish) records the node's O(outcome) in the C(Restored) condition (C(RestoreSucceeded),
     C(RestoreFailed), C(RestorePartiallySucceeded), C(RestoreIncompatible)) with O(condition_message), and removes the
@@ -214,7 +214,7 @@ entrypoints:
   returned: when O(action=validate) succeeds
   type: dict
   sample: {main: inert}
-outcome:
+pod_outcome:
   description:
     - Where the restore pod stands, by the reference contract's table over its C(Restored) (or
       C(nvidia.com/Restored)) condition - no condition V(Pending); status C(True) V(Succeeded); status C(False) with
@@ -243,12 +243,12 @@ pod_name:
   returned: when O(action=classify)
   type: str
   sample: embed-restore-0
-snapshot:
+pod_snapshot:
   description: The PodSnapshot chosen (O(action=select)) or restored from (O(action=create)).
   returned: when O(action) is select or create
   type: dict
   sample: {metadata: {name: embed-20261202, namespace: inference}}
-content:
+pod_snapshot_content:
   description: Its PodSnapshotContent (store, node, source).
   returned: when O(action) is select or create
   type: dict
@@ -265,18 +265,35 @@ actions:
   type: list
   elements: str
   sample: ["created Pod inference/embed-restore-0"]
+pod_snapshot_name:
+  description: The PodSnapshot the pod restores from.
+  returned: when O(action=begin)
+  type: str
+  sample: embed-20261202
+content_name:
+  description: Its PodSnapshotContent.
+  returned: when O(action=begin)
+  type: str
+  sample: inference-embed-20261202-0e7d1c2a
+policy_name:
+  description: The PodSnapshotPolicy the snapshot was taken under (null when none).
+  returned: when O(action=begin)
+  type: str
+  sample: embed
 store:
-  description: Where the artifact lives (the PodSnapshotContent's C(spec.store)).
+  description:
+    - Where the artifact lives (the PodSnapshotContent's C(spec.store)) - C(url) (a directory or
+      V(s3://bucket/prefix)), C(snapshot_id) and C(path).
   returned: when O(action=begin)
   type: dict
-  sample: {url: /mnt/snapshots, snapshotId: 20261202T124302Z-f6ccdab5}
+  sample: {url: /mnt/snapshots, snapshot_id: 20261202T124302Z-f6ccdab5, path: null}
 pairs:
   description: What to restore into which container of the pod, with its runtime id from the pod's status.
   returned: when O(action=begin)
   type: list
   elements: dict
   sample: [{source: main, container: main, container_id: "containerd://0f3a"}]
-node:
+node_name:
   description: The node the pod runs on.
   returned: when O(action=begin)
   type: str

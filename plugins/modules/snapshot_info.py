@@ -100,15 +100,18 @@ snapshots:
     created_at: {description: Creation time in UTC (ISO 8601)., type: str, returned: always, sample: "2026-12-02T12:43:02.123456Z"}
     size: {description: Bytes in the snapshot's files., type: int, returned: always, sample: 3987719}
     source_node:
-      description: Host name of the node the snapshot was taken on.
-      type: str
+      description:
+        - The node the snapshot was taken on, as RV(warmstart.snapshot.checkpoint#module:snapshot.source_node) gives
+          it (with O(details=true) the manifest's C(source), which also lists the CPU flags).
+      type: dict
       returned: when O(details=false)
-      sample: gpu-node-1
+      sample: {hostname: gpu-node-1, arch: x86_64, kernel: 6.18.44, cpu_vendor: GenuineIntel}
     targets:
-      description: Names of the snapshotted targets (summary), or their full records (O(details=true)).
+      description: The snapshotted targets - C(name) and C(kind) (summary), or their full records (O(details=true)).
       type: list
+      elements: dict
       returned: always
-      sample: [embed]
+      sample: [{name: embed, kind: process}]
     path:
       description: Directory of the snapshot in the store.
       type: str
@@ -167,7 +170,8 @@ store:
   returned: success
   type: dict
   contains:
-    path: {description: Root of the store., type: str, returned: always, sample: /var/lib/warmstart/store}
+    url: {description: The store - a directory or V(s3://bucket/prefix) (as O(store) names it)., type: str, returned: always, sample: /var/lib/warmstart/store}
+    kind: {description: V(fs) or V(s3)., type: str, returned: always, sample: fs}
     exists:
       description: Whether the store holds a C(snapshots) directory (V(false) - nothing was ever published there).
       type: bool

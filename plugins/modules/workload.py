@@ -69,8 +69,10 @@ options:
     type: bool
     default: false
   ready_timeout:
-    description: Seconds to wait for readiness (O(wait_ready)); default the profile's ready timeout, else 300.
-    type: float
+    description:
+      - Seconds to wait for readiness (O(wait_ready)); default the profile's ready timeout, else 300.
+      - A duration - seconds, or a number with a unit - V(90s), V(30m), V(12h), V(7d), or a sum such as V(1d12h).
+    type: raw
   app_profile:
     description:
       - The application profile of a stock server that knows nothing about warmstart - how to tell it is warm,
@@ -82,8 +84,10 @@ options:
       - Kept in C(spec.json) - M(warmstart.snapshot.checkpoint) of this workload uses it unless given another.
     type: raw
   stop_timeout:
-    description: Seconds between SIGTERM and SIGKILL when stopping.
-    type: float
+    description:
+      - Seconds between SIGTERM and SIGKILL when stopping.
+      - A duration - seconds, or a number with a unit - V(90s), V(30m), V(12h), V(7d), or a sum such as V(1d12h).
+    type: raw
     default: 10
   mount_namespace:
     description:
@@ -200,9 +204,9 @@ def main() -> None:
             chdir=dict(type="path"),
             root=dict(type="path", default="/var/lib/warmstart/workloads"),
             wait_ready=dict(type="bool", default=False),
-            ready_timeout=dict(type="float"),
+            ready_timeout=dict(type="raw"),
             app_profile=dict(type="raw"),
-            stop_timeout=dict(type="float", default=10),
+            stop_timeout=dict(type="raw", default=10),
             mount_namespace=dict(type="bool", default=True),
         ),
         required_if=[("state", "started", ("command",))],

@@ -150,7 +150,10 @@ def test_info_lists_filters_queries_and_verifies(env: Env) -> None:
     assert everything["count"] == 3 and everything["broken"] == [] and everything["staging"] == []
     first = everything["snapshots"][-1]
     assert first["name"] == "embed" and first["labels"] == {"model": "m1"}
-    assert first["targets"] == ["embed"] and first["size"] == r["snap1"]["snapshot"]["size"] > 0
+    assert first["targets"] == [{"name": "embed", "kind": "process"}]
+    assert first["size"] == r["snap1"]["snapshot"]["size"] > 0
+    # the source node as the checkpoint module returns it
+    assert first["source_node"] == r["snap1"]["snapshot"]["source_node"] and "cpu_flags" not in first["source_node"]
     assert first["path"] == str(env.store / "snapshots" / ids[0])
     assert "intact" not in first and "files" not in first
 
@@ -226,15 +229,15 @@ def test_cleanup_keep_last_check_mode_then_real(env: Env) -> None:
 
     plan = env.play([env.cleanup("plan", keep_last=1)], "--check")["plan"]
     assert plan["changed"] is True
-    assert plan["removed"] == [old_id]
-    assert plan["removed_snapshots"][0]["reason"] == "keep_last=1 for name=embed (it is the 2nd newest)"
-    assert plan["removed_snapshots"][0]["size"] >= old_size
+    assert [e["id"] for e in plan["removed"]] == [old_id]
+    assert plan["removed"][0]["reason"] == "keep_last=1 for name=embed (it is the 2nd newest)"
+    assert plan["removed"][0]["size"] >= old_size
     assert [e["path"] for e in plan["removed_staging"]] == [str(stale)]
     assert plan["removed_staging"][0]["size"] == 8192
     assert "unchanged for 3h" in plan["removed_staging"][0]["reason"]
     assert [e["path"] for e in plan["removed_restore_dirs"]] == [str(old_restore)]
-    assert plan["bytes_freed"] == plan["removed_snapshots"][0]["size"] + 8192 + len("restored\n")
-    assert sorted(plan["kept"]) == sorted([new_id, chat_id])
+    assert plan["bytes_freed"] == plan["removed"][0]["size"] + 8192 + len("restored\n")
+    assert sorted(e["id"] for e in plan["kept"]) == sorted([new_id, chat_id])
     assert plan["broken"] == [{"id": broken_id, "remove": False, "error": plan["broken"][0]["error"],
                                "reason": "unreadable snapshot; kept (set remove_broken to remove it)"}]
     assert plan["msg"].startswith("would remove 1 snapshot(s), 1 staging dir(s) and 1 restore work dir(s)")
@@ -249,7 +252,7 @@ def test_cleanup_keep_last_check_mode_then_real(env: Env) -> None:
         env.cleanup("repair", remove_broken=True),
     ])
     real = r["real"]
-    assert real["changed"] is True and real["removed"] == [old_id]
+    assert real["changed"] is True and [e["id"] for e in real["removed"]] == [old_id]
     assert real["bytes_freed"] == plan["bytes_freed"]
     assert real["msg"].startswith("removed 1 snapshot(s)")
     assert not (env.store / "snapshots" / old_id).exists()
@@ -259,7 +262,7 @@ def test_cleanup_keep_last_check_mode_then_real(env: Env) -> None:
     after = r["after"]
     assert [s["id"] for s in after["snapshots"]] == [chat_id, new_id]
     assert [s["path"] for s in after["staging"]] == [str(fresh)]
-    assert r["repair"]["changed"] is True and r["repair"]["removed"] == [broken_id]
+    assert r["repair"]["changed"] is True and [e["id"] for e in r["repair"]["removed"]] == [broken_id]
     assert not (env.store / "snapshots" / broken_id).exists()
     assert (env.store / "snapshots" / new_id / "manifest.json").is_file()
 
@@ -276,7 +279,7 @@ def test_cleanup_by_label_group_max_age_and_bad_options(env: Env) -> None:
     assert r2["bad duration"]["failed"] is True
     assert r2["bad duration"]["msg"].startswith("max_age: unknown unit 'x' in '7x'")
     assert r2["bad keep_last"]["msg"].startswith("keep_last: -2 must be a whole number >= 0")
-    assert r2["by model"]["changed"] is False and r2["by model"]["kept"] == [a1]  # only name=a considered
-    assert r2["by model, all names"]["removed"] == [a1]
-    assert sorted(r2["by model, all names"]["kept"]) == sorted([b1, c1])
+    assert r2["by model"]["changed"] is False and [e["id"] for e in r2["by model"]["kept"]] == [a1]  # only name=a considered
+    assert [e["id"] for e in r2["by model, all names"]["removed"]] == [a1]
+    assert sorted(e["id"] for e in r2["by model, all names"]["kept"]) == sorted([b1, c1])
     assert r2["young enough"]["changed"] is False

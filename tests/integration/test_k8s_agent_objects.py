@@ -61,10 +61,10 @@ def test_a_manual_trigger_request_attempts_and_the_policys_store(server: FakeApi
         {"name": "trigger (check)", "warmstart.snapshot.pod_snapshot_trigger": trigger, "check_mode": True},
         {"name": "trigger", "warmstart.snapshot.pod_snapshot_trigger": trigger},
         {"name": "claim", "warmstart.snapshot.pod_snapshot": {
-            "namespace": "default", "name": "{{ trig.snapshot_name }}",
+            "namespace": "default", "name": "{{ trig.pod_snapshot_name }}",
             "state": "capturing", "max_attempts": 2}},
         {"name": "fail", "warmstart.snapshot.pod_snapshot": {
-            "namespace": "default", "name": "{{ trig.snapshot_name }}",
+            "namespace": "default", "name": "{{ trig.pod_snapshot_name }}",
             "state": "failed", "failed_reason": "CheckpointFailed", "failed_message": "CRIU: boom", "max_attempts": 2}},
         {"name": "fail without a reason", "warmstart.snapshot.pod_snapshot": {
             "namespace": "default", "name": "x", "state": "failed"}, "ignore_errors": True},
@@ -81,7 +81,7 @@ def test_a_manual_trigger_request_attempts_and_the_policys_store(server: FakeApi
     r = results(run)
     assert run.rc == 0, run.stderr[-3000:]
     assert r["trigger (check)"]["changed"] and r["trigger (check)"]["phase"] == "pending"
-    name = r["trigger"]["snapshot_name"]
+    name = r["trigger"]["pod_snapshot_name"]
     assert r["trigger"]["phase"] == "pending" and name.startswith("now-")
     request = server.store.get("podsnapshots", name, "default", group=podapi.GROUP)
     assert request["spec"]["policyName"] == "embed"
@@ -90,7 +90,7 @@ def test_a_manual_trigger_request_attempts_and_the_policys_store(server: FakeApi
     assert r["fail"]["status"]["lastError"] == "CheckpointFailed: CRIU: boom"
     assert "state=failed needs failed_reason" in r["fail without a reason"]["msg"]
     where = r["where"]
-    assert (where["store"], where["storage_config"], where["credentials_secret"]) == (
+    assert (where["store_url"], where["storage_config"], where["credentials_secret"]) == (
         "s3://snapshots/prod", "shared", "warmstart/s3")
     assert where["store_options"] == {"endpoint_url": "http://minio:9000"}
     assert where["policy"]["store_url"] == "s3://snapshots/prod" and where["policy"]["storage_config"] == "shared"

@@ -148,7 +148,7 @@ def test_pod_snapshot_present_binds_records_then_is_idempotent_and_absent_delete
     assert not first.get("failed"), first.get("msg")
     assert first["changed"] is True and again["changed"] is False and again["actions"] == []
 
-    snap, content = first["snapshot"], first["content"]
+    snap, content = first["pod_snapshot"], first["pod_snapshot_content"]
     cname = f"default-embed-1-{snap['metadata']['uid'].replace('-', '')[:8]}"
     assert content["metadata"]["name"] == cname
     assert snap["spec"]["source"]["podRef"] == {"name": "embed-0", "uid": pod["metadata"]["uid"]}
@@ -171,7 +171,7 @@ def test_pod_snapshot_present_binds_records_then_is_idempotent_and_absent_delete
     assert content["status"]["podSpecFields"] == spechash.pod_spec_fields(pod)
     assert selection.check_content_binding(snap, content) == []
     # the second run returned the same records, unchanged on the server
-    assert again["snapshot"]["metadata"]["resourceVersion"] == snap["metadata"]["resourceVersion"]
+    assert again["pod_snapshot"]["metadata"]["resourceVersion"] == snap["metadata"]["resourceVersion"]
 
     forget, forget_again = res["forget"], res["forget again"]
     assert forget["changed"] is True and forget["actions"] == ["deleted PodSnapshot default/embed-1",
@@ -249,12 +249,12 @@ def test_pod_snapshot_failed_records_conditions_without_content(fake_apiserver: 
         "failed", store=None, ready=False, failed_reason="CheckpointFailed", failed_message="criu dump: exit 1")])
     res = results(run)["failed"]
     assert not res.get("failed"), res.get("msg")
-    assert res["content"] is None and stored(fake_apiserver, "podsnapshotcontents") == []
-    failed = podapi.get_condition(res["snapshot"], "Failed")
+    assert res["pod_snapshot_content"] is None and stored(fake_apiserver, "podsnapshotcontents") == []
+    failed = podapi.get_condition(res["pod_snapshot"], "Failed")
     assert failed["status"] == "True" and failed["reason"] == "CheckpointFailed"
     assert failed["message"] == "criu dump: exit 1"
-    assert podapi.get_condition(res["snapshot"], "Ready")["status"] == "False"
-    assert podapi.readiness_problems(res["snapshot"])  # never selected for a restore
+    assert podapi.get_condition(res["pod_snapshot"], "Ready")["status"] == "False"
+    assert podapi.readiness_problems(res["pod_snapshot"])  # never selected for a restore
 
 
 # --- restore_pod ---------------------------------------------------------------------------
@@ -324,8 +324,8 @@ def test_restore_pod_select_newest_match_or_name_the_differing_fields(fake_apise
     res = results(run)
     chosen = res["select"]
     assert not chosen.get("failed"), chosen.get("msg")
-    assert chosen["snapshot"]["metadata"]["name"] == "snap-b"
-    assert chosen["content"]["metadata"]["name"] == chosen["snapshot"]["status"]["boundSnapshotContentName"]
+    assert chosen["pod_snapshot"]["metadata"]["name"] == "snap-b"
+    assert chosen["pod_snapshot_content"]["metadata"]["name"] == chosen["pod_snapshot"]["status"]["boundSnapshotContentName"]
     assert res["other group"]["failed"]
     assert any("belong to another group" in r and "model='minilm', pod has 'mpnet'" in r
                for r in res["other group"]["reasons"])
@@ -377,7 +377,7 @@ def test_restore_pod_create_n_pods_idempotent_check_mode_and_classify(
             create, template=other_image, snapshot="snap-a", name_prefix="s", count=1, skip_compat_check=True)},
     ])
     res = results(run)
-    assert res["create"]["changed"] is True and res["create"]["snapshot"]["metadata"]["name"] == "snap-a"
+    assert res["create"]["changed"] is True and res["create"]["pod_snapshot"]["metadata"]["name"] == "snap-a"
     assert res["create again"]["changed"] is False
     pods = {p["metadata"]["name"]: p for p in fake_apiserver.store.list("pods", "default")}
     assert {"embed-restore-0", "embed-restore-1", "embed-restore-2"} <= set(pods)
@@ -389,8 +389,8 @@ def test_restore_pod_create_n_pods_idempotent_check_mode_and_classify(
     assert res["pinned to a missing snapshot"]["failed"] is True
     assert res["pinned to a missing snapshot"]["msg"] == "PodSnapshot default/nope not found"
     assert "x-0" not in pods
-    assert res["classify by name"]["outcome"] == "Succeeded" and "state" not in res["classify by name"]
-    assert res["classify new"]["outcome"] == "Pending"
+    assert res["classify by name"]["pod_outcome"] == "Succeeded" and "state" not in res["classify by name"]
+    assert res["classify new"]["pod_outcome"] == "Pending"
     generated = [n for n in (p["metadata"]["name"] for p in fake_apiserver.store.list("pods", "default"))
                  if n.startswith("snap-a-restore-")]
     assert res["create generated"]["changed"] is True and len(generated) == 2

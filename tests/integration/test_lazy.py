@@ -208,7 +208,7 @@ def test_page_server_serves_a_lazy_restore(lab: Lab) -> None:
     ])
     assert "pid" not in res["serve (check)"]["page_server"]
     served = res["serve"]["page_server"]
-    assert served["pid"] > 0 and served["port"] == port
+    assert served["pid"] > 0 and served["port"] == port and served["snapshot_id"] == snap["id"]
     assert "in use" in res["serve twice"]["msg"]
     out = res["restore from page server"]["restore"]
     assert out["lazy"]["used"] is True and out["lazy"]["complete_after"] > 0

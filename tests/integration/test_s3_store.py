@@ -257,7 +257,7 @@ def test_cleanup_removes_old_snapshots_and_unpublished_uploads(lab: Lab, s3: Dic
                                                            "incomplete_older_than": 0}},
     ])
     assert f"{s3['url']}/snapshots/{orphan}" in [e["path"] for e in res["info"]["staging"]]
-    assert res["cleanup"]["removed"] == [first]
+    assert [e["id"] for e in res["cleanup"]["removed"]] == [first]
     left = {k.split("/")[2] for k in keys(s3)}
     assert left == {second}, left
 

@@ -273,7 +273,8 @@ def test_a_broken_manifest_is_listed_broken_and_the_others_still_work(world: Dic
     assert res["restore by name"]["reasons"][0].startswith(f"{sid}: unreadable: ")
     skipping = res["restore by name, skipping"]["restore"]
     assert skipping["id"] == world["sid"] and sid in [p["id"] for p in skipping["passed_over"]]
-    assert sid in res["clean"]["removed"] and world["sid"] not in res["clean"]["removed"]
+    removed = [e["id"] for e in res["clean"]["removed"]]
+    assert sid in removed and world["sid"] not in removed
     world["copies"].append(top)
 
 
@@ -311,5 +312,5 @@ def test_cleanup_counts_what_it_kept_after_removing(world: Dict[str, Any], tmp_p
     shutil.copytree(lab.store / "snapshots" / world["sid"], store / "snapshots" / world["sid"])
     res = lab.play([{"name": "clean", "warmstart.snapshot.cleanup": {
         "store": str(store), "snapshot_ids": [world["sid"]], "restore_root": str(tmp_path / "none")}}])["clean"]
-    assert res["removed"] == [world["sid"]] and res["kept"] == []
+    assert [e["id"] for e in res["removed"]] == [world["sid"]] and res["kept"] == []
     assert "kept 0 snapshot(s)" in res["msg"], res["msg"]

@@ -96,8 +96,8 @@ class Work:
         plan = plan or {}
         store = plan.get("store") or {}
         return cls(namespace=str(meta.get("namespace") or ""), name=str(meta.get("name") or ""),
-                   uid=str(meta.get("uid") or ""), snapshot=str(plan.get("snapshot") or ""),
-                   snapshot_id=store.get("snapshotId"), store=dict(store),
+                   uid=str(meta.get("uid") or ""), snapshot=str(plan.get("pod_snapshot_name") or ""),
+                   snapshot_id=store.get("snapshot_id"), store=dict(store),
                    pairs=list(plan.get("pairs") or []) if plan else _every_container(pod),
                    skip_compat_check=bool(plan.get("skip_compat_check")), cold_start=fallback,
                    also=pc.reference_conditions(pod))
@@ -269,7 +269,7 @@ def settle(cluster: Cluster, work: Work, outcome: str, message: str) -> JSON:
         done = rpods.finish_restore(cluster, work.namespace, work.name, outcome, message[:32000])
     except K8sError as exc:
         return {"recorded": False, "record_error": str(exc)}
-    return {"recorded": True, "pod_outcome": done.get("outcome")}
+    return {"recorded": True, "pod_outcome": done.get("pod_outcome")}
 
 
 # --- one pod ---------------------------------------------------------------------------------------
@@ -313,9 +313,9 @@ def restore_pod(cluster: Cluster, s: Settings, node: Node, check_mode: bool = Fa
     return _skip(s, f"the pod kept changing while it was claimed ({CLAIM_TRIES} tries); the next event retries")
 
 
-def _skip(s: Settings, why: str, outcome: Optional[str] = None) -> JSON:
-    return {"changed": False, "action": "skipped", "pod": f"{s.namespace}/{s.name}", "reason": why,
-            "outcome": outcome}
+def _skip(s: Settings, why: str, pod_outcome: Optional[str] = None) -> JSON:
+    return {"changed": False, "action": "skipped", "pod_ref": f"{s.namespace}/{s.name}", "reason": why, "outcome": None,
+            "pod_outcome": pod_outcome}
 
 
 def _try_restore(cluster: Cluster, s: Settings, pod: JSON, node: Node, check_mode: bool) -> Optional[JSON]:
@@ -332,7 +332,8 @@ def _try_restore(cluster: Cluster, s: Settings, pod: JSON, node: Node, check_mod
     waiting, snap = (unfit, None) if pinned is None else wait_reasons(cluster, pod)
     if waiting:
         changed = False if check_mode else mark_waiting(cluster, pod, waiting)
-        return {"changed": changed, "action": "waiting", "pod": ref, "reasons": waiting, "outcome": "Pending"}
+        return {"changed": changed, "action": "waiting", "pod_ref": ref, "reasons": waiting, "outcome": None,
+                "pod_outcome": podapi.OUTCOME_PENDING}
     fallback = fallback_of(pod, s.fallback)
     try:
         plan: Optional[JSON] = rpods.restore_plan(cluster, pod)
@@ -341,8 +342,8 @@ def _try_restore(cluster: Cluster, s: Settings, pod: JSON, node: Node, check_mod
     except K8sError as exc:
         plan, options, refusal = None, {}, exc.reasons or [exc.message]
     if check_mode:
-        return {"changed": True, "action": "would refuse" if refusal else "would restore", "pod": ref,
-                "reasons": refusal, "outcome": "Pending"}
+        return {"changed": True, "action": "would refuse" if refusal else "would restore", "pod_ref": ref,
+                "reasons": refusal, "outcome": None, "pod_outcome": podapi.OUTCOME_PENDING}
     if claim(cluster, pod, s.agent) is None:
         return None
     work = Work.of(pod, plan, fallback)
@@ -360,7 +361,7 @@ def store_options(cluster: Cluster, namespace: str, plan: JSON) -> JSON:
     """The store options of the snapshot's PodSnapshotPolicy (``_k8s_storage.resolve_store``: its storage config's
     options and credentials Secret) when that policy's store is the one the content names; {} without a policy
     (the node's own options apply). A policy whose store cannot be resolved (its Secret unreadable) raises."""
-    policy, url = plan.get("policy"), (plan.get("store") or {}).get("url")
+    policy, url = plan.get("policy_name"), (plan.get("store") or {}).get("url")
     if not policy or not url:
         return {}
     try:
@@ -377,8 +378,8 @@ def _unfit_node(cluster: Cluster, s: Settings, pod: JSON, node: Node, reasons: L
     """Ready snapshots fit the pod but none was taken on a node like this one: waiting would not help (the pod
     is scheduled here), so the attempt is spent as a refusal (a cold start with the fallback)."""
     if check_mode:
-        return {"changed": True, "action": "would refuse", "pod": f"{s.namespace}/{s.name}", "reasons": reasons,
-                "outcome": "Pending"}
+        return {"changed": True, "action": "would refuse", "pod_ref": f"{s.namespace}/{s.name}", "reasons": reasons,
+                "outcome": None, "pod_outcome": podapi.OUTCOME_PENDING}
     if claim(cluster, pod, s.agent) is None:
         return None
     return _refused(cluster, s, Work.of(pod, None, fallback_of(pod, s.fallback)), node, reasons)
@@ -388,7 +389,7 @@ def _refused(cluster: Cluster, s: Settings, work: Work, node: Node, reasons: Lis
     """The snapshot cannot go into this pod: the attempt is spent (claimed), nothing restored."""
     fate = node.give_up(work) if work.cold_start else "left as it is"
     message = "; ".join(reasons) + ("; started cold" if fate == "started cold" else "")
-    out = {"changed": True, "action": "refused", "pod": f"{s.namespace}/{s.name}", "outcome": "incompatible",
+    out = {"changed": True, "action": "refused", "pod_ref": f"{s.namespace}/{s.name}", "outcome": "incompatible",
            "reasons": reasons, "placeholder": fate}
     out.update(settle(cluster, work, "incompatible", message))
     return out
@@ -404,8 +405,8 @@ def _restore(cluster: Cluster, s: Settings, work: Work, node: Node) -> JSON:
             return _retry_later(cluster, s, work, result)
         result = NodeResult("failed", f"{result.message}; the store failed {RETRY_LIMIT} tries, the attempt is "
                                       f"spent; placeholder {node.give_up(work)}", result.details)
-    out = {"changed": True, "action": "restored", "pod": f"{s.namespace}/{s.name}", "outcome": result.outcome,
-           "message": result.message, "snapshot": work.snapshot, "seconds": round(time.monotonic() - started, 3)}
+    out = {"changed": True, "action": "restored", "pod_ref": f"{s.namespace}/{s.name}", "outcome": result.outcome,
+           "message": result.message, "pod_snapshot_name": work.snapshot, "seconds": round(time.monotonic() - started, 3)}
     if work.running_since is not None:  # placeholder running -> restore complete (the agent's own latency in)
         out["ready_seconds"] = round(time.time() - work.running_since, 3)
     out["snapshot_bytes"] = work.size
@@ -438,8 +439,9 @@ def _retry_later(cluster: Cluster, s: Settings, work: Work, result: NodeResult) 
     why = (f"the store failed before anything was touched ({result.message}); try {tries} of {RETRY_LIMIT} failed, "
            f"the next is not before {now(not_before)}")
     mark_waiting(cluster, pod, [why])
-    return {"changed": True, "action": "waiting", "pod": f"{s.namespace}/{s.name}", "reasons": [why],
-            "outcome": "Pending", "retry": tries, "retry_at": now(not_before), "message": result.message}
+    return {"changed": True, "action": "waiting", "pod_ref": f"{s.namespace}/{s.name}", "reasons": [why],
+            "outcome": None, "pod_outcome": podapi.OUTCOME_PENDING, "retry": tries, "retry_at": now(not_before),
+            "message": result.message}
 
 
 def _recover(cluster: Cluster, s: Settings, pod: JSON, node: Node, check_mode: bool) -> JSON:
@@ -456,7 +458,7 @@ def _recover(cluster: Cluster, s: Settings, pod: JSON, node: Node, check_mode: b
         state = node.attempt_state(work)
     ref = f"{s.namespace}/{s.name}"
     if check_mode:
-        return {"changed": True, "action": "would recover", "pod": ref, "attempt_state": state}
+        return {"changed": True, "action": "would recover", "pod_ref": ref, "attempt_state": state}
     if state == COMPLETE:
         outcome, message = "succeeded", "restored (recorded after the agent restarted)"
     else:
@@ -464,7 +466,7 @@ def _recover(cluster: Cluster, s: Settings, pod: JSON, node: Node, check_mode: b
         outcome = "failed"
         message = (f"the agent restarted during this pod's one restore attempt (node state: {state}); "
                    f"not replayed; placeholder {fate}")
-    out = {"changed": True, "action": "recovered", "pod": ref, "outcome": outcome, "message": message,
+    out = {"changed": True, "action": "recovered", "pod_ref": ref, "outcome": outcome, "message": message,
            "attempt_state": state}
     out.update(settle(cluster, work, outcome, message))
     return out

@@ -168,26 +168,26 @@ def capture(cluster: Cluster, s: CaptureSettings, node: Capturer, check_mode: bo
     ref = f"{s.namespace}/{s.name}"
     snapshot = cluster.find(podapi.KIND_SNAPSHOT, s.name, s.namespace)
     if snapshot is None:
-        return {"changed": False, "action": "skipped", "snapshot": ref, "reason": "the PodSnapshot no longer exists"}
+        return {"changed": False, "action": "skipped", "pod_snapshot_ref": ref, "reason": "the PodSnapshot no longer exists"}
     why = settled(snapshot)
     if why:
-        return {"changed": False, "action": "skipped", "snapshot": ref, "reason": why}
+        return {"changed": False, "action": "skipped", "pod_snapshot_ref": ref, "reason": why}
     pname = (((snapshot.get("spec") or {}).get("source") or {}).get("podRef") or {}).get("name")
     pod = cluster.find("Pod", str(pname), s.namespace)
     node_of = ((pod or {}).get("spec") or {}).get("nodeName")
     if pod is not None and s.node_name and node_of != s.node_name:
-        return {"changed": False, "action": "skipped", "snapshot": ref,
+        return {"changed": False, "action": "skipped", "pod_snapshot_ref": ref,
                 "reason": f"its source pod runs on node {node_of}, not on this agent's node {s.node_name}"}
     problems = source_problems(snapshot, pod)
     if check_mode:
-        return {"changed": True, "action": "would fail" if problems else "would capture", "snapshot": ref,
+        return {"changed": True, "action": "would fail" if problems else "would capture", "pod_snapshot_ref": ref,
                 "reasons": problems}
     if problems or pod is None:
         req.fail_capture(cluster, s.namespace, s.name, REASON_SOURCE_GONE, "; ".join(problems), max_attempts=1)
-        return {"changed": True, "action": "failed", "snapshot": ref, "reasons": problems}
+        return {"changed": True, "action": "failed", "pod_snapshot_ref": ref, "reasons": problems}
     claimed = req.begin_capture(cluster, s.namespace, s.name, max_attempts=s.max_attempts)
     if not claimed["claimed"]:
-        return {"changed": bool(claimed["changed"]), "action": "skipped", "snapshot": ref,
+        return {"changed": bool(claimed["changed"]), "action": "skipped", "pod_snapshot_ref": ref,
                 "reason": claimed["reason"]}
     return _capture(cluster, s, snapshot, pod, node, int(claimed["attempt"]))
 
@@ -236,10 +236,10 @@ def _capture(cluster: Cluster, s: CaptureSettings, snapshot: JSON, pod: JSON, no
     except WarmstartError as exc:
         failed = req.fail_capture(cluster, s.namespace, s.name, REASON_FAILED, exc.full_message(),
                                   max_attempts=s.max_attempts)
-        return {"changed": True, "action": "failed" if failed["final"] else "will retry", "snapshot": ref,
+        return {"changed": True, "action": "failed" if failed["final"] else "will retry", "pod_snapshot_ref": ref,
                 "reasons": [f"attempt {attempt} of {s.max_attempts}: {exc.full_message()}"], "attempts": attempt}
     _record(cluster, s, snapshot, pod, ready=True, size=done.get("size"), created_at=done.get("created_at"),
             source_node=dict(done.get("source_node") or {}, gpus=(done.get("gpu") or {}).get("gpus") or []),
             store={"url": store, "snapshot_id": done["id"], "path": done.get("path")})
-    return {"changed": True, "action": "captured", "snapshot": ref, "snapshot_id": done["id"], "attempts": attempt,
+    return {"changed": True, "action": "captured", "pod_snapshot_ref": ref, "snapshot_id": done["id"], "attempts": attempt,
             "size": done.get("size"), "timings": done.get("timings") or {}, "container": c.container}

@@ -70,14 +70,14 @@ def _policy(cluster: Cluster, policy: JSON, node_name: str, remove: Remover, che
         summaries.append(summ.snapshot_summary(snap, cluster.find(podapi.KIND_CONTENT, bound) if bound else None))
     expired = summ.expired(summaries, settings["max_per_group"], settings["group_by"],
                            settings["last_access_timeout"])
-    mine = [s for s in expired if s.get("node") == node_name]
+    mine = [s for s in expired if s.get("node_name") == node_name]
     if not mine:
         return
     in_use = _restoring_from(cluster, namespace)
     where = storage.resolve_store(cluster, namespace, settings["name"]) if any(s.get("store") for s in mine) else {}
     for s in mine:
         ref = f"{namespace}/{s['name']}"
-        entry = {"namespace": namespace, "name": s["name"], "policy": settings["name"], "reason": s["reason"],
+        entry = {"namespace": namespace, "name": s["name"], "policy_name": settings["name"], "reason": s["reason"],
                  "store": s.get("store")}
         if s["name"] in in_use:
             kept.append(dict(entry, reason=f"{s['reason']}; kept: restore pod {in_use[s['name']]} still restores "
@@ -89,10 +89,10 @@ def _policy(cluster: Cluster, policy: JSON, node_name: str, remove: Remover, che
         store = s.get("store") or {}
         try:
             delete = remove(str(store["url"]), dict(where.get("store_options") or {})) \
-                if store.get("url") and store.get("snapshotId") else None
-            rec.delete_pod_snapshot(cluster, namespace, s["name"], s.get("content"))
+                if store.get("url") and store.get("snapshot_id") else None
+            rec.delete_pod_snapshot(cluster, namespace, s["name"], s.get("content_name"))
             if delete is not None:
-                entry["bytes_freed"] = delete(str(store["snapshotId"]))
+                entry["bytes_freed"] = delete(str(store["snapshot_id"]))
         except FileNotFoundError:
             entry.update(bytes_freed=0, note="its snapshot was gone from the store already")
         except (WarmstartError, OSError) as exc:

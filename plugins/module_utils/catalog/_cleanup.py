@@ -74,7 +74,7 @@ def cleanup(store: Store, pol: ret.Policy, snapshot_ids: Sequence[str] = (), res
     _remove_paths(decision.remove_restore_dirs, None, check_mode, done.restore_dirs, done.errors)
     if prune_node_cache:
         _prune_cache(store, listed, check_mode, done)
-    result = _report(decision, missing, done, check_mode)
+    result = _report(decision, {d["id"]: d for d in listed if "error" not in d}, missing, done, check_mode)
     if done.errors:
         raise CleanupError("cleanup could not remove everything", reasons=done.errors, errors=list(done.errors),
                            **{k: v for k, v in result.items() if k != "msg"})
@@ -172,17 +172,20 @@ def _prune_cache(store: Store, listed: List[Dict[str, Any]], check_mode: bool, d
         done.cache.append(item)
 
 
-def _report(decision: ret.Plan, missing: List[str], done: _Done, check_mode: bool) -> Dict[str, Any]:
+def _report(decision: ret.Plan, published: Dict[str, Dict[str, Any]], missing: List[str], done: _Done,
+            check_mode: bool) -> Dict[str, Any]:
     """The module result for what the phases did (``warnings`` included for the adapter)."""
     freed = sum(int(e.get("size") or 0) for e in done.everything())
-    removed = [e["id"] for e in done.snapshots]
-    kept = [k for k in decision.kept if k not in removed]
+    removed = {e["id"] for e in done.snapshots}
+    kept = [{"id": k, "name": published[k].get("name"), "labels": published[k].get("labels") or {},
+             "created_at": published[k].get("created_at")}
+            for k in decision.kept if k not in removed and k in published]
     msg = (f"{'would remove' if check_mode else 'removed'} {len(done.snapshots)} snapshot(s), "
            f"{len(done.staging)} staging dir(s) and {len(done.restore_dirs)} restore work dir(s)"
            + (f", {len(done.cache)} cached snapshot(s)" if done.cache else "")
            + f", {prog.human(freed)}; kept {len(kept)} snapshot(s)")
     return dict(
-        changed=bool(done.everything()), removed=removed, removed_snapshots=done.snapshots,
+        changed=bool(done.everything()), removed=done.snapshots,
         removed_staging=done.staging, removed_restore_dirs=done.restore_dirs, removed_cache=done.cache,
         missing=missing, bytes_freed=freed, kept=kept,
         broken=[{k: b[k] for k in ("id", "error", "remove", "reason")} for b in decision.broken],

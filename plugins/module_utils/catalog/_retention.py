@@ -30,8 +30,9 @@ from __future__ import annotations
 import datetime
 import re
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
+from ansible_collections.warmstart.snapshot.plugins.module_utils.core import _duration as dur
 from ansible_collections.warmstart.snapshot.plugins.module_utils.store import _manifest as mf
 from ansible_collections.warmstart.snapshot.plugins.module_utils.core._errors import WarmstartError
 
@@ -41,74 +42,22 @@ NEWER_SCHEMA_MARK = "is newer than this warmstart understands"
 # <snapshot id>-<8 hex>: the work dirs restore creates under restore_root.
 RESTORE_DIR_RE = re.compile(r"^[0-9]{8}T[0-9]{6}Z-[0-9a-f]{8}-[0-9a-f]{8}$")
 
-_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
-_PART_RE = re.compile(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([a-z]*)\s*")
-
-Duration = Union[None, int, float, str]
+Duration = dur.Duration
 
 
 class RetentionError(WarmstartError, ValueError):
     """A retention option that cannot be used; the message says which and why."""
 
 
-# --- durations ------------------------------------------------------------
-
 def parse_duration(value: Duration, what: str = "duration") -> Optional[float]:
-    """Seconds from an int/float or a string such as ``90``, ``90s``, ``30m``, ``12h``, ``7d``, ``2w``, ``1d12h``.
-
-    None and the empty string mean "not set" and give None.
-    """
-    if value is None:
-        return None
-    if isinstance(value, bool):
-        raise RetentionError(f"{what}: {value!r} is a boolean, not a duration (use e.g. 3600, '90s', '30m', '12h', '7d')")
-    if isinstance(value, (int, float)):
-        if value < 0:
-            raise RetentionError(f"{what}: {value!r} is negative; a duration is 0 or more seconds")
-        return float(value)
-    if not isinstance(value, str):
-        raise RetentionError(f"{what}: {value!r} is a {type(value).__name__}, not a duration "
-                             "(use seconds or a string like '90s', '30m', '12h', '7d')")
-    text = value.strip().lower()
-    if not text:
-        return None
-    if text.startswith("-"):
-        raise RetentionError(f"{what}: {value!r} is negative; a duration is 0 or more seconds")
-    pos = 0
-    total = 0.0
-    seen: List[str] = []
-    for match in _PART_RE.finditer(text):
-        if match.start() != pos:
-            break
-        number, unit = match.group(1), match.group(2) or "s"
-        if unit not in _UNITS:
-            raise RetentionError(f"{what}: unknown unit {match.group(2)!r} in {value!r} "
-                                 "(units: s = seconds, m = minutes, h = hours, d = days, w = weeks)")
-        if unit in seen:
-            raise RetentionError(f"{what}: unit {unit!r} appears twice in {value!r}")
-        if not match.group(2) and (seen or match.end() != len(text)):
-            raise RetentionError(f"{what}: {value!r} mixes a number without a unit with other parts "
-                                 "(write e.g. '1d12h' or plain seconds such as '3600')")
-        seen.append(unit)
-        total += float(number) * _UNITS[unit]
-        pos = match.end()
-    if pos != len(text) or not seen:
-        raise RetentionError(f"{what}: {value!r} is not a duration (use seconds or a number with a unit: "
-                             "'90s', '30m', '12h', '7d', '2w', or a sum such as '1d12h')")
-    return total
+    """``_duration.parse_duration``, failing as a RetentionError."""
+    try:
+        return dur.parse_duration(value, what)
+    except dur.DurationError as exc:
+        raise RetentionError(exc.message) from None
 
 
-def format_duration(seconds: float) -> str:
-    """Short human form: ``8d2h``, ``45m``, ``12s``."""
-    rest = int(round(max(seconds, 0)))
-    if rest == 0:
-        return "0s"
-    parts = []
-    for unit, size in (("d", 86400), ("h", 3600), ("m", 60), ("s", 1)):
-        if rest >= size:
-            parts.append(f"{rest // size}{unit}")
-            rest %= size
-    return "".join(parts[:2])
+format_duration = dur.format_duration
 
 
 # --- policy and plan ------------------------------------------------------

@@ -105,9 +105,9 @@ OUTCOMES = podapi.RESULT_CONDITIONS  # the node's restore result -> (condition s
 
 
 def outcome_fields(pod: JSON) -> JSON:
-    """What a result says about where restore pod ``pod`` stands: ``outcome`` (the reference's name, ``classify``)
+    """What a result says about where restore pod ``pod`` stands: ``pod_outcome`` (the reference's name, ``classify``)
     and ``losses`` (``restore_losses``)."""
-    return {"outcome": pc.classify(pod), "losses": pc.restore_losses(pod)}
+    return {"pod_outcome": pc.classify(pod), "losses": pc.restore_losses(pod)}
 
 
 def begin_restore(cluster: Cluster, namespace: str, name: str, message: str = "", check_mode: bool = False) -> JSON:
@@ -132,7 +132,7 @@ def begin_restore(cluster: Cluster, namespace: str, name: str, message: str = ""
     plan = restore_plan(cluster, pod)
     added = cluster.add_finalizer("Pod", name, podapi.FINALIZER, namespace, check_mode)
     changed, pod = cluster.set_pod_condition(namespace, name, podapi.RESTORE_CONDITION, "False", podapi.REASON_IN_PROGRESS,
-                                             message or f"restoring from PodSnapshot {plan['snapshot']}", check_mode,
+                                             message or f"restoring from PodSnapshot {plan['pod_snapshot_name']}", check_mode,
                                              also=pc.reference_conditions(pod))
     return dict(plan, changed=added or changed, pod=pod, **outcome_fields(pod))
 
@@ -168,10 +168,11 @@ def restore_plan(cluster: Cluster, pod: JSON) -> JSON:
     ids = {c.get("name"): c.get("containerID") for c in (pod.get("status") or {}).get("containerStatuses") or []}
     for pair in pairs:
         pair["container_id"] = ids.get(pair["container"])
-    return {"snapshot": source, "content": (snap.get("status") or {}).get("boundSnapshotContentName"),
-            "policy": (snap.get("spec") or {}).get("policyName"),
-            "store": ((content or {}).get("spec") or {}).get("store") or {},
-            "node": (pod.get("spec") or {}).get("nodeName"), "pairs": pairs,
+    return {"pod_snapshot_name": source,
+            "content_name": (snap.get("status") or {}).get("boundSnapshotContentName"),
+            "policy_name": (snap.get("spec") or {}).get("policyName"),
+            "store": podapi.store_ref(((content or {}).get("spec") or {}).get("store")) or {},
+            "node_name": (pod.get("spec") or {}).get("nodeName"), "pairs": pairs,
             "skip_compat_check": pc.skips_compat_check(annotations)}
 
 

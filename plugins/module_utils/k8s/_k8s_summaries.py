@@ -38,9 +38,9 @@ def summary(pod: JSON) -> JSON:
                            "restart_count": int(st.get("restartCount") or 0),
                            "volumes": podapi.emptydir_mounts(spec, c.get("name"), meta)})
     return {"namespace": meta.get("namespace"), "name": meta.get("name"), "uid": meta.get("uid"),
-            "node": spec.get("nodeName"), "phase": status.get("phase"), "labels": meta.get("labels") or {},
+            "node_name": spec.get("nodeName"), "phase": status.get("phase"), "labels": meta.get("labels") or {},
             "annotations": meta.get("annotations") or {}, "spec_hash": spechash.pod_spec_hash(pod),
-            "restore_outcome": pc.classify(pod) if restoring else None,
+            "pod_outcome": pc.classify(pod) if restoring else None,
             "containers": containers}
 
 
@@ -48,7 +48,7 @@ def waiting_for(s: JSON, wait_for: str) -> Optional[str]:
     """Why pod summary ``s`` does not meet ``wait_for`` (one of ``WAIT_FOR``) yet (None: it does)."""
     if wait_for == "exists":
         return None
-    if not s["node"]:
+    if not s["node_name"]:
         return "not scheduled"
     if wait_for == "scheduled":
         return None
@@ -71,11 +71,11 @@ def snapshot_summary(snap: JSON, content: Optional[JSON]) -> JSON:
             "created_at": status.get("createdAt") or meta.get("creationTimestamp"),
             "last_access_time": status.get("lastAccessTime"), "attempts": int(status.get("attempts") or 0),
             "last_error": status.get("lastError"),
-            "content": status.get("boundSnapshotContentName"), "size": status.get("size"),
+            "content_name": status.get("boundSnapshotContentName"), "size": status.get("size"),
             "pod_spec_hash": status.get("podSpecHash"),
             "source_pod": (((snap.get("spec") or {}).get("source") or {}).get("podRef") or {}).get("name"),
-            "node": (cspec.get("source") or {}).get("nodeName"),
-            "store": cspec.get("store") if cspec.get("store") else None}
+            "node_name": (cspec.get("source") or {}).get("nodeName"),
+            "store": podapi.store_ref(cspec.get("store"))}
 
 
 def selector_string(selector: Optional[JSON]) -> str:
@@ -117,7 +117,7 @@ def policy_settings(policy: JSON) -> JSON:
 
 
 def expired(summaries: List[JSON], keep_last: int, group_by: Optional[List[str]],
-            last_access_timeout: Optional[str] = None) -> List[JSON]:
+            last_access_timeout: ret.Duration = None) -> List[JSON]:
     """The summaries (``snapshot_summary``) retention removes, each with its ``reason``: Ready snapshots compete for
     the ``keep_last`` places of their group (the ``group_by`` label values; without them, one group per source
     pod), and go when not restored from (or, never restored from, not created) within ``last_access_timeout``."""

@@ -168,6 +168,15 @@ def dicts_of(value: Any) -> List[Dict[str, Any]]:
     return [item for item in as_list(value) if isinstance(item, dict)]
 
 
+def store_ref(spec_store: Any) -> Optional[Dict[str, Any]]:
+    """A PodSnapshotContent's ``spec.store`` in the modules' terms - ``url``, ``snapshot_id``, ``path`` - or None
+    when it names no store."""
+    store = as_dict(spec_store)
+    if not store.get("url"):
+        return None
+    return {"url": store.get("url"), "snapshot_id": store.get("snapshotId"), "path": store.get("path")}
+
+
 def object_ref(obj: Dict[str, Any], kind: Optional[str] = None) -> str:
     """'Kind namespace/name' (or 'Kind name' for cluster-scoped objects) for messages."""
     meta = as_dict(obj.get("metadata"))

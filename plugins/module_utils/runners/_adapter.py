@@ -17,6 +17,8 @@ A module's ``main()`` is its argument spec and one call::
 - An ``OSError`` is reported by path and cause; anything else as its type and text. Both carry the
   traceback in ``exception``, so ``-vvv`` shows where it came from.
 - Progress (``progress_file``) is started before the call and finished whatever happens.
+- Durations (``_duration.OPTIONS``: seconds, or ``30m``, ``12h``, ``7d``...) reach the call as float seconds; one
+  that is none fails the task naming the option, before the call.
 
 No Ansible import here: ``module`` is anything with ``params``, ``check_mode``, ``warn``, ``exit_json`` and
 ``fail_json`` (the ``Module`` protocol: an ``AnsibleModule``, or a test double).
@@ -26,6 +28,7 @@ from __future__ import annotations
 import traceback
 from typing import Any, Callable, Dict, List, Mapping, NoReturn, Protocol
 
+from ansible_collections.warmstart.snapshot.plugins.module_utils.core import _duration as dur
 from ansible_collections.warmstart.snapshot.plugins.module_utils.core import _progress as prog
 from ansible_collections.warmstart.snapshot.plugins.module_utils.core._errors import WarmstartError
 
@@ -99,7 +102,7 @@ def run_module(module: Module, call: EngineCall, *, progress: bool = False) -> N
     if progress:
         prog.start(module.params.get("progress_file"))
     try:
-        result = call(module.params, bool(module.check_mode))
+        result = call(dur.options_in_seconds(module.params), bool(module.check_mode))
     except Exception as exc:  # pylint: disable=broad-exception-caught  # reported, with a traceback when unexpected
         _end(module, failure(exc), progress, module.fail_json, 1)
     _end(module, result, progress, module.exit_json, 0)

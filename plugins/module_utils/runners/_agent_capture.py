@@ -32,14 +32,14 @@ def run(params: Dict[str, Any], check_mode: bool) -> Dict[str, Any]:
             gone = f"Pod {settings.namespace}/{params['pod']}" if pod is None else f"policy {params['policy']}"
             return {"changed": False, "action": "skipped", "reason": f"{gone} no longer exists"}
         settings.name, created = capture.ask_for(cluster, settings.namespace, pod, policy, check_mode)
-        asked = {"snapshot": settings.name, "created": created}
+        asked = {"pod_snapshot_name": settings.name, "created": created}
     elif params.get("trigger"):
         reconciled = requests.reconcile_trigger(cluster, settings.namespace, params["trigger"], check_mode)
         if reconciled["phase"] != "pending" or not reconciled.get("snapshot_name"):
             return {"changed": bool(reconciled["changed"]), "action": "skipped", "trigger": params["trigger"],
                     "reason": f"the trigger is {reconciled['phase']}", "actions": reconciled["actions"]}
         settings.name = str(reconciled["snapshot_name"])
-        asked = {"snapshot": settings.name, "trigger": params["trigger"]}
+        asked = {"pod_snapshot_name": settings.name, "trigger": params["trigger"]}
     elif not params.get("name"):
         raise WarmstartError("agent_capture needs name (a PodSnapshot), pod and policy, or trigger")
     node = LocalNode(runtime=params.get("runtime") or "auto", criu_path=params.get("criu_path"))

@@ -43,7 +43,7 @@ def record_metrics(directory: Optional[str], result: Dict[str, Any]) -> Optional
         for phase, seconds in (dest.get("timings") or {}).items():
             phases[phase] = phases.get(phase, 0.0) + float(seconds)
     size = int(result.get("snapshot_bytes") or 0) if result.get("outcome") == "succeeded" else 0
-    namespace = str(result.get("pod", "/")).split("/", 1)[0]
+    namespace = str(result.get("pod_ref", "/")).split("/", 1)[0]
     return metrics.record_restore(directory, str(result.get("outcome") or "failed"), phases, size,
-                                  result.get("snapshot_age_seconds"), namespace, str(result.get("snapshot") or ""),
-                                  result.get("ready_seconds"))
+                                  result.get("snapshot_age_seconds"), namespace,
+                                  str(result.get("pod_snapshot_name") or ""), result.get("ready_seconds"))

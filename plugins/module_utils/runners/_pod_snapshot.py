@@ -45,10 +45,11 @@ def _records(cluster: Cluster, params: Params) -> Tuple[Optional[JSON], Optional
 
 def _diff(params: Params, before: Tuple[Optional[JSON], Optional[JSON]], result: JSON) -> List[JSON]:
     """The PodSnapshot before and after; the content too, except for a capture attempt (it touches none)."""
-    out = [object_diff(podapi.KIND_SNAPSHOT, params["name"], params["namespace"], before[0], result["snapshot"])]
-    content = result["content"] or before[1]
+    out = [object_diff(podapi.KIND_SNAPSHOT, params["name"], params["namespace"], before[0], result["pod_snapshot"])]
+    content = result["pod_snapshot_content"] or before[1]
     if params["state"] in ("present", "absent") and content:
-        out.append(object_diff(podapi.KIND_CONTENT, content["metadata"]["name"], None, before[1], result["content"]))
+        out.append(object_diff(podapi.KIND_CONTENT, content["metadata"]["name"], None, before[1],
+                               result["pod_snapshot_content"]))
     return out
 
 
@@ -59,11 +60,11 @@ def _run(cluster: Cluster, params: Params, check_mode: bool) -> JSON:
     if state == "absent":
         out = rec.delete_pod_snapshot(cluster, params["namespace"], params["name"], params.get("content_name"),
                                       check_mode)
-        return {"changed": out["changed"], "actions": out["actions"], "pending": out["pending"], "snapshot": None,
-                "content": None, "status": {}}
+        return {"changed": out["changed"], "actions": out["actions"], "pending": out["pending"],
+                "pod_snapshot": None, "pod_snapshot_content": None, "status": {}}
     out = rec.ensure_pod_snapshot(cluster, params, check_mode)
-    return {"changed": out["changed"], "actions": out["actions"], "snapshot": out["snapshot"],
-            "content": out["content"], "status": (out["snapshot"] or {}).get("status") or {},
+    return {"changed": out["changed"], "actions": out["actions"], "pod_snapshot": out["snapshot"],
+            "pod_snapshot_content": out["content"], "status": (out["snapshot"] or {}).get("status") or {},
             "warnings": out["warnings"]}
 
 
@@ -79,5 +80,5 @@ def _capture_attempt(cluster: Cluster, params: Params, check_mode: bool) -> JSON
                                most, check_mode)
         extra = {"final": out["final"], "attempt": out["attempts"]}
     snap = out["snapshot"]
-    return dict(extra, changed=out["changed"], max_attempts=most, snapshot=snap, content=None,
+    return dict(extra, changed=out["changed"], max_attempts=most, pod_snapshot=snap, pod_snapshot_content=None,
                 status=(snap or {}).get("status") or {}, actions=[f"{params['state']}: {name}"] if out["changed"] else [])

@@ -45,6 +45,6 @@ def run(params: Params, check_mode: bool = False) -> JSON:  # pylint: disable=un
                if params.get("keep_last") or idle else [])
     options = {k: v for k, v in where["store_options"].items()
                if params.get("include_credentials") or k not in storage.SECRET_OPTIONS}
-    return {"changed": False, "snapshots": summaries, "expired": expired, "policy": policy, "store": where["store"],
+    return {"changed": False, "snapshots": summaries, "expired": expired, "policy": policy, "store_url": where["store"],
             "store_options": options, "storage_config": where["storage_config"],
             "credentials_secret": where["credentials_secret"]}

@@ -24,7 +24,9 @@ def run(params: Params, check_mode: bool, diff: bool = False) -> JSON:
         (req.trigger_snapshot_name(trigger) if trigger else None)
     snap = cluster.find(podapi.KIND_SNAPSHOT, sname, ns) if sname else None
     result = req.reconcile_trigger(cluster, ns, name, check_mode)
+    result["pod_snapshot"] = result.pop("snapshot")
+    result["pod_snapshot_name"] = result.pop("snapshot_name")
     if diff and sname:
         result["diff"] = [object_diff(podapi.KIND_TRIGGER, name, ns, trigger, result["trigger"]),
-                          object_diff(podapi.KIND_SNAPSHOT, sname, ns, snap, result["snapshot"])]
+                          object_diff(podapi.KIND_SNAPSHOT, sname, ns, snap, result["pod_snapshot"])]
     return result

@@ -62,7 +62,7 @@ def _classify_pod(params: Params, check_mode: bool) -> JSON:  # pylint: disable=
 def _select_pod(params: Params, check_mode: bool) -> JSON:  # pylint: disable=unused-argument
     pod = _input_pod(params)
     snapshot, content = _selected(cluster_from(params), params, pod, _namespace(params, pod))
-    return {"changed": False, "snapshot": snapshot, "content": content, "reasons": []}
+    return {"changed": False, "pod_snapshot": snapshot, "pod_snapshot_content": content, "reasons": []}
 
 
 def _create_pods(params: Params, check_mode: bool) -> JSON:
@@ -91,8 +91,8 @@ def _create_pods(params: Params, check_mode: bool) -> JSON:
                            f"{podapi.object_ref(pod, 'Pod')}", "restore_pod", reasons=problems)
     changed, pods, actions = rpods.create_restore_pods(cluster, built, namespace, params.get("count") or 1,
                                                        params.get("name_prefix"), check_mode)
-    return {"changed": changed, "pods": pods, "actions": actions, "pod": built, "snapshot": snapshot,
-            "content": content}
+    return {"changed": changed, "pods": pods, "actions": actions, "pod": built, "pod_snapshot": snapshot,
+            "pod_snapshot_content": content}
 
 
 def _begin(params: Params, check_mode: bool) -> JSON:

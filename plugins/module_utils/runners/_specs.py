@@ -32,7 +32,7 @@ def auth_argument_spec() -> Dict[str, Any]:
         api_key=dict(type="str", no_log=True),
         validate_certs=dict(type="bool", aliases=["verify_ssl"]),
         ca_cert=dict(type="path", aliases=["ssl_ca_cert"]),
-        request_timeout=dict(type="float", default=30),
+        request_timeout=dict(type="raw", default=30),
     )
 
 

@@ -55,7 +55,7 @@ def serve(store: Store, snapshot_id: str, address: str, port: int, timeout: floa
     ``tls``: the checked files for CRIU's mutual TLS (``_tls.resolve``); without them a non-loopback
     ``address`` is refused unless ``insecure``.
 
-    Returns the page_server result: ``snapshot``, ``address``, ``port``, ``tls`` and, when serving, what
+    Returns the page_server result: ``snapshot_id``, ``address``, ``port``, ``tls`` and, when serving, what
     ``_lazyserver.serve`` reports (pid, logs, deadline).
     """
     criu = _criu(criu_path, port)
@@ -65,12 +65,12 @@ def serve(store: Store, snapshot_id: str, address: str, port: int, timeout: floa
         problems = store.verify(doc, fetch=False) if verify else []
         if problems:
             raise snap.SnapshotError(f"snapshot {doc['id']} is not intact", reasons=problems)
-        return {"snapshot": doc["id"], "address": address, "port": port, "tls": tls is not None}
+        return {"snapshot_id": doc["id"], "address": address, "port": port, "tls": tls is not None}
     problems = store.verify(doc, cached=True) if verify else []
     if problems:
         raise snap.SnapshotError(f"refusing to serve snapshot {doc['id']}: it is not intact", reasons=problems)
     images = os.path.join(store.local_dir(doc["id"]), doc["targets"][0]["path"], "criu")
     os.makedirs(log_dir, mode=0o700, exist_ok=True)
     served = lzs.serve(criu, images, log_dir, address, port, float(timeout), tls.criu_args() if tls else [])
-    served.update(snapshot=doc["id"], tls=tls is not None)
+    served.update(snapshot_id=doc["id"], tls=tls is not None)
     return served

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import datetime
 import os
 import shutil
 import signal
@@ -203,7 +204,7 @@ def _kept_copy(doc: Dict[str, Any], a: _RestoreArgs) -> Optional[Dict[str, Any]]
     if record.get("snapshot") != doc["id"] or record.get("host_pid") != str(pid):
         return None  # running, but not as this snapshot's copy: the preflight refuses it
     return {"id": doc["id"], "name": doc["name"], "outcome": "succeeded", "already_running": True, "pid": pid,
-            "pids": proc.descendants(pid), "ns_pid": proc.ns_pids(pid)[-1], "workload": target["workload"],
+            "pids": proc.descendants(pid), "ns_pid": proc.ns_pids(pid)[-1], "workload_name": target["workload"],
             "passed_over": a.passed_over}
 
 
@@ -332,7 +333,8 @@ def _restore_locked(store: Store, doc: Dict[str, Any], node: Dict[str, Any], cri
         timings["total"] = time.monotonic() - a.t_start
         return {
             "id": doc["id"], "name": doc["name"], "outcome": "succeeded", "pid": pid, "pids": proc.descendants(pid),
-            "ns_pid": ns_pid, "workload": target.get("workload"), "work_dir": work, "started_at": round(a.t_wall, 3),
+            "ns_pid": ns_pid, "workload_name": target.get("workload"), "work_dir": work,
+            "started_at": mf.iso(datetime.datetime.fromtimestamp(a.t_wall, datetime.timezone.utc)),
             "timings": {k: round(v, 3) for k, v in timings.items()}, "criu_stats": stats,
             "transfer": dict(store.transfer), "cuda": cuda_result, "lazy": lazy_plan, "warnings": warnings,
             "tcp": tcp.result(), "passed_over": a.passed_over, "app_profile": released,

@@ -149,8 +149,9 @@ def summary(doc: Dict[str, Any]) -> Dict[str, Any]:
         "labels": doc.get("labels", {}),
         "created_at": doc.get("created_at"),
         "size": doc.get("size", 0),
-        "source_node": doc.get("source", {}).get("hostname"),
-        "targets": [t.get("name") for t in doc.get("targets", [])],
+        # the node as the checkpoint module returns it (its CPU flags only in the manifest)
+        "source_node": {k: v for k, v in (doc.get("source") or {}).items() if k != "cpu_flags"},
+        "targets": [{"name": t.get("name"), "kind": t.get("kind")} for t in doc.get("targets", [])],
     }
 
 

@@ -115,7 +115,7 @@ class S3Store(S3Bucket):
 
     def describe(self) -> Dict[str, Any]:
         """Where the store is and what kind; a bucket is taken to exist (listing tells otherwise)."""
-        return {"path": self.root, "kind": self.kind, "exists": True}
+        return {"url": self.root, "kind": self.kind, "exists": True}
 
     def cache_root(self) -> str:
         safe = f"{self.bucket}/{self.prefix}".strip("/").replace("/", "__")

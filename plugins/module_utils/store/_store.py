@@ -121,7 +121,7 @@ class FsStore:
 
     def describe(self) -> Dict[str, Any]:
         """Where the store is, what kind, and whether it exists yet (for snapshot_info)."""
-        return {"path": self.root, "kind": self.kind, "exists": os.path.isdir(self.snapshots)}
+        return {"url": self.root, "kind": self.kind, "exists": os.path.isdir(self.snapshots)}
 
     def cache_root(self) -> Optional[str]:
         """A filesystem store reads in place: no node-local cache."""

@@ -53,7 +53,7 @@ class Store(Protocol):
         ``snapshot_dir``), so what they lead to must be checked in the store; False for a node-local copy."""
 
     def describe(self) -> Dict[str, Any]:
-        """{path, kind, exists}: where the store is, for reports."""
+        """{url, kind, exists}: where the store is (what a store option names), for reports."""
 
     def cache_root(self) -> Optional[str]:
         """This node's cache of the store (None when it reads in place)."""

@@ -165,3 +165,23 @@ def test_with_context_adds_details_without_overriding_and_wraps_os_errors() -> N
     assert isinstance(wrapped.__cause__, FileNotFoundError)
     other = KeyError("k")
     assert _adapter.with_context(other, target={}) is other
+
+
+def test_durations_reach_the_call_as_seconds_and_a_bad_one_fails_naming_the_option() -> None:
+    seen: List[Any] = []
+
+    def call(params: Any, check_mode: bool) -> Dict[str, Any]:
+        seen.append(dict(params))
+        return {"changed": False}
+
+    module = run(call, Double({"timeout": "1m30s", "ready_timeout": 5, "max_age": "7d", "lazy_timeout": None,
+                               "name": "12h"}))
+    # every duration option in float seconds; a non-duration option with a duration-like value untouched
+    assert seen == [{"timeout": 90.0, "ready_timeout": 5.0, "max_age": 604800.0, "lazy_timeout": None,
+                     "name": "12h"}]
+    assert module.exited == {"changed": False}
+
+    seen.clear()
+    module = run(call, Double({"stop_timeout": "10x"}))
+    assert seen == []  # refused before the call
+    assert module.failed is not None and module.failed["msg"].startswith("stop_timeout: unknown unit 'x' in '10x'")

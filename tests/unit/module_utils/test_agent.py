@@ -166,7 +166,7 @@ def test_a_missing_or_unready_snapshot_makes_the_pod_wait_without_spending_its_a
     _restore_pod(fake_apiserver, "r-w")
     node = FakeNode()
     out = agent.restore_pod(_cluster(fake_apiserver), _settings("r-w"), node)
-    assert (out["action"], out["outcome"]) == ("waiting", "Pending")
+    assert (out["action"], out["outcome"], out["pod_outcome"]) == ("waiting", None, "Pending")
     assert out["reasons"] == ["PodSnapshot default/snap-a does not exist yet"]
     cond = _condition(fake_apiserver, "r-w")
     assert (cond["status"], cond["reason"]) == ("False", podapi.REASON_IN_PROGRESS)
@@ -311,7 +311,8 @@ def test_a_pod_that_selects_at_restore_gets_the_newest_fitting_snapshot_pinned(f
     assert early["action"] == "waiting" and not node.restored, "no snapshot fits yet: the pod waits"
     _snapshot(fake_apiserver)
     out = agent.restore_pod(_cluster(fake_apiserver), _settings("r-sel"), node)
-    assert (out["action"], out["outcome"], out["snapshot"]) == ("restored", "succeeded", "snap-a")
+    assert (out["action"], out["outcome"], out["pod_snapshot_name"]) == ("restored", "succeeded", "snap-a")
+    assert (out["pod_ref"], out["pod_outcome"]) == ("default/r-sel", "Succeeded"), out
     pod = fake_apiserver.store.get("pods", "r-sel", "default")
     assert pod["metadata"]["annotations"][podapi.ANN_RESTORE_FROM] == "snap-a"
 
@@ -330,7 +331,7 @@ def test_a_newer_snapshot_from_a_node_unlike_this_one_is_passed_over(fake_apiser
                                labels={"app": "embed"}, annotations=built["metadata"]["annotations"])
     node = FakeNode(fit={"arch": "x86_64", "cpuVendor": "GenuineIntel", "gpuModels": ["NVIDIA A100-SXM4-80GB"]})
     out = agent.restore_pod(_cluster(fake_apiserver), _settings("r-a100"), node)
-    assert (out["action"], out["snapshot"]) == ("restored", "snap-old-a100"), out
+    assert (out["action"], out["pod_snapshot_name"]) == ("restored", "snap-old-a100"), out
     # a node like neither: waiting would not help (the pod is scheduled here): refused, and with the fallback
     # its placeholder starts cold
     cpu_node = FakeNode(fit={"arch": "x86_64", "gpuModels": []})
@@ -374,7 +375,7 @@ def test_a_store_that_fails_for_a_while_gives_the_attempt_back_with_backoff(fake
     node = FlakyStoreNode(failures=2)
     cluster = _cluster(fake_apiserver)
     out = agent.restore_pod(cluster, _settings("r-s"), node)
-    assert (out["action"], out["outcome"], out["retry"]) == ("waiting", "Pending", 1)
+    assert (out["action"], out["outcome"], out["pod_outcome"], out["retry"]) == ("waiting", None, "Pending", 1)
     assert "cannot reach the endpoint" in out["reasons"][0] and "try 1 of 5 failed" in out["reasons"][0]
     pod = fake_apiserver.store.get("pods", "r-s", "default")
     assert agent.ANN_ATTEMPT not in pod["metadata"]["annotations"], "the attempt is given back"

@@ -11,7 +11,7 @@ from ansible_collections.warmstart.snapshot.plugins.module_utils.runners import 
 
 
 def test_a_restore_is_counted_with_its_phases_bytes_age_and_ready_latency(tmp_path: Path) -> None:
-    result = {"action": "restored", "pod": "ml/embed-r-0", "outcome": "succeeded", "snapshot": "snap-a",
+    result = {"action": "restored", "pod_ref": "ml/embed-r-0", "outcome": "succeeded", "pod_snapshot_name": "snap-a",
               "snapshot_bytes": 4096, "snapshot_age_seconds": 30.0, "ready_seconds": 1.5,
               "restore": {"destinations": [{"timings": {"rootfs": 0.1, "restore": 0.4, "total": 0.6}}]}}
     assert _agent_restore.record_metrics(str(tmp_path), result) is None

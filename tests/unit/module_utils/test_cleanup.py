@@ -54,11 +54,12 @@ def test_check_mode_removes_nothing_and_reports_what_would_go(store: st.FsStore,
     result = cleanup_runner.run(params(store, tmp_path, keep_last=1), True)
     assert tree(tmp_path) == before
     assert result["changed"] is True and len(result["removed"]) == 2
-    assert set(result["removed"]) | set(result["kept"]) == {d["id"] for d in docs}
+    assert {e["id"] for e in result["removed"] + result["kept"]} == {d["id"] for d in docs}
+    assert [e["name"] for e in result["kept"]] == ["embed"] and result["kept"][0]["created_at"]
     assert [e["path"] for e in result["removed_staging"]] == [paths["staging"]]
     assert [e["path"] for e in result["removed_restore_dirs"]] == [paths["restore"]]
     assert result["msg"].startswith("would remove 2 snapshot(s), 1 staging dir(s) and 1 restore work dir(s)")
-    assert result["bytes_freed"] == sum(e["size"] for e in result["removed_snapshots"] + result["removed_staging"]
+    assert result["bytes_freed"] == sum(e["size"] for e in result["removed"] + result["removed_staging"]
                                         + result["removed_restore_dirs"])
     assert result["warnings"] == [] and result["removed_cache"] == [] and result["missing"] == []
 
@@ -69,10 +70,11 @@ def test_real_run_removes_what_check_mode_listed(store: st.FsStore, tmp_path: Pa
     paths = leftovers(store, tmp_path)
     plan = cleanup_runner.run(params(store, tmp_path, keep_last=1), True)
     done = cleanup_runner.run(params(store, tmp_path, keep_last=1), False)
-    assert done["removed"] == plan["removed"] and done["kept"] == plan["kept"]
+    assert [(e["id"], e["reason"]) for e in done["removed"]] == [(e["id"], e["reason"]) for e in plan["removed"]]
+    assert done["kept"] == plan["kept"]
     assert done["msg"].startswith("removed 2 snapshot(s), 1 staging dir(s) and 1 restore work dir(s)")
     assert not os.path.lexists(paths["staging"]) and not os.path.lexists(paths["restore"])
-    assert [d["id"] for d in store.list()] == done["kept"]
+    assert [d["id"] for d in store.list()] == [e["id"] for e in done["kept"]]
     again = cleanup_runner.run(params(store, tmp_path, keep_last=1), False)
     assert again["changed"] is False and again["removed"] == []
 
@@ -81,8 +83,8 @@ def test_snapshot_ids_named_and_missing(store: st.FsStore, tmp_path: Path) -> No
     doc = make_snapshot(store)
     absent = "20200101T000000Z-0a1b2c3d"
     result = cleanup_runner.run(params(store, tmp_path, snapshot_ids=[doc["id"], absent]), False)
-    assert result["removed"] == [doc["id"]] and result["missing"] == [absent]
-    assert result["removed_snapshots"][0]["reason"] == "named in snapshot_ids"
+    assert [e["id"] for e in result["removed"]] == [doc["id"]] and result["missing"] == [absent]
+    assert result["removed"][0]["reason"] == "named in snapshot_ids"
 
 
 def test_bad_policy_is_refused_before_the_store_is_read(tmp_path: Path) -> None:
@@ -110,8 +112,8 @@ def test_a_failed_removal_fails_with_the_whole_result_and_errors(store: st.FsSto
     out = failure(raised.value)
     assert out["msg"] == f"cleanup could not remove everything: snapshot {stuck['id']}: Permission denied"
     assert out["errors"] == [f"snapshot {stuck['id']}: Permission denied"]
-    assert out["removed"] == [kept["id"]] and out["bytes_freed"] == 7 and out["changed"] is True
-    for key in ("removed_snapshots", "removed_staging", "removed_restore_dirs", "removed_cache", "missing",
+    assert [e["id"] for e in out["removed"]] == [kept["id"]] and out["bytes_freed"] == 7 and out["changed"] is True
+    for key in ("removed_staging", "removed_restore_dirs", "removed_cache", "missing",
                 "kept", "broken"):
         assert key in out
     assert out["warnings"] == [f"snapshot {gone['id']} was gone before cleanup removed it (another cleanup?)"]

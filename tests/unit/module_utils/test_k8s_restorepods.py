@@ -39,9 +39,9 @@ def test_begin_marks_the_restore_in_progress_as_the_reference_does(fake_apiserve
     out = rpods.begin_restore(cluster_of(fake_apiserver), "default", "r-0")
     condition = podapi.get_condition(out["pod"], podapi.RESTORE_CONDITION)
     assert (condition["status"], condition["reason"]) == ("False", podapi.REASON_IN_PROGRESS)
-    assert (out["outcome"], out["losses"], out["snapshot"]) == ("Pending", [], "snap-a") and "state" not in out
+    assert (out["pod_outcome"], out["losses"], out["pod_snapshot_name"]) == ("Pending", [], "snap-a") and "state" not in out
     done = rpods.finish_restore(cluster_of(fake_apiserver), "default", "r-0", "incompatible", "kernel differs")
-    assert done["outcome"] == "Failed"
+    assert done["pod_outcome"] == "Failed"
     with pytest.raises(_k8s.K8sError, match="its restore already ran"):
         rpods.begin_restore(cluster_of(fake_apiserver), "default", "r-0")
 
@@ -51,7 +51,7 @@ def test_begin_reads_the_reference_annotations(fake_apiserver: FakeApiServer) ->
     _restore_pod(fake_apiserver, "r-ref", annotations={podapi.REF_ANN_RESTORE_FROM: "snap-a",
                                                        podapi.REF_ANN_CONTAINER_MAP: "main=main"})
     plan = rpods.restore_plan(cluster_of(fake_apiserver), cluster_of(fake_apiserver).get_pod("default", "r-ref"))
-    assert (plan["snapshot"], plan["skip_compat_check"]) == ("snap-a", False)
+    assert (plan["pod_snapshot_name"], plan["skip_compat_check"]) == ("snap-a", False)
     assert [(p["source"], p["container"]) for p in plan["pairs"]] == [("main", "main")]
     _restore_pod(fake_apiserver, "r-both", annotations={podapi.ANN_RESTORE_FROM: "snap-a", podapi.REF_ANN_RESTORE_FROM: "snap-b"})
     with pytest.raises(_k8s.K8sError) as refused:
@@ -77,7 +77,7 @@ def test_a_pinned_snapshot_of_another_pod_spec_is_refused_unless_skipped(fake_ap
         _restore_pod(fake_apiserver, name, image="registry.local/embed:2.0",
                      annotations={podapi.ANN_RESTORE_FROM: "snap-a", key: "true"})
         out = rpods.begin_restore(cluster_of(fake_apiserver), "default", name)
-        assert (out["skip_compat_check"], out["outcome"]) == (True, "Pending")
+        assert (out["skip_compat_check"], out["pod_outcome"]) == (True, "Pending")
 
 
 def test_select_checks_a_pinned_pod_spec(fake_apiserver: FakeApiServer) -> None:
@@ -111,7 +111,7 @@ def test_finish_records_last_access_only_for_a_restore_that_happened(fake_apiser
     assert rpods.finish_restore(cluster, "default", "r-part", "partially_succeeded")["last_access_time"]
     fake_apiserver.store.remove("podsnapshots", "snap-a", "default", group=podapi.GROUP)
     gone = rpods.finish_restore(cluster, "default", "r-gone", "succeeded")
-    assert gone["outcome"] == "Succeeded" and gone["last_access_time"] is None
+    assert gone["pod_outcome"] == "Succeeded" and gone["last_access_time"] is None
     assert gone["warnings"] and "lastAccessTime of PodSnapshot default/snap-a not recorded" in gone["warnings"][0]
 
 
@@ -129,7 +129,7 @@ def test_a_pod_that_selects_its_snapshot_gets_it_pinned_at_begin(fake_apiserver:
     assert (name, reasons, len(fake_apiserver.writes())) == ("snap-a", [], writes)
     assert dry["metadata"]["annotations"][podapi.ANN_RESTORE_FROM] == "snap-a"
     out = rpods.begin_restore(cluster, "default", "r-sel")
-    assert out["snapshot"] == "snap-a" and out["outcome"] == "Pending"
+    assert out["pod_snapshot_name"] == "snap-a" and out["pod_outcome"] == "Pending"
     stored = fake_apiserver.store.get("pods", "r-sel", "default")
     assert stored["metadata"]["annotations"][podapi.ANN_RESTORE_FROM] == "snap-a"
     assert pc.restore_mode(stored)["select"] and pc.is_restore_pod(stored)

@@ -80,7 +80,7 @@ def test_a_storage_config_with_a_secret_gives_store_options_with_credentials(ser
     direct = storage.resolve_store(cluster(server), "ml", storage_config="shared-s3")
     assert direct["store_options"] == out["store_options"]
     store = open_store(direct["store"], direct["store_options"])
-    assert store.describe()["path"] == "s3://snapshots/prod" and SECRET not in repr(store.describe())
+    assert store.describe()["url"] == "s3://snapshots/prod" and SECRET not in repr(store.describe())
 
 
 def test_custom_keys_default_namespace_and_an_optional_token(server: FakeApiServer) -> None:

@@ -55,12 +55,12 @@ def test_a_pod_summary_carries_what_the_node_needs() -> None:
                {"name": "main", "containerID": "podman://abc", "ready": True, "state": {"running": {}}},
                {"name": "side", "containerID": "podman://def", "state": {"waiting": {}}, "restartCount": 2}]}}
     s = summ.summary(pod)
-    assert (s["node"], s["uid"], s["phase"], s["restore_outcome"]) == ("gpu-01", "u1", "Running", None)
+    assert (s["node_name"], s["uid"], s["phase"], s["pod_outcome"]) == ("gpu-01", "u1", "Running", None)
     assert "restore_state" not in s
     restoring = copy.deepcopy(pod)
     restoring["metadata"]["annotations"] = {podapi.REF_ANN_RESTORE_FROM: "snap-a"}
     restoring["status"]["conditions"] = [{"type": "nvidia.com/Restored", "status": "True", "reason": "RestoreSucceeded"}]
-    assert summ.summary(restoring)["restore_outcome"] == "Succeeded"
+    assert summ.summary(restoring)["pod_outcome"] == "Succeeded"
     assert s["containers"] == [
         {"name": "main", "container_id": "podman://abc", "running": True, "ready": True, "restart_count": 0,
          "volumes": ["/root/.cache"]},  # its emptyDir volumes, the snapshot-control one left out
@@ -68,7 +68,7 @@ def test_a_pod_summary_carries_what_the_node_needs() -> None:
          "volumes": []}]
     assert summ.waiting_for(s, "scheduled") is None
     assert summ.waiting_for(s, "running") == "containers not running: side"
-    assert summ.waiting_for(dict(s, node=None), "scheduled") == "not scheduled"
+    assert summ.waiting_for(dict(s, node_name=None), "scheduled") == "not scheduled"
 
 
 def test_the_summary_says_access_attempts_and_failure(fake_apiserver: FakeApiServer) -> None:
@@ -78,3 +78,16 @@ def test_the_summary_says_access_attempts_and_failure(fake_apiserver: FakeApiSer
     s = summ.snapshot_summary(snap, None)
     assert (s["last_access_time"], s["attempts"], s["failed"], s["last_error"], s["policy_name"]) == (
         "2026-12-03T08:00:00Z", 0, False, None, None)
+
+
+def test_the_summary_names_its_content_and_node_and_locates_its_store(fake_apiserver: FakeApiServer) -> None:
+    snap = recorded(fake_apiserver)
+    content = fake_apiserver.store.get("podsnapshotcontents", snap["status"]["boundSnapshotContentName"],
+                                       group=podapi.GROUP)
+    s = summ.snapshot_summary(snap, content)
+    spec_store = content["spec"]["store"]
+    assert s["content_name"] == content["metadata"]["name"]
+    assert s["node_name"] == content["spec"]["source"]["nodeName"]
+    assert s["store"] == {"url": spec_store["url"], "snapshot_id": spec_store["snapshotId"],
+                          "path": spec_store.get("path")}
+    assert summ.snapshot_summary(snap, None)["store"] is None  # no content: no store

@@ -29,7 +29,7 @@ def test_page_server_check_mode_verifies_and_starts_nothing(store: st.FsStore, t
     doc = make_snapshot(store)
     before = tree(tmp_path)
     result = _page_server.run(page_params(store, tmp_path, doc["id"]), True)
-    assert result == {"changed": True, "page_server": {"snapshot": doc["id"], "address": "127.0.0.1",
+    assert result == {"changed": True, "page_server": {"snapshot_id": doc["id"], "address": "127.0.0.1",
                                                        "port": 27000, "tls": False}}
     assert tree(tmp_path) == before
 

@@ -51,8 +51,8 @@ def test_pod_snapshot_diff_shows_both_records_before_and_after(server: FakeApiSe
     made = _pod_snapshot.run(present(server), False, diff=True)
     snap_diff, content_diff = made["diff"]
     assert snap_diff["before_header"] == "PodSnapshot default/snap-1" and snap_diff["before"] == {}
-    assert content_diff["before_header"] == f"PodSnapshotContent {made['content']['metadata']['name']}"
-    assert content_diff["before"] == {} and content_diff["after"]["spec"] == made["content"]["spec"]
+    assert content_diff["before_header"] == f"PodSnapshotContent {made['pod_snapshot_content']['metadata']['name']}"
+    assert content_diff["before"] == {} and content_diff["after"]["spec"] == made["pod_snapshot_content"]["spec"]
     assert snap_diff["after"]["status"] == made["status"] and made["status"]["boundSnapshotContentName"]
     for d in made["diff"]:  # what the API server keeps for itself is left out
         assert not set(d["after"]["metadata"]) & {"uid", "resourceVersion", "managedFields", "creationTimestamp"}
@@ -72,8 +72,8 @@ def test_trigger_diff_shows_the_trigger_and_the_request_it_makes(server: FakeApi
     out = _pod_snapshot_trigger.run(params, False, diff=True)
     trigger_diff, snap_diff = out["diff"]
     assert "status" not in trigger_diff["before"]
-    assert trigger_diff["after"]["status"]["snapshotCreated"] == {"name": out["snapshot_name"]}
-    assert snap_diff["before_header"] == f"PodSnapshot default/{out['snapshot_name']}" and snap_diff["before"] == {}
+    assert trigger_diff["after"]["status"]["snapshotCreated"] == {"name": out["pod_snapshot_name"]}
+    assert snap_diff["before_header"] == f"PodSnapshot default/{out['pod_snapshot_name']}" and snap_diff["before"] == {}
     assert snap_diff["after"]["spec"]["source"]["podRef"]["name"] == "embed-0"
     again = _pod_snapshot_trigger.run(params, False, diff=True)
     assert again["changed"] is False and all(d["before"] == d["after"] for d in again["diff"])

@@ -65,11 +65,11 @@ def test_validate_reports_its_problems_as_a_result_field() -> None:
 
 def test_classify_a_given_pod_needs_no_api_server() -> None:
     out = _restore_pod.run(restore_params(action="classify", pod=podbuild.build(TEMPLATE, "embed-1")), False)
-    assert out == {"changed": False, "outcome": "Pending", "losses": [], "condition": None,
+    assert out == {"changed": False, "pod_outcome": "Pending", "losses": [], "condition": None,
                    "pod_name": None}
     pod = podbuild.build(TEMPLATE, "embed-1")
     pod["status"] = {"phase": "Running", "conditions": [
         {"type": "nvidia.com/Restored", "status": "False", "reason": "RestorePartiallySucceeded"}]}
     out = _restore_pod.run(restore_params(action="classify", pod=pod), False)
-    assert (out["outcome"], out["condition"]["type"]) == ("PartiallySucceeded", "nvidia.com/Restored")
+    assert (out["pod_outcome"], out["condition"]["type"]) == ("PartiallySucceeded", "nvidia.com/Restored")
     assert "state" not in out

@@ -25,7 +25,7 @@ def test_snapshot_info_lists_newest_first_and_verifies(store: st.FsStore) -> Non
     second = make_snapshot(store, "embed", {"model": "b"})
     result = _snapshot_info.run(info_params(store, verify=True), True)
     assert result["changed"] is False
-    assert result["store"] == {"path": store.root, "kind": "fs", "exists": True}
+    assert result["store"] == {"url": store.root, "kind": "fs", "exists": True}
     assert {s["id"] for s in result["snapshots"]} == {first["id"], second["id"]}
     assert result["count"] == 2 and result["broken"] == [] and result["staging"] == []
     assert all(s["intact"] and s["problems"] == [] for s in result["snapshots"])

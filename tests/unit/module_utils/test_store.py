@@ -49,8 +49,8 @@ def test_stage_publish_list_load(store: st.FsStore) -> None:
                                                     "containers/embed/criu/pages-1.img"}
     assert [d["id"] for d in store.list()] == [doc["id"]]
     assert mf.summary(loaded) == {"id": doc["id"], "name": "embed", "labels": {"model": "m1"},
-                                  "created_at": doc["created_at"], "size": doc["size"], "source_node": "node-a",
-                                  "targets": ["embed"]}
+                                  "created_at": doc["created_at"], "size": doc["size"], "source_node": {"hostname": "node-a"},
+                                  "targets": [{"name": "embed", "kind": doc["targets"][0].get("kind")}]}
     assert mf.matches(loaded, "embed", {"model": "m1"}) and not mf.matches(loaded, "embed", {"model": "m2"})
     assert not mf.matches(loaded, "other", None)
 

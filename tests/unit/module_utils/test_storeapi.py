@@ -43,7 +43,7 @@ def test_instances_satisfy_the_protocols(tmp_path: Path) -> None:
     assert isinstance(fs, st.FsStore) and isinstance(s3, s3s.S3Store)
     for store in (fs, s3):
         assert isinstance(store, api.Store)
-        assert set(store.describe()) == {"path", "kind", "exists"}
+        assert set(store.describe()) == {"url", "kind", "exists"}
     assert fs.reads_in_place and not s3.reads_in_place
     assert fs.cache_root() is None and s3.cache_root() == str(tmp_path / "cache" / "s3" / "bucket__prefix")
     staging = fs.stage(mf.new_id())

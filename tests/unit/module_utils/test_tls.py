@@ -177,7 +177,7 @@ def test_page_server_in_the_clear_beyond_loopback_is_refused_first(store: st.FsS
 def test_page_server_insecure_or_tls_in_check_mode(store: st.FsStore, tmp_path: Path, keys: Path) -> None:
     doc = make_snapshot(store)
     result = _page_server.run(page_params(store, tmp_path, doc["id"], address="0.0.0.0", insecure=True), True)
-    assert result["page_server"] == {"snapshot": doc["id"], "address": "0.0.0.0", "port": 27000, "tls": False}
+    assert result["page_server"] == {"snapshot_id": doc["id"], "address": "0.0.0.0", "port": 27000, "tls": False}
     out = fail(_page_server.run, page_params(store, tmp_path, doc["id"], address="0.0.0.0", tls=True), True)
     assert out["msg"].startswith("TLS for the page server cannot be set up: ") and len(out["reasons"]) == 3, out
     tls_dir(keys)

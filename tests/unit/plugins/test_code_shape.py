@@ -354,3 +354,39 @@ def test_action_groups_follow_the_auth_a_module_takes() -> None:
     assert sorted(groups) == ["k8s", "snapshot"]
     assert sorted(groups["k8s"]) == sorted(takes_auth)
     assert sorted(groups["snapshot"]) == sorted(set(modules) - takes_auth)
+
+
+DURATION_NAME = re.compile(r"(^|_)(timeout|age|older_than)$")
+
+
+def _documented_options(path: Path) -> Dict[str, dict]:
+    """Every option of a module's DOCUMENTATION, suboptions as ``parent.child``."""
+    import yaml  # pylint: disable=import-outside-toplevel
+
+    doc = next(n.value.value for n in _tree(path).body if isinstance(n, ast.Assign)
+               and getattr(n.targets[0], "id", "") == "DOCUMENTATION")
+    out: Dict[str, dict] = {}
+
+    def walk(options: Dict[str, dict], prefix: str) -> None:
+        for name, spec in (options or {}).items():
+            out[prefix + name] = spec
+            walk(spec.get("suboptions") or {}, f"{prefix}{name}.")
+    walk(yaml.safe_load(doc).get("options") or {}, "")
+    return out
+
+
+@pytest.mark.parametrize("path", sorted((PLUGINS / "modules").glob("[a-z]*.py")), ids=lambda p: p.name)
+def test_every_duration_option_is_one_type(path: Path) -> None:
+    """One duration type: every option named like a length of time is one of ``_duration.OPTIONS`` (which the
+    adapter turns into float seconds), typed raw (seconds or ``30m``, ``12h``, ``7d``) in its spec and its docs."""
+    dur = importlib.import_module(f"{PACKAGE}.core._duration")
+
+    source = path.read_text()
+    for name, spec in _documented_options(path).items():
+        leaf = name.rsplit(".", 1)[-1]
+        if not (DURATION_NAME.search(leaf) or leaf in dur.OPTIONS):
+            continue
+        assert "." not in name, f"{path.name}: {name} is a nested duration; the adapter converts top-level ones only"
+        assert leaf in dur.OPTIONS, f"{path.name}: option {name} is a duration missing from _duration.OPTIONS"
+        assert spec.get("type") == "raw", f"{path.name}: option {name} is documented as {spec.get('type')}, not raw"
+        assert re.search(rf'\b{leaf}=dict\(type="raw"', source), f"{path.name}: option {name} is not type raw in its spec"

@@ -10,7 +10,7 @@ HOSTVARS: Dict[str, Dict[str, Any]] = {"gpu-01": {}, "node-b": {"warmstart_k8s_n
 
 
 def target(name: str, node: Any) -> Dict[str, Any]:
-    return {"namespace": "ml", "name": name, "node": node, "containers": [{"name": "main"}]}
+    return {"namespace": "ml", "name": name, "node_name": node, "containers": [{"name": "main"}]}
 
 
 def test_node_names_map_onto_inventory_hosts() -> None:
@@ -41,8 +41,8 @@ def test_a_failed_record_fails_the_row() -> None:
 
 
 def begun(name: str, node: str, pairs: Any) -> Dict[str, Any]:
-    return {"pod": {"metadata": {"namespace": "ml", "name": name}}, "node": node, "snapshot": "snap-1",
-            "store": {"url": "/mnt/s", "snapshotId": "S1"}, "pairs": pairs, "skip_compat_check": False}
+    return {"pod": {"metadata": {"namespace": "ml", "name": name}}, "node_name": node, "pod_snapshot_name": "snap-1",
+            "store": {"url": "/mnt/s", "snapshot_id": "S1", "path": None}, "pairs": pairs, "skip_compat_check": False}
 
 
 def test_restore_work_is_one_item_per_destination() -> None:
@@ -91,7 +91,7 @@ def test_restore_rows() -> None:
     pods = [{"metadata": {"namespace": "ml", "name": n, "annotations": {"snapshot.warmstart.io/restore-from": "snap-1"}}}
             for n in ("ok", "late", "refused", "bad")]
     pods[3]["metadata"]["annotations"] = {"nvidia.com/restore-from": "snap-2"}  # the reference's name is read too
-    scheduled = [{"item": p, "targets": [{"node": "gpu-01"}]} for p in pods]
+    scheduled = [{"item": p, "targets": [{"node_name": "gpu-01"}]} for p in pods]
     scheduled[1] = {"item": pods[1], "failed": True, "msg": "timed out after 300 s"}
     begun_ = [{"item": {"item": pods[0]}}, {"item": {"item": pods[2]}, "failed": True, "msg": "already ran"},
               {"item": {"item": pods[3]}}]
