@@ -1,5 +1,6 @@
 """Ready for Galaxy: the built collection passes galaxy-importer (the checks Galaxy runs on upload) with only
-the findings justified below, and antsibull-docs finds nothing to fix in the docs.
+the findings justified below, antsibull-docs finds nothing to fix in the docs, and the changelog fragments are
+what antsibull-changelog releases.
 
 Both tools run from a venv of their own (``.venv-release``, built here when missing; pinned): they pin linters
 of other versions than the main venv's. ansible-test sanity runs in ``make sanity``, so the importer skips it.
@@ -23,7 +24,7 @@ from .ansible_run import REPO, VENV_BIN, ansible_env
 
 pytestmark = pytest.mark.integration
 
-PINS = ["galaxy-importer==0.4.44", "antsibull-docs==2.28.0"]
+PINS = ["galaxy-importer==0.4.44", "antsibull-docs==2.28.0", "antsibull-changelog==0.36.0"]
 PLACEHOLDER_REPOSITORY = "https://example.invalid/warmstart/snapshot"
 
 # Each finding the importer may report, and why it is not fixed:
@@ -108,3 +109,36 @@ def test_antsibull_docs_lint_is_clean(tmp_path: Path, release_bin: Path) -> None
     done = subprocess.run([str(release_bin / "antsibull-docs"), "lint-collection-docs", "--plugin-docs", "."],
                           cwd=tree, env=env, capture_output=True, text=True, check=False)
     assert done.returncode == 0 and not done.stdout.strip(), done.stdout[-4000:] + done.stderr[-2000:]
+
+
+def test_changelog_fragments_lint_and_release_into_changelog_md(tmp_path: Path, release_bin: Path) -> None:
+    """Every change is a fragment antsibull-changelog accepts (its lint: sections, RST), and a release of this
+    version turns every fragment item into CHANGELOG.md - none lost, none invented."""
+    import yaml  # pylint: disable=import-outside-toplevel
+
+    root = tmp_path / "collections"
+    tree = checkout_copy(root / "ansible_collections" / "warmstart" / "snapshot")
+    env = dict(ansible_env(), ANSIBLE_COLLECTIONS_PATH=str(root), PATH=f"{VENV_BIN}:/usr/bin:/bin")
+    env.pop("ANSIBLE_CONFIG")
+    tool = str(release_bin / "antsibull-changelog")
+    lint = subprocess.run([tool, "lint"], cwd=tree, env=env, capture_output=True, text=True, check=False)
+    assert lint.returncode == 0 and not lint.stdout.strip(), lint.stdout[-4000:] + lint.stderr[-2000:]
+
+    items = {}
+    for fragment in sorted((tree / "changelogs" / "fragments").glob("*.yml")):
+        for section, entries in yaml.safe_load(fragment.read_text()).items():
+            items.setdefault(section, []).extend(entries)
+    assert items.get("minor_changes") and set(items) <= {"minor_changes", "bugfixes", "major_changes",
+                                                         "breaking_changes", "security_fixes", "known_issues"}
+    version = yaml.safe_load((tree / "galaxy.yml").read_text())["version"]
+    done = subprocess.run([tool, "release", "--version", str(version), "--date", "2026-12-07"], cwd=tree, env=env,
+                          capture_output=True, text=True, check=False)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
+    text = (tree / "CHANGELOG.md").read_text()
+    titles = {"minor_changes": "Minor Changes", "bugfixes": "Bugfixes", "major_changes": "Major Changes",
+              "breaking_changes": "Breaking Changes / Porting Guide", "security_fixes": "Security Fixes",
+              "known_issues": "Known Issues"}
+    for section, entries in items.items():
+        block = text.split(f"### {titles[section]}\n", 1)[1].split("\n<a id=", 1)[0]
+        assert len(re.findall(r"^\* ", block, re.M)) == len(entries), section
+    assert not list((tree / "changelogs" / "fragments").glob("*.yml")), "a release consumes its fragments"
