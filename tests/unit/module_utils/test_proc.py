@@ -60,7 +60,9 @@ def test_unstopped_names_the_threads_of_a_tree_that_still_run() -> None:
     parent = subprocess.Popen([sys.executable, "-c", code])
     try:
         deadline = time.monotonic() + 10
-        while len(proc.descendants(parent.pid)) < 2 and time.monotonic() < deadline:
+        # the sleep child, then python's second thread (it starts after the child): wait for both
+        while (len(proc.descendants(parent.pid)) < 2 or len(os.listdir(f"/proc/{parent.pid}/task")) < 2) \
+                and time.monotonic() < deadline:
             time.sleep(0.02)
         tree = proc.descendants(parent.pid)
         running = proc.unstopped(parent.pid)
