@@ -7,7 +7,7 @@ from __future__ import annotations
 
 DOCUMENTATION = r"""
 module: restore_pod
-short_description: Build, check, place and classify pods that restore from a PodSnapshot
+short_description: Select snapshots for, create, begin and finish pods that restore from a PodSnapshot
 version_added: 0.1.0
 description:
   - The restore-pod contract as a module. A restore pod is an ordinary pod that carries the annotation
@@ -20,26 +20,20 @@ description:
     C(nvidia.com/restore-container-map), C(nvidia.com/snapshot-skip-compat-check) and the condition
     C(nvidia.com/Restored); a pod that sets one of ours and its alias to different values is refused, naming both.
     What the module writes keeps our names.
-  - O(action=build) returns that pod for O(pod) or O(template) (a deep copy; idempotent; anything that conflicts
-    with the contract - another restore-from, a different C(snapshot-control) volume, another
-    C(SNAPSHOT_CONTROL_DIR), another seccomp profile - fails with every reason instead of being overwritten).
-    No API server is needed.
-  - O(action=build) with O(entrypoint=standby) keeps each container's own command and sets
-    C(SNAPSHOT_RESTORE_STANDBY=1) instead of the inert command, for an image whose entrypoint then blocks without
-    initialising.
-  - O(action=validate) fails with every way O(pod) falls short of a restore pod; each container must run the inert
-    command, or its own entrypoint with C(SNAPSHOT_RESTORE_STANDBY) set to a true value. RV(entrypoints) says which
-    form each container has. No API server is needed.
-  - O(action=classify) tells where a restore pod stands - RV(pod_outcome) by the reference contract's table from its
-    C(Restored) condition, RV(losses) from the pod's phase and container states; O(pod), or the pod
-    O(namespace)/O(name) read from the API.
+  - The module's actions read or write the cluster. The contract's pure steps are filters, which need no API
+    server - P(warmstart.snapshot.restore_template#filter) builds a restore pod (or a workload's restore template),
+    P(warmstart.snapshot.restore_pod_problems#filter) lists every way a pod falls short of the contract,
+    P(warmstart.snapshot.restore_pod_outcome#filter) classifies a restore pod by the reference contract's table
+    (M(warmstart.snapshot.pod_info) gives the same C(pod_outcome) for pods it reads).
   - O(action=select) finds the PodSnapshot to restore O(pod) or O(template) from - the newest Ready one in
     O(namespace) whose condensed pod-spec hash and O(grouping_labels) match, or the one its C(restore-from)
     annotation pins - and checks its PodSnapshotContent (bound, backlink uid); a pinned one must have been taken
     from the same pod spec (condensed pod-spec hash) unless the pod skips the compatibility check or O(scope) is
     V(rootfs-only). When none fits it fails with the reasons, naming the fields in which the (nearest) snapshot
     differs.
-  - O(action=create) builds the restore pod (from O(snapshot), else from the one O(action=select) finds) and
+  - O(action=create) builds the restore pod (from O(snapshot), else from the one O(action=select) finds; anything
+    that conflicts with the contract - another restore-from, a different C(snapshot-control) volume, another
+    C(SNAPSHOT_CONTROL_DIR), another seccomp profile - fails with every reason instead of being overwritten) and
     creates O(count) of them in O(namespace) - named C(<name_prefix>-<i>), idempotent by name, or with
     C(generateName) when O(name_prefix) is not given. A given O(snapshot) is checked against the pod-spec hash as a
     pinned one is.
@@ -69,12 +63,12 @@ attributes:
     support: full
     description: O(action=create) reports the pods it would create and creates none; the other actions only read.
   platform:
-    description: Any node; O(action=select), O(action=create) and O(action=classify) by name need the API server.
+    description: Any node that reaches the API server.
 options:
   action:
     description: What to do (see the description).
     type: str
-    choices: [build, validate, classify, select, create, begin, finish]
+    choices: [select, create, begin, finish]
     required: true
   pod:
     description: A Pod (as the API returns it, or as a manifest).
@@ -84,7 +78,7 @@ options:
     type: dict
   snapshot:
     description:
-      - Name of the PodSnapshot to restore from (O(action=build) needs it; O(action=create) selects one without it).
+      - Name of the PodSnapshot to restore from (O(action=create) selects one without it).
     type: str
   container_map:
     description:
@@ -102,7 +96,7 @@ options:
     default: true
   entrypoint:
     description:
-      - How O(action=build) and O(action=create) keep the containers from starting their workload.
+      - How O(action=create) keeps the containers from starting their workload.
       - V(inert) replaces each container's command with C(/bin/sh -c 'exec sleep infinity') (its own command is
         recorded in an annotation, so the pod hashes like its template).
       - V(standby) keeps each container's command and sets the env C(SNAPSHOT_RESTORE_STANDBY=1); only for images
@@ -116,11 +110,10 @@ options:
     default: profiles/block-iouring.json
   namespace:
     description:
-      - Namespace to select snapshots in, create pods in, or read the pod to classify from; default the pod's or
-        template's C(metadata.namespace).
+      - Namespace to select snapshots in or create pods in; default the pod's or template's C(metadata.namespace).
     type: str
   name:
-    description: Name of the pod to classify (O(action=classify) without O(pod)), or to begin or finish.
+    description: Name of the pod to begin or finish.
     type: str
   outcome:
     description:
@@ -164,13 +157,6 @@ seealso:
 """
 
 EXAMPLES = r"""
-- name: Turn a deployment's pod template into a restore pod
-  warmstart.snapshot.restore_pod:
-    action: build
-    template: "{{ lookup('ansible.builtin.file', 'embed-deployment.yaml') | ansible.builtin.from_yaml }}"
-    snapshot: embed-20261202
-  register: built
-
 - name: Which snapshot would a new replica restore from?
   warmstart.snapshot.restore_pod:
     action: select
@@ -189,38 +175,27 @@ EXAMPLES = r"""
     name_prefix: embed-restore
   register: created
 
-- name: How did the restore of embed-restore-0 go?
-  warmstart.snapshot.restore_pod:
-    action: classify
+- name: How did the restore of embed-restore-0 go? (pod_info reads it; the filter classifies a pod at hand)
+  warmstart.snapshot.pod_info:
     namespace: inference
     name: embed-restore-0
   register: restored
+  # restored.targets[0].pod_outcome, or: restored.pods[0] | warmstart.snapshot.restore_pod_outcome
 """
 
 RETURN = r"""
 pod:
-  description: The built restore pod (O(action=build), O(action=create)).
-  returned: when O(action) is build or create
+  description: The restore pod as built (O(action=create)), or as it is after the change (O(action=begin), O(action=finish)).
+  returned: when O(action) is create, begin or finish
   type: dict
   sample: {metadata: {annotations: {snapshot.warmstart.io/restore-from: embed-20261202}}}
-problems:
-  description: Ways the pod falls short of the contract (empty on success; the failure lists them in RV(reasons)).
-  returned: when O(action=validate)
-  type: list
-  elements: str
-  sample: []
-entrypoints:
-  description: Container name -> the form that keeps it from starting its workload, V(inert) or V(standby).
-  returned: when O(action=validate) succeeds
-  type: dict
-  sample: {main: inert}
 pod_outcome:
   description:
     - Where the restore pod stands, by the reference contract's table over its C(Restored) (or
       C(nvidia.com/Restored)) condition - no condition V(Pending); status C(True) V(Succeeded); status C(False) with
       reason C(RestoreFailed) or C(RestoreIncompatible) V(Failed), C(RestorePartiallySucceeded)
       V(PartiallySucceeded), C(RestoreInProgress) V(Pending); any other status or reason V(Unknown).
-  returned: when O(action) is classify, begin or finish
+  returned: when O(action) is begin or finish
   type: str
   sample: Succeeded
   choices: [Pending, Succeeded, Failed, PartiallySucceeded, Unknown]
@@ -229,20 +204,10 @@ losses:
     - Why the restore is lost although the condition may not say so - the pod's phase is C(Failed), or it ended
       without a restore, or a destination container terminated or restarted after its restore began. A new pod is
       needed then.
-  returned: when O(action) is classify, begin or finish
+  returned: when O(action) is begin or finish
   type: list
   elements: str
   sample: ["container 'main' restarted (1 times) after its restore began"]
-condition:
-  description: The pod's C(Restored) condition (else its C(nvidia.com/Restored) one), null when it has none.
-  returned: when O(action=classify)
-  type: dict
-  sample: {type: Restored, status: "True", reason: RestoreSucceeded}
-pod_name:
-  description: Name of the classified pod.
-  returned: when O(action=classify)
-  type: str
-  sample: embed-restore-0
 pod_snapshot:
   description: The PodSnapshot chosen (O(action=select)) or restored from (O(action=create)).
   returned: when O(action) is select or create
@@ -311,7 +276,7 @@ skip_compat_check:
   type: bool
   sample: false
 reasons:
-  description: Every reason of a failure (contract conflicts, validation problems, why no snapshot fits).
+  description: Every reason of a failure (contract conflicts, why no snapshot fits).
   returned: on failure
   type: list
   elements: str
@@ -328,8 +293,7 @@ def main() -> None:
     module = AnsibleModule(
         argument_spec=dict(
             **auth_argument_spec(),
-            action=dict(type="str", choices=["build", "validate", "classify", "select", "create", "begin", "finish"],
-                        required=True),
+            action=dict(type="str", choices=["select", "create", "begin", "finish"], required=True),
             pod=dict(type="dict"),
             template=dict(type="dict"),
             snapshot=dict(type="str"),
@@ -350,10 +314,6 @@ def main() -> None:
         ),
         mutually_exclusive=[("pod", "template")],
         required_if=[
-            ("action", "build", ["snapshot"]),
-            ("action", "build", ["pod", "template"], True),
-            ("action", "validate", ["pod", "template"], True),
-            ("action", "classify", ["pod", "name"], True),
             ("action", "select", ["pod", "template"], True),
             ("action", "create", ["pod", "template"], True),
             ("action", "begin", ["namespace", "name"]),

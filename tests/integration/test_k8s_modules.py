@@ -259,40 +259,47 @@ def test_pod_snapshot_failed_records_conditions_without_content(fake_apiserver: 
 
 # --- restore_pod ---------------------------------------------------------------------------
 
-def test_restore_pod_build_and_validate(fake_apiserver: FakeApiServer, tmp_path: Path) -> None:
+def test_restore_pod_build_and_check_are_filters(fake_apiserver: FakeApiServer, tmp_path: Path) -> None:
+    """The contract's pure steps run as the collection's filters in a play: build (restore_template), check
+    (restore_pod_problems) and classify (restore_pod_outcome), without a word to the API server; the module no
+    longer offers them as actions."""
     conflicting = copy.deepcopy(TEMPLATE)
     conflicting["metadata"]["annotations"] = {podapi.ANN_RESTORE_FROM: "another"}
     run = run_tasks(fake_apiserver, tmp_path, [
-        {"name": "build", "register": "built",
+        {"name": "build", "ansible.builtin.set_fact": {
+            "built": "{{ template | warmstart.snapshot.restore_template('embed-1') }}",
+            "standby": "{{ template | warmstart.snapshot.restore_template('embed-1', entrypoint='standby') }}"},
+         "vars": {"template": TEMPLATE}},
+        {"name": "check", "ansible.builtin.set_fact": {
+            "built_problems": "{{ built | warmstart.snapshot.restore_pod_problems }}",
+            "plain_problems": "{{ template | warmstart.snapshot.restore_pod_problems }}",
+            "built_outcome": "{{ built | warmstart.snapshot.restore_pod_outcome }}",
+            "standby_outcome": "{{ standby | warmstart.snapshot.restore_pod_outcome }}"},
+         "vars": {"template": TEMPLATE}},
+        {"name": "build conflicting", "ansible.builtin.set_fact": {
+            "bad": "{{ conflicting | warmstart.snapshot.restore_template('embed-1') }}"},
+         "vars": {"conflicting": conflicting}, "ignore_errors": True},
+        {"name": "no such action", "ignore_errors": True,
          "warmstart.snapshot.restore_pod": {"action": "build", "template": TEMPLATE, "snapshot": "embed-1"}},
-        {"name": "validate built", "warmstart.snapshot.restore_pod": {"action": "validate", "pod": "{{ built.pod }}"}},
-        {"name": "validate plain", "warmstart.snapshot.restore_pod": {"action": "validate", "pod": TEMPLATE},
-         "ignore_errors": True},
-        {"name": "build conflicting", "warmstart.snapshot.restore_pod": {
-            "action": "build", "template": conflicting, "snapshot": "embed-1"}, "ignore_errors": True},
-        {"name": "build without snapshot", "warmstart.snapshot.restore_pod": {"action": "build", "pod": TEMPLATE},
-         "ignore_errors": True},
-        {"name": "build standby", "register": "standby", "warmstart.snapshot.restore_pod": {
-            "action": "build", "template": TEMPLATE, "snapshot": "embed-1", "entrypoint": "standby"}},
-        {"name": "validate standby", "warmstart.snapshot.restore_pod": {"action": "validate", "pod": "{{ standby.pod }}"}},
     ])
     res = results(run)
-    built = res["build"]["pod"]
-    assert built == podbuild.build(TEMPLATE, "embed-1") and res["build"]["changed"] is False
+    facts = {**res["build"]["ansible_facts"], **res["check"]["ansible_facts"]}
+    built = facts["built"]
+    assert built == podbuild.build(TEMPLATE, "embed-1")
     assert built["metadata"]["annotations"][podapi.ANN_RESTORE_FROM] == "embed-1"
     assert built["spec"]["containers"][0]["command"] == podapi.INERT_COMMAND
-    assert not res["validate built"].get("failed") and res["validate built"]["entrypoints"] == {"main": "inert"}
-    standby = res["build standby"]["pod"]["spec"]["containers"][0]
+    assert facts["built_problems"] == [] and facts["built_outcome"]["entrypoints"] == {"main": "inert"}
+    assert facts["built_outcome"]["pod_outcome"] == "Pending"
+    standby = facts["standby"]["spec"]["containers"][0]
     assert standby["command"] == TEMPLATE["spec"]["containers"][0]["command"]
     assert {"name": "SNAPSHOT_RESTORE_STANDBY", "value": "1"} in standby["env"]
-    assert res["validate standby"]["entrypoints"] == {"main": "standby"}
-    plain = res["validate plain"]
-    assert plain["failed"] and plain["problems"] == pc.validate(TEMPLATE) and plain["problems"]
-    assert any(podapi.ANN_RESTORE_FROM in p for p in plain["problems"])
-    assert res["build conflicting"]["failed"]
-    assert any("'another'" in r for r in res["build conflicting"]["reasons"])
-    assert res["build without snapshot"]["failed"] and "snapshot" in res["build without snapshot"]["msg"]
-    assert fake_apiserver.requests == []  # build and validate never talk to the API server
+    assert facts["standby_outcome"]["entrypoints"] == {"main": "standby"}
+    assert facts["plain_problems"] == pc.validate(TEMPLATE) and facts["plain_problems"]
+    assert any(podapi.ANN_RESTORE_FROM in p for p in facts["plain_problems"])
+    assert res["build conflicting"]["failed"] and "'another'" in res["build conflicting"]["msg"]
+    assert res["no such action"]["failed"] and "value of action must be one of: select, create, begin, finish" in \
+        res["no such action"]["msg"]
+    assert fake_apiserver.requests == []  # building and checking never talk to the API server
 
 
 def test_restore_pod_select_newest_match_or_name_the_differing_fields(fake_apiserver: FakeApiServer,
@@ -365,10 +372,8 @@ def test_restore_pod_create_n_pods_idempotent_check_mode_and_classify(
         {"name": "create again", "warmstart.snapshot.restore_pod": create},
         {"name": "pinned to a missing snapshot", "ignore_errors": True,
          "warmstart.snapshot.restore_pod": dict(create, snapshot="nope", name_prefix="x")},
-        {"name": "classify by name", "warmstart.snapshot.restore_pod": {"action": "classify", "namespace": "default",
-                                                                        "name": "done-0"}},
-        {"name": "classify new", "warmstart.snapshot.restore_pod": {"action": "classify", "namespace": "default",
-                                                                    "name": "embed-restore-0"}},
+        {"name": "classify by name", "warmstart.snapshot.pod_info": {"namespace": "default", "name": "done-0"}},
+        {"name": "classify new", "warmstart.snapshot.pod_info": {"namespace": "default", "name": "embed-restore-0"}},
         {"name": "create generated", "warmstart.snapshot.restore_pod": dict(create, count=2, name_prefix=None,
                                                                             snapshot="snap-a")},
         {"name": "pinned to another spec", "ignore_errors": True,
@@ -389,8 +394,9 @@ def test_restore_pod_create_n_pods_idempotent_check_mode_and_classify(
     assert res["pinned to a missing snapshot"]["failed"] is True
     assert res["pinned to a missing snapshot"]["msg"] == "PodSnapshot default/nope not found"
     assert "x-0" not in pods
-    assert res["classify by name"]["pod_outcome"] == "Succeeded" and "state" not in res["classify by name"]
-    assert res["classify new"]["pod_outcome"] == "Pending"
+    assert res["classify by name"]["targets"][0]["pod_outcome"] == "Succeeded"
+    assert res["classify new"]["targets"][0]["pod_outcome"] == "Pending"
+    assert res["classify by name"]["targets"][0]["pod_outcome"] == pc.classify(res["classify by name"]["pods"][0])
     generated = [n for n in (p["metadata"]["name"] for p in fake_apiserver.store.list("pods", "default"))
                  if n.startswith("snap-a-restore-")]
     assert res["create generated"]["changed"] is True and len(generated) == 2

@@ -2,13 +2,11 @@
 # Copyright (c) warmstart developers
 # GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
-"""The restore_pod module's runner: one action of the restore-pod contract (build, validate, classify, select,
-create, begin, finish).
+"""The restore_pod module's runner: one action of the restore-pod contract that reads or writes the cluster
+(select, create, begin, finish). Its pure steps are filters: ``restore_template`` builds, ``restore_pod_problems``
+validates, ``restore_pod_outcome`` classifies.
 
-Keeps the runners' invariants (``_common``). Besides:
-
-- ``count`` below 1 is refused here, for every action, before a connection is made.
-- build, validate and classify of a given pod never connect to an API server.
+Keeps the runners' invariants (``_common``). Besides: ``count`` below 1 is refused here, before a connection is made.
 """
 from __future__ import annotations
 
@@ -18,7 +16,6 @@ from ansible_collections.warmstart.snapshot.plugins.module_utils.k8s import _k8s
 from ansible_collections.warmstart.snapshot.plugins.module_utils.k8s import _k8s_restorepods as rpods
 from ansible_collections.warmstart.snapshot.plugins.module_utils.k8s import _podapi as podapi
 from ansible_collections.warmstart.snapshot.plugins.module_utils.k8s import _podbuild as podbuild
-from ansible_collections.warmstart.snapshot.plugins.module_utils.k8s import _podcontract as pc
 from ansible_collections.warmstart.snapshot.plugins.module_utils.k8s import _selection as selection
 from ansible_collections.warmstart.snapshot.plugins.module_utils.core._errors import WarmstartError
 from ansible_collections.warmstart.snapshot.plugins.module_utils.k8s._k8s_client import (
@@ -26,37 +23,11 @@ from ansible_collections.warmstart.snapshot.plugins.module_utils.k8s._k8s_client
 
 
 def run(params: Params, check_mode: bool) -> JSON:
-    """One action of the restore-pod contract (build, validate, classify, select, create, begin, finish)."""
+    """One action of the restore-pod contract (select, create, begin, finish)."""
     count = params.get("count")
     if count is not None and count < 1:
         raise WarmstartError("count must be at least 1")
     return _ACTIONS[params["action"]](params, check_mode)
-
-
-def _build_pod(params: Params, check_mode: bool) -> JSON:  # pylint: disable=unused-argument
-    if not params.get("snapshot"):
-        raise K8sError("action build needs snapshot (the PodSnapshot name)", "restore_pod")
-    return {"changed": False, "pod": _build(params, params["snapshot"])}
-
-
-def _validate_pod(params: Params, check_mode: bool) -> JSON:  # pylint: disable=unused-argument
-    pod = _input_pod(params)
-    problems = pc.validate(pod, params.get("seccomp_profile") or podapi.SECCOMP_PROFILE)
-    if problems:
-        raise K8sError(f"{podapi.object_ref(pod, 'Pod')} is not a restore pod", "restore pod", reasons=problems,
-                       problems=problems)
-    return {"changed": False, "problems": [], "entrypoints": pc.entrypoint_forms(pod)}
-
-
-def _classify_pod(params: Params, check_mode: bool) -> JSON:  # pylint: disable=unused-argument
-    if params.get("pod") is not None:
-        pod = params["pod"]
-    elif not params.get("name"):
-        raise K8sError("action classify needs pod, or namespace and name of a pod", "restore_pod")
-    else:
-        pod = cluster_from(params).get_pod(_namespace(params), params["name"])
-    return dict(rpods.outcome_fields(pod), changed=False, condition=pc.restore_condition(pod),
-                pod_name=(pod.get("metadata") or {}).get("name"))
 
 
 def _select_pod(params: Params, check_mode: bool) -> JSON:  # pylint: disable=unused-argument
@@ -106,8 +77,7 @@ def _finish(params: Params, check_mode: bool) -> JSON:
 
 
 _ACTIONS: Dict[str, Callable[[Params, bool], JSON]] = {
-    "build": _build_pod, "validate": _validate_pod, "classify": _classify_pod, "select": _select_pod,
-    "create": _create_pods, "begin": _begin, "finish": _finish,
+    "select": _select_pod, "create": _create_pods, "begin": _begin, "finish": _finish,
 }
 
 
