@@ -127,3 +127,40 @@ def test_the_installed_tarball_runs_a_playbook_of_its_own(tmp_path: Path, core: 
     assert (FLOOR_PIN.split("==")[1] in version.stdout.splitlines()[0]) is (core == "floor"), version.stdout
     report = json.loads((tmp_path / "run" / "report.json").read_text())
     assert report == {"title": "installed", "rows": [{"pod": "localhost", "result": "ok"}]}, report
+
+
+# What the oldest ansible-core reads of the collection: module docs and argument specs, its own imports (the
+# module_utils a module ships), plugin docs, meta/runtime.yml. The full sanity run is make sanity's (the newest).
+FLOOR_SANITY = ["validate-modules", "ansible-doc", "import", "runtime-metadata"]
+
+
+def test_the_floor_ansible_core_accepts_the_collection_s_docs_specs_and_imports(tmp_path: Path) -> None:
+    """``ansible-test sanity`` of the lowest ansible-core meta/runtime.yml claims passes the tests that read what
+    that ansible-core loads (``FLOOR_SANITY``) - a doc key, argspec feature or import newer than the floor fails."""
+    bin_dir = tool_venv("floor", [floor_pin()])
+    tree = tmp_path / "ansible_collections" / "warmstart" / "snapshot"
+    files = subprocess.run(["git", "ls-files", "-co", "--exclude-standard", "-z"], cwd=REPO, check=True,
+                           capture_output=True).stdout.split(b"\0")
+    for rel in filter(None, (f.decode() for f in files)):
+        if (REPO / rel).is_file():
+            (tree / rel).parent.mkdir(parents=True, exist_ok=True)
+            (tree / rel).write_bytes((REPO / rel).read_bytes())
+    # ansible-test bootstraps pip in its venvs with a script it downloads; this machine has PyPI but not that
+    # host, so it gets the offline one make sanity uses (tests/support/get_pip_offline.py)
+    requirements = next((bin_dir.parent / "lib").glob("python3*/site-packages/ansible_test/_internal/"
+                                                      "python_requirements.py")).read_text()
+    pip = next(line.split("'")[1] for line in requirements.splitlines() if line.strip().startswith("pip='"))
+    cache = Path.home() / ".ansible" / "test" / "cache" / f"get_pip_{pip.replace('.', '_')}.py"
+    cache.parent.mkdir(parents=True, exist_ok=True)
+    offline = (REPO / "tests" / "support" / "get_pip_offline.py").read_bytes()
+    if not cache.is_file() or cache.read_bytes() != offline:
+        cache.write_bytes(offline)
+    args = [str(bin_dir / "ansible-test"), "sanity", "--local", "--python", "3.11", "--color", "no"]
+    for test in FLOOR_SANITY:
+        args += ["--test", test]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ANSIBLE_")}
+    env["PATH"] = f"{bin_dir}:/usr/bin:/bin"
+    done = subprocess.run(args, cwd=tree, env=env, capture_output=True, text=True, timeout=1200, check=False)
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
+    for test in FLOOR_SANITY:
+        assert f'Running sanity test "{test}"' in done.stdout + done.stderr, f"{test} did not run"
