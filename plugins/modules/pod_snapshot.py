@@ -177,7 +177,7 @@ EXAMPLES = r"""
       url: s3://snapshots/prod
       snapshot_id: "{{ ckpt.snapshot.id }}"
       path: "{{ ckpt.snapshot.path }}"
-    source_node: "{{ ckpt.snapshot.source }}"
+    source_node: "{{ ckpt.snapshot.source_node }}"
     size: "{{ ckpt.snapshot.size }}"
   delegate_to: localhost
   register: record

@@ -59,7 +59,7 @@ EXAMPLES = r"""
 
 - name: Say which PodSnapshot it made
   ansible.builtin.debug:
-    msg: "{{ trigger.snapshot_name }} is {{ trigger.phase }}"
+    msg: "{{ trigger.pod_snapshot_name }} is {{ trigger.phase }}"
 """
 
 RETURN = r"""

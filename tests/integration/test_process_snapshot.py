@@ -99,7 +99,7 @@ def test_checkpoint_stops_source_and_restore_continues_its_state(lab: Lab) -> No
     restored = lab.play([lab.restore("restore", name="warm", labels={"model": "test"})])["restore"]
     assert restored["changed"] is True
     res = restored["restore"]
-    assert res["id"] == info["id"] and res["ns_pid"] == 1 and res["workload"] == "warm"
+    assert res["id"] == info["id"] and res["ns_pid"] == 1 and res["workload_name"] == "warm"
     # CRIU's statistics in warmstart's units: times in seconds (CRIU's images count microseconds), pages counted
     for stats, timed in ((info["criu_stats"], "frozen_time"), (res["criu_stats"], "restore_time")):
         assert isinstance(stats[timed], float) and 0 < stats[timed] < 60, stats

@@ -80,7 +80,7 @@ def _restore_process(p: Params, check_mode: bool) -> Result:
     outcome = result.get("outcome", "succeeded")
     if result.get("already_running"):  # if_running: keep, and this snapshot's copy runs: nothing to do
         return dict(changed=False, restore=result, outcome=outcome,
-                    msg=f"workload {result['workload']} already runs as the restore of snapshot {result['id']} "
+                    msg=f"workload {result['workload_name']} already runs as the restore of snapshot {result['id']} "
                         f"(pid {result['pid']})")
     if check_mode:
         return dict(changed=True, restore=result, outcome=outcome, msg=f"would restore snapshot {result['id']}")
