@@ -94,6 +94,10 @@ def options_in_seconds(params: Mapping[str, Any]) -> Dict[str, Any]:
     first one that is no duration."""
     out = dict(params)
     for name in OPTIONS & out.keys():
+        if isinstance(out[name], str) and not out[name].strip():
+            # "not set" here would override the option's default with None: say what to do instead
+            raise DurationError(f"{name}: an empty string is no duration; omit the option for its default, or give "
+                                "seconds or a number with a unit ('90s', '30m', '12h', '7d')")
         if out[name] is not None:
             out[name] = parse_duration(out[name], name)
     return out

@@ -185,3 +185,7 @@ def test_durations_reach_the_call_as_seconds_and_a_bad_one_fails_naming_the_opti
     module = run(call, Double({"stop_timeout": "10x"}))
     assert seen == []  # refused before the call
     assert module.failed is not None and module.failed["msg"].startswith("stop_timeout: unknown unit 'x' in '10x'")
+
+    module = run(call, Double({"lazy_timeout": " "}))
+    assert seen == []  # an empty value would override the default with None: refused, saying what to do
+    assert module.failed is not None and module.failed["msg"].startswith("lazy_timeout: an empty string is no duration")
