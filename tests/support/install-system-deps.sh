@@ -14,6 +14,7 @@ packages=(
     gcc libc6-dev                                            # the fake libcuda and the C workload the tests compile
     default-jre-headless                                     # ansible-rulebook (the node agent) runs on Java 17+
     default-jdk-headless nodejs                              # workloads in other languages (test_languages.py)
+    zstd                                                     # podman's zstd checkpoint archives, read without python3-zstandard
     git make curl xz-utils ca-certificates
 )
 

@@ -21,13 +21,10 @@ versions, unlike pycriu's dict decoder).
 """
 from __future__ import annotations
 
-import os
-import struct
 from typing import Any, Dict, List, Tuple
 
 from ansible_collections.warmstart.snapshot.plugins.module_utils.core._errors import WarmstartError
-
-HEADER = 8  # u32 IMG_COMMON magic, u32 PSTREE magic
+from ansible_collections.warmstart.snapshot.plugins.module_utils.criu import _images as im
 
 
 class PstreeError(WarmstartError):
@@ -36,39 +33,21 @@ class PstreeError(WarmstartError):
 
 def _message() -> Any:
     try:
-        from pycriu.images import pstree_pb2  # pylint: disable=import-outside-toplevel
-    except ImportError as exc:
-        raise PstreeError(f"pycriu's images are not importable ({exc}); prepare the node with "
-                          "warmstart.snapshot.node_prep") from None
-    return pstree_pb2.pstree_entry
+        return im.message("pstree_pb2", "pstree_entry")
+    except im.ImageError as exc:
+        raise PstreeError(str(exc)) from None
 
 
 def decode(data: bytes) -> Tuple[bytes, List[Any]]:
     """(header, entries) of a pstree image."""
-    entry_type = _message()
-    if len(data) < HEADER:
-        raise PstreeError(f"pstree image of {len(data)} bytes has no header")
-    out, off = [], HEADER
-    while off < len(data):
-        if off + 4 > len(data):
-            raise PstreeError(f"pstree image truncated at byte {off}")
-        (size,) = struct.unpack_from("<I", data, off)
-        body = data[off + 4:off + 4 + size]
-        if len(body) != size:
-            raise PstreeError(f"pstree image truncated in the entry at byte {off}")
-        entry = entry_type()
-        entry.ParseFromString(body)
-        out.append(entry)
-        off += 4 + size
-    return data[:HEADER], out
+    try:
+        return im.decode(data, _message(), "pstree image")
+    except im.ImageError as exc:
+        raise PstreeError(str(exc)) from None
 
 
 def encode(header: bytes, entries: List[Any]) -> bytes:
-    parts = [header]
-    for entry in entries:
-        body = entry.SerializeToString()
-        parts.append(struct.pack("<I", len(body)) + body)
-    return b"".join(parts)
+    return im.encode(header, entries)
 
 
 def own_session(entries: List[Any]) -> Dict[str, Dict[int, int]]:
@@ -89,18 +68,14 @@ def own_session(entries: List[Any]) -> Dict[str, Dict[int, int]]:
 
 def rewrite_file(path: str) -> Dict[str, Dict[int, int]]:
     """``own_session`` on the pstree image at ``path`` (replaced atomically, mode kept); returns what changed."""
+    changed: Dict[str, Dict[int, int]] = {}
+
+    def change(entries: List[Any]) -> bool:
+        changed.update(own_session(entries))
+        return bool(changed)
+
     try:
-        with open(path, "rb") as handle:
-            data = handle.read()
-    except OSError as exc:
-        raise PstreeError(f"{path}: {exc.strerror}") from None
-    header, entries = decode(data)
-    changed = own_session(entries)
-    if not changed:
-        return {}
-    tmp = f"{path}.tmp-{os.getpid()}"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, os.stat(path).st_mode & 0o777)
-    with os.fdopen(fd, "wb") as handle:
-        handle.write(encode(header, entries))
-    os.rename(tmp, path)
+        im.rewrite(path, _message(), change)
+    except im.ImageError as exc:
+        raise PstreeError(str(exc)) from None
     return changed

@@ -132,6 +132,9 @@ def _map_mounts(d: Destination, info: ContainerInfo, mounts: List[nsu.Mount]) ->
     problems: List[str] = []
     d.ext_mnt = {}
     for m in d.source.get("external_mounts") or []:
+        if m.get("masked") is True:  # a file the runtime masked (an imported archive's): the node's /dev/null
+            d.ext_mnt[m["mountpoint"]] = MASKED
+            continue
         mine = by_mp.get(m["mountpoint"])
         path = nsu.host_path(mine.dev, mine.root, host) if mine else None
         if path is None and _is_runtime_init(m.get("source")):
@@ -175,6 +178,7 @@ def _mib(size: int) -> str:
     return f"{size / (1 << 20):.1f}"
 
 
+MASKED = "/dev/null"  # what a masked mount binds over the file (runc's masked paths)
 RUNTIME_INITS = ("/usr/bin/catatonit", "/usr/libexec/podman/catatonit", "/usr/libexec/catatonit/catatonit",
                  "/usr/bin/tini", "/usr/bin/docker-init")
 

@@ -248,6 +248,8 @@ def _target(entry: Any, n: int, out: List[str]) -> None:
     if not isinstance(mounts, list) or not all(isinstance(m, dict) and abspath_problem(m.get("mountpoint")) is None
                                                for m in mounts):
         out.append(f"{where}external_mounts: not a list of {{mountpoint: absolute path, ...}}")
+    elif not all(isinstance(m.get("masked", False), bool) for m in mounts):
+        out.append(f"{where}external_mounts: masked is not a boolean")
     if isinstance(entry.get("stdio"), list) and not all(isinstance(s, str) for s in entry["stdio"]):
         out.append(f"{where}stdio: not a list of strings")
     if entry.get("mount_namespace") is not None:
@@ -352,6 +354,22 @@ def _source(value: Any, out: List[str]) -> None:
     flags = value.get("cpu_flags")
     if flags is not None and (not isinstance(flags, list) or not all(isinstance(f, str) for f in flags)):
         out.append("source.cpu_flags: not a list of strings")
+
+
+def _imported(value: Any, out: List[str]) -> None:
+    """Where an imported snapshot came from (``_archiveimport``): the archive's format, SHA256, size, compression."""
+    if value is None:
+        return
+    if not isinstance(value, dict):
+        out.append("imported: not a mapping")
+        return
+    if not isinstance(value.get("sha256"), str) or not _SHA256_RE.fullmatch(value["sha256"]):
+        out.append("imported.sha256: not 64 lowercase hex digits")
+    for key in ("format", "compression"):
+        if not isinstance(value.get(key), str):
+            out.append(f"imported.{key}: not a string")
+    if not isinstance(value.get("size"), int) or isinstance(value.get("size"), bool) or value["size"] < 0:
+        out.append("imported.size: not a non-negative integer")
 
 
 def _gpu(value: Any, out: List[str]) -> None:
@@ -479,6 +497,7 @@ def problems(doc: Any, schema_version: int) -> List[str]:
     for key, kind in (("size", int), ("timings", dict), ("pod", dict)):
         _typed(doc, key, kind, "", out, required=False)
     _gpu(doc.get("gpu"), out)
+    _imported(doc.get("imported"), out)
     _compression(doc.get("compression"), files, doc.get("encryption") is not None, out)
     _signature(doc.get("signature"), out)
     return out
