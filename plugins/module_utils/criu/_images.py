@@ -4,8 +4,8 @@
 # SPDX-License-Identifier: GPL-3.0-or-later
 """CRIU image files as protobuf entries: read, and rewritten in place.
 
-An image is an 8-byte header (``IMG_COMMON`` magic, the image's own magic)
-followed by entries, each a little-endian u32 length and a protobuf message.
+An image is an 8-byte header (``IMG_COMMON`` magic, the image's own magic;
+``inventory.img`` has only its own) followed by entries, each a little-endian u32 length and a protobuf message.
 ``decode`` / ``encode`` keep the header and every field they do not touch;
 messages come from pycriu's generated modules only (works across protobuf
 versions, unlike pycriu's dict decoder). Used by the pstree rewrite
@@ -37,11 +37,12 @@ def message(module: str, name: str) -> Any:
     return getattr(mod, name)
 
 
-def decode(data: bytes, entry_type: Any, where: str) -> Tuple[bytes, List[Any]]:
-    """(header, entries) of an image's bytes."""
-    if len(data) < HEADER:
+def decode(data: bytes, entry_type: Any, where: str, header: int = HEADER) -> Tuple[bytes, List[Any]]:
+    """(header, entries) of an image's bytes; ``header``: its length (4 for ``inventory.img``, which has only
+    its own magic)."""
+    if len(data) < header:
         raise ImageError(f"{where} of {len(data)} bytes has no header")
-    out, off = [], HEADER
+    out, off = [], header
     while off < len(data):
         if off + 4 > len(data):
             raise ImageError(f"{where} truncated at byte {off}")
@@ -56,7 +57,7 @@ def decode(data: bytes, entry_type: Any, where: str) -> Tuple[bytes, List[Any]]:
             raise ImageError(f"{where}: the entry at byte {off} cannot be decoded ({exc})") from None
         out.append(entry)
         off += 4 + size
-    return data[:HEADER], out
+    return data[:header], out
 
 
 def encode(header: bytes, entries: List[Any]) -> bytes:

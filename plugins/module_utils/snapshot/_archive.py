@@ -48,6 +48,7 @@ PASSED_OVER = ("network.status", "dump.log", "restore.log", "ctr.log", "bind.mou
 SMALL_LIMIT = 16 << 20                         # the most a member read into memory may hold
 NET_KEY = "extRootNetNS"                       # runc's key of the container's network namespace
 MASKED_KEY = "/dev/null"                       # runc's key of a masked file
+INVENTORY_HEADER = 4                           # inventory.img: its own magic only
 FSTYPES = {1: "proc", 2: "sysfs", 3: "devtmpfs", 5: "tmpfs", 6: "devpts", 12: "cgroup", 14: "mqueue", 17: "overlay",
            23: "cgroup2"}                 # CRIU's numbers (images/mnt.proto) of the file systems a container mounts
 _IMAGE_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
@@ -267,6 +268,7 @@ def plan(out: Archive, container_name: Optional[str]) -> Plan:
         problems.append(f"config.dump: container name {name!r} is not a safe name (give container_name)")
     problems += _spec_problems(spec)
     ns_pids = _ns_pids(out, problems)
+    problems += _plugin_problems(out)
     keys = _keys(out, problems)
     if not all(isinstance(s, str) for s in stdio) or len(stdio) > 3:
         problems.append("checkpoint/descriptors.json: not a list of at most 3 strings")
@@ -344,6 +346,24 @@ def _ns_pids(out: Archive, problems: List[str]) -> List[int]:
         problems.append("checkpoint/pstree.img: its root task is not PID 1 of its namespace (not a whole "
                         "container's dump)")
     return [int(e.pid) for e in entries]
+
+
+def _plugin_problems(out: Archive) -> List[str]:
+    """A dump that CRIU plugins took part in (CRIU's CUDA or AMD GPU plugin: GPU state) needs them at restore,
+    which a restore into a placeholder does not run."""
+    data = out.small.get(IMAGES + "inventory.img")
+    if not data:
+        return []
+    try:
+        entries = im.decode(data, im.message("inventory_pb2", "inventory_entry"), "checkpoint/inventory.img",
+                            header=INVENTORY_HEADER)[1]
+    except im.ImageError as exc:
+        return [str(exc)]
+    plugins = sorted({str(p) for e in entries if e.HasField("plugins_entry") for p in e.plugins_entry.plugins})
+    if not plugins:
+        return []
+    return [f"checkpoint/inventory.img: CRIU's plugins {', '.join(plugins)} took part in the dump (GPU state); "
+            "warmstart restores GPU containers from its own snapshots only (checkpoint with accelerator: cuda)"]
 
 
 def _keys(out: Archive, problems: List[str]) -> Dict[str, Any]:

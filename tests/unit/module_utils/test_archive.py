@@ -34,6 +34,9 @@ FIELDS = {  # message -> (name, number, type, label): the fields of CRIU's messa
                   ("mountpoint", 7, F.TYPE_STRING, F.LABEL_REQUIRED), ("ext_mount", 13, F.TYPE_BOOL, F.LABEL_OPTIONAL),
                   ("ext_key", 18, F.TYPE_STRING, F.LABEL_OPTIONAL)],
     "netns_entry": [("ext_key", 8, F.TYPE_STRING, F.LABEL_OPTIONAL)],
+    "plugins_entry": [("plugins", 12, F.TYPE_STRING, F.LABEL_REPEATED)],
+    "inventory_entry": [("img_version", 1, F.TYPE_UINT32, F.LABEL_REQUIRED),
+                        ("plugins_entry", 12, F.TYPE_MESSAGE, F.LABEL_OPTIONAL)],
 }
 
 
@@ -42,7 +45,9 @@ def _classes() -> Dict[str, Any]:
     for name, fields in FIELDS.items():
         msg = fdp.message_type.add(name=name)
         for fname, number, ftype, label in fields:
-            msg.field.add(name=fname, number=number, type=ftype, label=label)
+            field = msg.field.add(name=fname, number=number, type=ftype, label=label)
+            if ftype == F.TYPE_MESSAGE:
+                field.type_name = ".wstest.plugins_entry"
     pool = descriptor_pool.DescriptorPool()
     pool.Add(fdp)
     return {n: message_factory.GetMessageClass(pool.FindMessageTypeByName(f"wstest.{n}")) for n in FIELDS}
@@ -57,7 +62,8 @@ def fake_pycriu(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def image(kind: str, *entries: Dict[str, Any]) -> bytes:
-    out = [struct.pack("<II", 0x54564319, 0x12345678)]
+    """An image of ``entries``: inventory.img has its own magic only, every other one CRIU's common magic first."""
+    out = [struct.pack("<I", 0x58313116) if kind == "inventory_entry" else struct.pack("<II", 0x54564319, 0x12345678)]
     for fields in entries:
         body = MSG[kind](**fields).SerializeToString()
         out.append(struct.pack("<I", len(body)) + body)
@@ -94,7 +100,7 @@ def members(**change: Optional[bytes]) -> Dict[str, Optional[bytes]]:
         "network.status": b"{}", "stats-dump": b"", "rootfs-diff.tar": tar_bytes({"tmp/count": b"11"}),
         "deleted.files": json.dumps(["/etc/motd"]).encode(),
         "devshm-checkpoint.tar": tar_bytes({"./": None, "seg": b"shared"}),
-        "checkpoint/inventory.img": b"\x00" * 16,
+        "checkpoint/inventory.img": image("inventory_entry", {"img_version": 2}),
         "checkpoint/pstree.img": image("pstree_entry", dict(pid=1, ppid=0, pgid=1, sid=1),
                                        dict(pid=7, ppid=1, pgid=1, sid=1)),
         "checkpoint/mountpoints-13.img": image("mnt_entry", *MOUNTS),
@@ -209,6 +215,8 @@ def test_every_reason_an_archive_is_refused_is_listed_at_once(tmp_path: Path) ->
     ({"checkpoint__descriptors_json": b'{"a": 1}'}, "descriptors.json: not a JSON list"),
     ({"deleted_files": json.dumps(["../x"]).encode()}, "deleted.files: not a list of absolute paths"),
     ({"checkpoint__pstree_img": image("pstree_entry", dict(pid=40, ppid=1, pgid=40, sid=40))}, "not PID 1"),
+    ({"checkpoint__inventory_img": image("inventory_entry", {"img_version": 2, "plugins_entry": {
+        "plugins": ["cuda_plugin"]}})}, "CRIU's plugins cuda_plugin took part in the dump"),
 ])
 def test_a_bad_member_is_refused_naming_it(tmp_path: Path, change: Dict[str, Optional[bytes]], fragment: str) -> None:
     out = arc.read(str(write_archive(tmp_path / "a.tar", members(**change))), None)
