@@ -12,9 +12,10 @@ version_added: 0.1.0
 description:
   - Dumps the process tree rooted at a target (O(pid), O(pidfile) or a O(workload) started by
     M(warmstart.snapshot.workload)) with CRIU through pycriu's RPC, into a staging directory of the store.
-  - With O(container), dumps a container's workload - the process tree under the container's PID 1, which
-    must be an init (C(podman run --init)) - with the container's network and PID namespaces and its bind and
-    cgroup mounts declared external, plus its root file system changes (overlay upper dir) as
+  - With O(container), dumps a container's workload - the process tree under the container's init
+    (C(podman run --init)), or, when the app itself is PID 1 (an ordinary Kubernetes pod's container), the whole
+    tree with its PID namespace - with the container's network namespace and its bind and cgroup mounts declared
+    external, plus its root file system changes (overlay upper dir) as
     C(rootfs-diff.tar) and C(deleted-files.json), and its image in the manifest. Restore it into a placeholder
     container with M(warmstart.snapshot.restore) O(warmstart.snapshot.restore#module:into).
   - The tree stays stopped while the snapshot is finished - the workload's own files copied, every file's size

@@ -131,7 +131,11 @@ def _dest_problems(dest: str) -> List[str]:
 def _marked(dest: str) -> Optional[str]:
     """The snapshot id an earlier export wrote into ``dest`` (its first member), or None."""
     try:
-        with tarfile.open(dest, mode="r|*") as tar:
+        handle = os.fdopen(os.open(dest, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC), "rb")
+    except OSError:
+        return None
+    try:
+        with handle, tarfile.open(fileobj=handle, mode="r|*") as tar:
             first = tar.next()
             data = tar.extractfile(first) if first is not None and first.name == MARK and first.size < 65536 else None
             return str(json.loads(data.read()).get("snapshot_id")) if data is not None else None

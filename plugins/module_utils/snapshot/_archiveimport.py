@@ -187,7 +187,7 @@ def _devshm(shm: str, tdir: str, entry: Dict[str, Any]) -> Optional[Dict[str, An
                 name = os.path.normpath(member.name).lstrip("/")
                 if name in ("", ".") or name.startswith("..") or not (member.isreg() or member.isdir() or member.issym()):
                     continue
-                member.name = name
+                member.name, member.mode = name, member.mode & 0o777  # no setuid, setgid or sticky bit
                 out.addfile(member, src.extractfile(member) if member.isreg() else None)
                 entries += 1
                 size += member.size if member.isreg() else 0

@@ -24,7 +24,11 @@ from ansible_collections.warmstart.snapshot.plugins.module_utils.snapshot import
 from ansible_collections.warmstart.snapshot.plugins.module_utils.snapshot import _archiveimport as ai
 from ansible_collections.warmstart.snapshot.plugins.module_utils.store import _manifest as mf
 from ansible_collections.warmstart.snapshot.plugins.module_utils.store import _schema as schema
+from ansible_collections.warmstart.snapshot.plugins.module_utils.core import _paths as paths
+from ansible_collections.warmstart.snapshot.plugins.module_utils.core._errors import WarmstartError
 from ansible_collections.warmstart.snapshot.plugins.module_utils.store import _store as st
+from ansible_collections.warmstart.snapshot.plugins.module_utils.store import _stores as stores
+from tests.support.signing_keys import keys_dir
 
 F = descriptor_pb2.FieldDescriptorProto
 FIELDS = {  # message -> (name, number, type, label): the fields of CRIU's messages the import reads or writes
@@ -313,3 +317,20 @@ def test_without_the_zstandard_library_the_zstd_program_decompresses(
     monkeypatch.setenv("PATH", str(tmp_path))  # neither the library nor the program
     with pytest.raises(arc.ArchiveError, match="neither the Python zstandard library nor the zstd program"):
         arc.read(str(path), None)
+
+
+def test_a_signing_node_signs_what_it_imports_and_a_trusting_one_refuses_it_altered(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    kid = keys_dir(tmp_path / "keys")
+    monkeypatch.setenv(paths.KEYS_DIR_ENV, str(tmp_path / "keys"))
+    store = stores.open_store(str(tmp_path / "store"), {"cache_dir": str(tmp_path / "cache")})
+    path = str(write_archive(tmp_path / "a.tar", members()))
+    res = ai.import_archive(store, path, criu_path=fake_criu(tmp_path))
+    top = Path(store.snapshot_dir(res["snapshot"]["id"]))
+    raw = json.loads((top / mf.MANIFEST).read_text())
+    assert raw["signature"]["key_id"] == kid and store.load(raw["id"])["imported"]["sha256"] == res["archive"]["sha256"]
+    raw["labels"] = {"model": "other"}  # any change to the signed manifest
+    (top / mf.MANIFEST).chmod(0o600)
+    (top / mf.MANIFEST).write_text(json.dumps(raw))
+    with pytest.raises(WarmstartError, match="signature"):
+        store.load(raw["id"])
