@@ -106,14 +106,22 @@ snapshot:
     id: {description: Snapshot id., type: str, returned: always, sample: 20261207T211100Z-138715db}
     name: {description: Snapshot name., type: str, returned: always, sample: embed}
     labels: {description: Labels., type: dict, returned: always, sample: {model: all-minilm-l6-v2}}
+    created_at: {description: "When it was published, in UTC (ISO 8601).", type: str, returned: always,
+                 sample: "2026-12-07T21:11:00.123456Z"}
     size: {description: Bytes in the snapshot., type: int, returned: always, sample: 2726288}
-    path: {description: Directory (or URL) of the published snapshot., type: str, returned: always,
-           sample: /mnt/snapshots/snapshots/20261207T211100Z-138715db}
     source_node:
       description: The node recorded as the snapshot's source (the importing node), as M(warmstart.snapshot.checkpoint) returns it.
       type: dict
       returned: always
       sample: {hostname: node-a, arch: x86_64, kernel: 6.18.0, criu_version: 4.2.1}
+    targets:
+      description: What the snapshot holds - one container.
+      type: list
+      elements: dict
+      returned: always
+      sample: [{name: embed, kind: container}]
+    path: {description: Directory (or URL) of the published snapshot., type: str, returned: always,
+           sample: /mnt/snapshots/snapshots/20261207T211100Z-138715db}
 archive:
   description: The archive as it was read.
   returned: success

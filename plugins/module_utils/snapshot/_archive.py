@@ -78,9 +78,9 @@ class Archive:
 class _Hashing(io.RawIOBase):
     """A file read through, hashed and counted as it passes."""
 
-    def __init__(self, raw: IO[bytes]) -> None:
+    def __init__(self, raw: IO[bytes], progress: Optional[Callable[[int], None]]) -> None:
         super().__init__()
-        self.raw, self.digest, self.count = raw, hashlib.sha256(), 0
+        self.raw, self.digest, self.count, self.progress = raw, hashlib.sha256(), 0, progress
 
     def readable(self) -> bool:
         return True
@@ -91,11 +91,14 @@ class _Hashing(io.RawIOBase):
         buf[:n] = data
         self.digest.update(data)
         self.count += n
+        if self.progress is not None:
+            self.progress(n)
         return n
 
 
-def read(path: str, sink: Optional[Sink]) -> Archive:
-    """One pass over the archive at ``path``: members checked, hashed, handed to ``sink`` (None: read only)."""
+def read(path: str, sink: Optional[Sink], progress: Optional[Callable[[int], None]] = None) -> Archive:
+    """One pass over the archive at ``path``: members checked, hashed, handed to ``sink`` (None: read only);
+    ``progress`` is told the bytes of the file read."""
     out = Archive(path=path)
     try:
         raw = open(path, "rb")  # pylint: disable=consider-using-with  # closed below, after the stream
@@ -105,7 +108,7 @@ def read(path: str, sink: Optional[Sink]) -> Archive:
         head = raw.read(4)
         raw.seek(0)
         out.compression = _MAGIC.get(head, _MAGIC.get(head[:2], "none"))
-        hashing = _Hashing(raw)
+        hashing = _Hashing(raw, progress)
         stream: IO[bytes] = io.BufferedReader(hashing, 1 << 20)
         with contextlib.ExitStack() as stack:
             if out.compression == "zstd":
@@ -296,13 +299,20 @@ def plan(out: Archive, container_name: Optional[str]) -> Plan:
         "path": f"containers/{name}",
         "container": {"runtime": str(config.get("runtime") or ""), "id": str(config.get("id") or ""),
                       "name": str(config.get("name") or name), "image": str(config.get("rootfsImageName") or ""),
-                      "image_id": str(config.get("rootfsImageID") or ""), "hostname": str(spec.get("hostname") or ""),
+                      "image_id": _image_id(config), "hostname": str(spec.get("hostname") or ""),
                       "cgroup_path": str(linux.get("cgroupsPath") or "")},
         "external_mounts": external, "stdio": [str(s) for s in stdio], "ready_for_snapshot": False,
         "session": {"own_session": True, "moved_from": {}},
     }
     return Plan(entry=entry, net_keys=net_keys, mount_keys=mount_keys,
                 deleted={"deleted": [str(p) for p in deleted], "opaque": []})
+
+
+def _image_id(config: Dict[str, Any]) -> str:
+    """The image id a placeholder must run: podman's ``rootfsImageID``, CRI-O's and containerd's
+    ``rootfsImageRef`` (``sha256:`` dropped from a bare id, as runtimes report ids)."""
+    ref = str(config.get("rootfsImageID") or config.get("rootfsImageRef") or "")
+    return ref[len("sha256:"):] if re.fullmatch(r"sha256:[0-9a-f]{64}", ref) else ref
 
 
 def _spec_problems(spec: Dict[str, Any]) -> List[str]:

@@ -36,6 +36,7 @@ from ansible_collections.warmstart.snapshot.plugins.module_utils.snapshot import
 from ansible_collections.warmstart.snapshot.plugins.module_utils.snapshot import _container as ctr
 from ansible_collections.warmstart.snapshot.plugins.module_utils.snapshot import _preflight as pf
 from ansible_collections.warmstart.snapshot.plugins.module_utils.core import _progress as prog
+from ansible_collections.warmstart.snapshot.plugins.module_utils.store import _manifest as mf
 from ansible_collections.warmstart.snapshot.plugins.module_utils.store import _storecopy as sc
 from ansible_collections.warmstart.snapshot.plugins.module_utils.store._storeapi import Store
 
@@ -51,8 +52,9 @@ def export_archive(store: Store, dest: str, snapshot_id: Optional[str] = None, n
                    check_mode: bool = False) -> Dict[str, Any]:
     """Export the snapshot (by id, or the newest by name/labels) to the archive ``dest``.
 
-    The result: ``changed``, ``snapshot`` (id, name), ``archive`` (path, size, compression), ``restore_command``
-    (what restores it with podman), ``timings``. SnapshotError with every reason when it cannot be exported.
+    The result: ``changed``, ``snapshot`` (its summary, ``_manifest.summary``), ``archive`` (path, size,
+    compression), ``restore_command`` (what restores it with podman), ``timings``. ArchiveError with every reason
+    when it cannot be exported.
     """
     t0 = time.monotonic()
     if compression not in COMPRESSIONS:
@@ -71,7 +73,7 @@ def export_archive(store: Store, dest: str, snapshot_id: Optional[str] = None, n
                                problems if len(problems) > 1 else None)
     done = not force and _marked(dest) == doc["id"]
     result: Dict[str, Any] = {
-        "changed": not done, "snapshot": {"id": doc["id"], "name": doc["name"]},
+        "changed": not done, "snapshot": mf.summary(doc),
         "archive": {"path": dest, "compression": compression}, "restore_command": _restore_command(dest, target)}
     if done or check_mode:
         if done:
@@ -165,6 +167,10 @@ def _verified_copy(store: Store, doc: Dict[str, Any], target: Dict[str, Any], wo
     prefix = f"{target['path']}/"
     items = [(e, os.path.join(work, "snapshot", e["path"])) for e in doc.get("files") or []
              if e["path"].startswith(prefix) and e["path"] != f"{prefix}criu/dump.log"]
+    space = sc.space_problem(work, 2 * sum(int(e["size"]) for e, _dest in items), "the verified copy and the archive",
+                             "export to a path on another file system")
+    if space:
+        raise arc.ArchiveError(f"snapshot {doc['id']}: {space}")
     problems, _deferred = sc.copy_verified(snap_dir, items)
     if problems:
         raise arc.ArchiveError(f"snapshot {doc['id']}: its files do not match its manifest",

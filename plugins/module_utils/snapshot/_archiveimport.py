@@ -51,8 +51,8 @@ def import_archive(store: Store, path: str, name: Optional[str] = None, labels: 
                    check_mode: bool = False) -> Dict[str, Any]:
     """Import the archive at ``path`` into ``store``; ``name`` defaults to the container's name.
 
-    The result: ``changed``, ``snapshot`` (id, name, labels, size, path, container, source_node), ``archive``
-    (path, sha256, size, compression, images, passed_over). SnapshotError (with every reason) when the archive
+    The result: ``changed``, ``snapshot`` (its summary, ``_manifest.summary``, and its path), ``archive``
+    (path, sha256, size, compression, images, passed_over). ArchiveError (with every reason) when the archive
     cannot be imported; nothing is published then. ``check_mode``: the archive is read and mapped, nothing
     written.
     """
@@ -64,7 +64,7 @@ def import_archive(store: Store, path: str, name: Optional[str] = None, labels: 
     if check_mode:
         store.check_usable()
         prog.phase("read archive", os.path.getsize(path) if os.path.isfile(path) else None)
-        archive = arc.read(path, None)
+        archive = arc.read(path, None, prog.add)
         plan = arc.plan(archive, container_name)
         done = _existing(store, archive.sha256, name or plan.entry["name"])
         return _result(store, done, archive, plan, changed=done is None, seconds=time.monotonic() - t0)
@@ -74,7 +74,7 @@ def import_archive(store: Store, path: str, name: Optional[str] = None, labels: 
         for made in (os.path.dirname(arriving), arriving, os.path.join(arriving, "criu")):
             os.mkdir(made, 0o700)
         prog.phase("read archive", os.path.getsize(path) if os.path.isfile(path) else None)
-        archive = arc.read(path, _sink(arriving))
+        archive = arc.read(path, _sink(arriving), prog.add)
         plan = arc.plan(archive, container_name)
         done = _existing(store, archive.sha256, name or plan.entry["name"])
         if done is not None:
@@ -104,7 +104,6 @@ def _sink(arriving: str) -> arc.Sink:
                     break
                 out.write(chunk)
                 left -= len(chunk)
-                prog.add(len(chunk))
     return write
 
 
@@ -127,7 +126,7 @@ def _publish(staging: Any, archive: arc.Archive, plan: arc.Plan, name: Optional[
     try:
         im.rekey(images, plan.net_keys, plan.mount_keys)
     except im.ImageError as exc:
-        raise snap.SnapshotError(f"archive {archive.path}: {exc}") from None
+        raise arc.ArchiveError(f"archive {archive.path}: {exc}") from None
     entry["rootfs_diff"] = _rootfs_diff(tdir, plan.deleted)
     shm = os.path.join(tdir, "devshm.tar")
     if os.path.exists(shm):
@@ -163,7 +162,7 @@ def _rootfs_diff(tdir: str, deleted: Dict[str, List[str]]) -> Dict[str, Any]:
                 entries += 1
                 size += member.size if member.isreg() else 0
     except (tarfile.TarError, OSError) as exc:
-        raise snap.SnapshotError(f"rootfs-diff.tar: not a readable tar archive ({exc})") from None
+        raise arc.ArchiveError(f"the archive's rootfs-diff.tar: not a readable tar archive ({exc})") from None
     fd = os.open(os.path.join(tdir, rootfs.DELETED), os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
     with os.fdopen(fd, "w", encoding="utf-8") as handle:
         json.dump(deleted, handle, indent=1, sort_keys=True)
@@ -192,7 +191,7 @@ def _devshm(shm: str, tdir: str, entry: Dict[str, Any]) -> Optional[Dict[str, An
                 entries += 1
                 size += member.size if member.isreg() else 0
     except (tarfile.TarError, OSError) as exc:
-        raise snap.SnapshotError(f"devshm-checkpoint.tar: not a readable tar archive ({exc})") from None
+        raise arc.ArchiveError(f"the archive's devshm-checkpoint.tar: not a readable tar archive ({exc})") from None
     if not entries:
         shutil.rmtree(os.path.join(tdir, vol.VOLUMES_DIR))
         return None
@@ -202,10 +201,7 @@ def _devshm(shm: str, tdir: str, entry: Dict[str, Any]) -> Optional[Dict[str, An
 def _result(store: Store, doc: Optional[Dict[str, Any]], archive: arc.Archive, plan: arc.Plan, changed: bool,
             seconds: float) -> Dict[str, Any]:
     entry = (doc.get("targets") or [plan.entry])[0] if doc else plan.entry
-    snapshot = None if doc is None else {
-        "id": doc["id"], "name": doc["name"], "labels": doc.get("labels", {}), "size": doc.get("size", 0),
-        "path": store.snapshot_dir(doc["id"]), "source_node": {k: v for k, v in (doc.get("source") or {}).items()
-                                                               if k != "cpu_flags"}}
+    snapshot = None if doc is None else dict(mf.summary(doc), path=store.snapshot_dir(doc["id"]))
     return {"changed": changed, "snapshot": snapshot, "archive": arc.summary(archive),
             "container": dict(entry.get("container") or {}, name=entry["name"]),
             "timings": {"total": round(seconds, 3)}}

@@ -164,6 +164,16 @@ def test_a_podman_archive_maps_onto_a_container_entry(tmp_path: Path) -> None:
     assert arc.plan(out, "server").entry["path"] == "containers/server"
 
 
+def test_a_cri_archive_names_its_image_by_reference(tmp_path: Path) -> None:
+    """CRI-O's and containerd's config.dump (the kubelet's archives) say rootfsImageRef where podman says
+    rootfsImageID."""
+    config = {"id": "c0ffee", "name": "server", "rootfsImageName": "registry.local/embed:1",
+              "rootfsImageRef": "sha256:" + "cd" * 32, "runtime": "crun"}
+    out = arc.read(str(write_archive(tmp_path / "a.tar", members(config_dump=json.dumps(config).encode()))), None)
+    container = arc.plan(out, None).entry["container"]
+    assert container["image_id"] == "cd" * 32 and container["runtime"] == "crun"
+
+
 @pytest.mark.parametrize("mode,compression", [("w:gz", "gzip"), ("w", "none")])
 def test_compression_is_told_by_its_magic_and_the_digest_covers_the_file(tmp_path: Path, mode: str,
                                                                          compression: str) -> None:
@@ -334,3 +344,10 @@ def test_a_signing_node_signs_what_it_imports_and_a_trusting_one_refuses_it_alte
     (top / mf.MANIFEST).write_text(json.dumps(raw))
     with pytest.raises(WarmstartError, match="signature"):
         store.load(raw["id"])
+
+
+def test_progress_counts_the_bytes_of_the_file_read(tmp_path: Path) -> None:
+    path = write_archive(tmp_path / "a.tar.gz", members(), "w:gz")
+    seen: List[int] = []
+    arc.read(str(path), None, seen.append)
+    assert sum(seen) == path.stat().st_size
