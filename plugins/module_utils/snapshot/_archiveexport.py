@@ -20,6 +20,7 @@ to a new file beside ``dest`` and renamed over it once complete.
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import io
 import json
 import os
@@ -62,6 +63,9 @@ def export_archive(store: Store, dest: str, snapshot_id: Optional[str] = None, n
     doc = pf.select(store, snapshot_id, name, labels, {}, skip_compat=True)
     dest = os.path.abspath(dest)
     problems = exportable(doc) + _dest_problems(dest)
+    if compression == "zstd" and importlib.util.find_spec("zstandard") is None:
+        problems.append("compression: zstd needs the Python zstandard library on the node (node_prep installs it); "
+                        "or choose gzip")
     target = (doc.get("targets") or [{}])[0]
     why = carrier.image_problem(str((target.get("container") or {}).get("image_id") or ""),
                                 str((target.get("container") or {}).get("image") or ""))

@@ -351,3 +351,19 @@ def test_progress_counts_the_bytes_of_the_file_read(tmp_path: Path) -> None:
     seen: List[int] = []
     arc.read(str(path), None, seen.append)
     assert sum(seen) == path.stat().st_size
+
+
+def test_what_an_archive_cannot_hold_is_every_reason_an_export_refuses() -> None:
+    from ansible_collections.warmstart.snapshot.plugins.module_utils.snapshot import _archiveexport as ae
+
+    whole = {"name": "embed", "kind": "container", "pid_namespace": True, "volumes": [{"mountpoint": "/dev/shm"}],
+             "rootfs_diff": {"opaque": 0}}
+    assert ae.exportable({"targets": [whole]}) == []
+    assert "of kind(s) process" in ae.exportable({"targets": [dict(whole, kind="process")]})[0]
+    assert "2 target(s)" in ae.exportable({"targets": [whole, whole]})[0]
+    found = ae.exportable({"gpu": {"gpus": [{}]}, "targets": [dict(
+        whole, pid_namespace=False, volumes=[{"mountpoint": "/cache"}], rootfs_diff={"opaque": 2})]})
+    assert len(found) == 4
+    for fragment, reason in zip(("beside the container's init", "GPU state", "volumes /cache", "whole directories"),
+                                found):
+        assert fragment in reason
