@@ -50,10 +50,12 @@ def image_problem(image_id: str, image: str) -> Optional[str]:
     if not image_id or image_id.startswith("-"):
         return "the snapshot records no image id of its container"
     try:
-        _run(["image", "exists", image_id], "podman image exists")
+        _podman()
     except CarrierError as exc:
-        if "podman is not installed" in str(exc):
-            return str(exc)
+        return str(exc)
+    try:
+        _run(["image", "exists", image_id], "podman image exists")
+    except CarrierError:
         return f"image {image or '?'} ({image_id[:12]}) is not in podman's images on this node: pull or load it first"
     return None
 

@@ -31,7 +31,7 @@ import subprocess
 import tarfile
 import threading
 from dataclasses import dataclass, field
-from typing import IO, Any, Callable, Dict, Iterator, List, Optional
+from typing import IO, Any, Callable, Dict, Iterator, List, Optional, Set
 
 from ansible_collections.warmstart.snapshot.plugins.module_utils.core._errors import WarmstartError
 from ansible_collections.warmstart.snapshot.plugins.module_utils.criu import _images as im
@@ -73,6 +73,7 @@ class Archive:
     taken: List[str] = field(default_factory=list)          # members of TAKEN present
     passed_over: List[str] = field(default_factory=list)    # members known and not needed
     problems: List[str] = field(default_factory=list)
+    seen: Set[str] = field(default_factory=set)             # every regular member's name, once
 
 
 class _Hashing(io.RawIOBase):
@@ -184,10 +185,10 @@ def _member(out: Archive, tar: tarfile.TarFile, member: tarfile.TarInfo, sink: O
     if not member.isreg():
         out.problems.append(f"{where}: a {_kind(member)}, only regular files and directories are read")
         return
-    seen = out.images + out.taken + list(out.small) + out.passed_over
-    if name in seen or (name.startswith(IMAGES) and name[len(IMAGES):] in out.images):
+    if name in out.seen:
         out.problems.append(f"{where}: listed twice")
         return
+    out.seen.add(name)
     data = tar.extractfile(member)
     if data is None:
         return

@@ -155,8 +155,8 @@ def _missing_mounts(carrier_tar: str, target: Dict[str, Any]) -> List[str]:
         member = src.extractfile(arc.SPEC)
         spec = json.loads(member.read()) if member is not None else {}
     have = {m.get("destination") for m in spec.get("mounts") or [] if isinstance(m, dict)}
-    return [m["mountpoint"] for m in target.get("external_mounts") or []
-            if m.get("fstype") not in ("cgroup", "cgroup2") and not m.get("masked") and m["mountpoint"] not in have]
+    return sorted(m["mountpoint"] for m in target.get("external_mounts") or []  # sorted: CRIU's order varies
+                  if m.get("fstype") not in ("cgroup", "cgroup2") and not m.get("masked") and m["mountpoint"] not in have)
 
 
 def _restore_command(dest: str, target: Dict[str, Any]) -> List[str]:
