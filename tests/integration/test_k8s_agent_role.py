@@ -94,11 +94,12 @@ def changed_items(run: Run) -> List[str]:
     """'Kind ns/name' of every object the role's apply task changed."""
     out = []
     for task in run.result["plays"][0]["tasks"]:
-        if task["task"]["name"].endswith("Apply the node agent's objects"):
+        if task["task"]["name"].endswith("Say what changed, naming each object that could not be applied"):
             for res in task["hosts"]["localhost"].get("results", []):
-                if res.get("changed"):
-                    meta = res["item"]["metadata"]
-                    out.append(f"{res['item']['kind']} {'/'.join(filter(None, [meta.get('namespace'), meta['name']]))}")
+                obj, applied = res["item"]
+                if applied.get("changed"):
+                    meta = obj["metadata"]
+                    out.append(f"{obj['kind']} {'/'.join(filter(None, [meta.get('namespace'), meta['name']]))}")
     return out
 
 
@@ -309,3 +310,16 @@ def test_admission_webhook_comes_last_reads_only_changes_nothing_again_and_goes_
     assert api.store.get("services", ADMISSION, NS) is None
     assert api.store.get("clusterroles", ADMISSION, group=RBAC) is None
     assert api.store.get("rolebindings", ADMISSION, "ml", group=RBAC) is None
+
+
+def test_a_cluster_that_refuses_every_write_names_each_object_and_its_cause(api: FakeApiServer) -> None:
+    """One module run applies every object; each refusal is kept and named, not only the first."""
+    api.answer_errors(403)
+    run = deploy(api, k8s_agent_install_crds=False)
+    assert run.rc != 0 and api.writes() == []
+    failed = [res["msg"] for task in run.result["plays"][0]["tasks"]
+              if task["task"]["name"].endswith("naming each object that could not be applied")
+              for res in task["hosts"]["localhost"]["results"] if res.get("failed")]
+    assert len(failed) >= 6, failed
+    assert failed[0].startswith(f"Namespace {NS}: ") and "forbidden" in failed[0], failed
+    assert [m for m in failed if m.startswith(f"DaemonSet {NS}/{NAME}: ") and "forbidden" in m], failed

@@ -208,9 +208,28 @@ def test_an_unreachable_api_server_logs_backs_off_and_the_watch_resumes(api: Fak
 
 # --- node filtering and the object kinds ---------------------------------------------------
 
-def test_the_retention_timer_ticks_with_this_node_and_the_namespaces(api: FakeApiServer) -> None:
+def _ready_snapshot(api: FakeApiServer, name: str, policy: str) -> None:
+    api.store.put("podsnapshots", {
+        "apiVersion": podapi.API_VERSION, "kind": podapi.KIND_SNAPSHOT, "metadata": {"name": name, "namespace": "ml"},
+        "spec": {"source": {"podRef": {"name": "src"}}, "policyName": policy},
+        "status": {"boundSnapshotContentName": f"ml-{name}", "conditions": [{
+            "type": "Ready", "status": "True", "reason": "Ready", "message": "",
+            "lastTransitionTime": "2026-01-01T00:00:00Z"}]}}, group=podapi.GROUP)
+
+
+def test_the_retention_timer_ticks_with_this_node_and_the_namespaces_while_retention_is_due(
+        api: FakeApiServer) -> None:
+    api.store.put("podsnapshotpolicies", {
+        "apiVersion": podapi.API_VERSION, "kind": podapi.KIND_POLICY, "metadata": {"name": "keep1", "namespace": "ml"},
+        "spec": {"selector": {"matchLabels": {"app": "embed"}}, "triggerConfig": {"type": "manual"},
+                 "snapshotGroupingRules": {"groupRetentionPolicy": {"maxSnapshotCountPerGroup": 1}}}},
+        group=podapi.GROUP)
+    _ready_snapshot(api, "old", "keep1")
     with Source(source_args(api, types=["retention", "restore_pod"], retention_seconds=1, namespaces=["ml"])) as src:
-        api.wait_watches(2)
+        api.wait_watches(3)  # pods, PodSnapshots, PodSnapshotPolicies
+        time.sleep(2.5)
+        assert not [e for e in src.events if e["type"] == "retention"], "one snapshot, keep 1: nothing to retain"
+        _ready_snapshot(api, "new", "keep1")  # two now: the timer's next tick makes the event
         src.wait(lambda ev: len([e for e in ev if e[0] == "retention"]) >= 2, timeout=10)
     ticks = [e for e in src.events if e["type"] == "retention"]
     assert {(e["node"], e["reason"], e["name"]) for e in ticks} == {(NODE, "timer", "")}

@@ -35,6 +35,9 @@ PodSnapshotPolicies) and answers each change (``observe``) with the events it ma
 ``retention``
     Not made from an object: the source's timer (``retention_event``, reason ``timer``) says it is time to apply
     the PodSnapshotPolicies' retention on ``node`` (``agent_retention``); its object holds the watched namespaces.
+    The timer asks ``retention_due()`` first: only while some policy's retention could remove a snapshot (a
+    ``lastAccessTimeout`` and a Ready PodSnapshot of the policy, or more Ready PodSnapshots of it than its
+    ``maxSnapshotCountPerGroup``) is the event made - a node with nothing to retain runs no playbook.
 
 Reasons: ``added`` / ``modified`` (the change that made it so), ``relist`` (found by a re-list after 410 Gone),
 ``resync`` (``resync()``: every event whose condition still holds, of the types in ``resync_types``, is made
@@ -50,6 +53,7 @@ import copy
 import threading
 from typing import Any, Callable, Dict, Iterable, List, Optional, Set, Tuple
 
+from ansible_collections.warmstart.snapshot.plugins.module_utils.k8s import _k8s_summaries as summ
 from ansible_collections.warmstart.snapshot.plugins.module_utils.k8s import _podapi as podapi
 from ansible_collections.warmstart.snapshot.plugins.module_utils.k8s import _podcontract as pc
 from ansible_collections.warmstart.snapshot.plugins.module_utils.core._errors import WarmstartError
@@ -266,6 +270,29 @@ class AgentEvents:
             if not self.started:
                 return []
             return self._everything(self.types & self.resync_types, REASON_RESYNC)
+
+    def retention_due(self) -> bool:
+        """Whether ``agent_retention`` could remove a snapshot now: some policy (not being deleted) with a
+        ``lastAccessTimeout`` has a Ready PodSnapshot, or one with a ``maxSnapshotCountPerGroup`` has more Ready
+        PodSnapshots than that (its groups are subsets: fewer in all means fewer in each)."""
+        with self._lock:
+            ready: Dict[Key, int] = {}
+            for key, snap in self.objects[KIND_SNAPSHOT].items():
+                if podapi.is_ready(snap) and not deleting(snap):
+                    policy_key = (key[0], str(_part(snap, "spec").get("policyName") or ""))
+                    ready[policy_key] = ready.get(policy_key, 0) + 1
+            for key, policy in self.objects[KIND_POLICY].items():
+                if deleting(policy):
+                    continue
+                try:
+                    settings = summ.policy_settings(policy)
+                except (TypeError, ValueError):
+                    return True  # a policy the sweep cannot read either: agent_retention names it
+                count = ready.get(key, 0)
+                if (settings["last_access_timeout"] and count) or (settings["max_per_group"] and
+                                                                   count > settings["max_per_group"]):
+                    return True
+            return False
 
     # -- what holds ----------------------------------------------------------------
 

@@ -232,6 +232,50 @@ def test_the_retention_event_names_the_node_and_the_watched_namespaces() -> None
     assert ae.RETENTION in ae.TYPES and ae.RETENTION not in ae.LEVEL_TYPES  # a timer: never made from an object
 
 
+def _retaining(name: str, ns: str = "ml", keep: Optional[int] = None, timeout: Optional[str] = None,
+               deleting: bool = False) -> JSON:
+    """A manual policy with the given retention rules."""
+    obj = policy(name, ns, trigger_type="manual")
+    if keep is not None:
+        obj["spec"]["snapshotGroupingRules"] = {"groupRetentionPolicy": {"maxSnapshotCountPerGroup": keep}}
+    if timeout is not None:
+        obj["spec"]["retentionConfig"] = {"lastAccessTimeout": timeout}
+    if deleting:
+        obj["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+    return obj
+
+
+def test_retention_is_due_only_while_a_policys_retention_could_remove_a_snapshot() -> None:
+    events, _cluster, _problems = agent()
+    assert not events.retention_due()  # nothing known
+    events.observe(ae.KIND_POLICY, "ADDED", _retaining("keep1", keep=1))
+    events.observe(ae.KIND_POLICY, "ADDED", policy("plain"))  # no retention rules at all
+    events.observe(ae.KIND_SNAPSHOT, "ADDED", ready_snapshot("p1", policy="plain"))
+    events.observe(ae.KIND_SNAPSHOT, "ADDED", ready_snapshot("p2", policy="plain"))
+    events.observe(ae.KIND_SNAPSHOT, "ADDED", ready_snapshot("k1", policy="keep1"))
+    events.observe(ae.KIND_SNAPSHOT, "ADDED", snapshot("k2", policy="keep1"))  # not Ready: does not count
+    events.observe(ae.KIND_SNAPSHOT, "ADDED", ready_snapshot("k3", ns="ops", policy="keep1"))  # another namespace
+    assert not events.retention_due()  # one Ready of keep1 in ml: within its limit
+    events.observe(ae.KIND_SNAPSHOT, "MODIFIED", ready_snapshot("k2", policy="keep1"))
+    assert events.retention_due()  # two Ready, keep 1
+    events.observe(ae.KIND_SNAPSHOT, "DELETED", ready_snapshot("k1", policy="keep1"))
+    assert not events.retention_due()
+    events.observe(ae.KIND_POLICY, "ADDED", _retaining("idle", ns="ops", timeout="1h"))
+    assert not events.retention_due()  # a lastAccessTimeout with no Ready snapshot of it
+    events.observe(ae.KIND_SNAPSHOT, "ADDED", ready_snapshot("i1", ns="ops", policy="idle"))
+    assert events.retention_due()  # one Ready snapshot may expire by time
+    events.observe(ae.KIND_POLICY, "MODIFIED", _retaining("idle", ns="ops", timeout="1h", deleting=True))
+    assert not events.retention_due()  # a policy being deleted retains nothing
+
+
+def test_a_policy_retention_cannot_read_makes_retention_due_so_the_sweep_names_it() -> None:
+    events, _cluster, _problems = agent()
+    bad = _retaining("odd")
+    bad["spec"]["snapshotGroupingRules"] = {"groupRetentionPolicy": {"maxSnapshotCountPerGroup": "many"}}
+    events.observe(ae.KIND_POLICY, "ADDED", bad)
+    assert events.retention_due()
+
+
 def test_unknown_types_are_refused_naming_each() -> None:
     with pytest.raises(ae.EventsError) as bad:
         ae.AgentEvents(types=["restore_pod", "capture", "bogus"])

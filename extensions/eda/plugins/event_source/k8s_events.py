@@ -41,7 +41,11 @@ description:
     Events whose condition still holds are emitted again every O(resync_seconds); consumers must be idempotent.
   - C(retention) events come from a timer, not from an object - once the first lists are in, then every
     O(retention_seconds) - with C(node) this node and C(object.namespaces) the watched namespaces; each says it is
-    time to apply the PodSnapshotPolicies' retention on this node (M(warmstart.snapshot.agent_retention)).
+    time to apply the PodSnapshotPolicies' retention on this node (M(warmstart.snapshot.agent_retention)). A tick
+    makes the event only while some policy's retention could remove a snapshot (a C(lastAccessTimeout) and a
+    Ready PodSnapshot of that policy, or more Ready PodSnapshots of it than its C(maxSnapshotCountPerGroup)) -
+    a node with nothing to retain runs no playbook. To know that, C(retention) watches PodSnapshots and
+    PodSnapshotPolicies.
   - Needs the kubernetes Python library where ansible-rulebook runs.
 options:
   auth:
@@ -90,7 +94,8 @@ options:
     elements: str
     default: [restore_pod, capture_request, manual_trigger, source_ready]
   retention_seconds:
-    description: Emit a C(retention) event this often; 0 turns it off.
+    description: Look this often whether a policy's retention is due, and emit a C(retention) event when it is; 0 turns
+      it off.
     type: int
     default: 300
   backoff_max_seconds:
@@ -306,11 +311,11 @@ def targets(settings: Settings) -> List[Tuple[kw.Target, str]]:
     resources: List[Tuple[kw.Resource, str]] = []
     if wanted & {ae.RESTORE_POD, ae.SOURCE_READY, ae.POD_DELETED}:
         resources.append((kw.PODS, ae.KIND_POD))
-    if wanted & {ae.RESTORE_POD, ae.CAPTURE_REQUEST, ae.SOURCE_READY}:
+    if wanted & {ae.RESTORE_POD, ae.CAPTURE_REQUEST, ae.SOURCE_READY, ae.RETENTION}:
         resources.append((kw.POD_SNAPSHOTS, ae.KIND_SNAPSHOT))
     if ae.MANUAL_TRIGGER in wanted:
         resources.append((kw.MANUAL_TRIGGERS, ae.KIND_TRIGGER))
-    if ae.SOURCE_READY in wanted:
+    if wanted & {ae.SOURCE_READY, ae.RETENTION}:  # retention: whether a policy's retention is due
         resources.append((kw.POLICIES, ae.KIND_POLICY))
     out = []
     for resource, kind in resources:
@@ -384,9 +389,11 @@ class Agent:
                 await self.queue.put(event)
 
     async def _retention(self) -> None:
-        """A retention event now, then every retention_seconds, until cancelled."""
+        """Now, then every retention_seconds until cancelled: a retention event when some policy's retention could
+        remove a snapshot (``AgentEvents.retention_due``); otherwise no event, and no playbook run."""
         while True:
-            await self.queue.put(ae.retention_event(self.settings.node_name, self.settings.namespaces))
+            if self.state.retention_due():
+                await self.queue.put(ae.retention_event(self.settings.node_name, self.settings.namespaces))
             await asyncio.sleep(self.settings.retention_seconds)
 
     async def _wait_synced(self) -> None:

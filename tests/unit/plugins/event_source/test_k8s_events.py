@@ -95,7 +95,10 @@ def test_only_what_the_event_types_need_is_watched_and_pods_only_of_this_node(pl
         "podsnapshotmanualtriggers.snapshot.warmstart.io (namespace b) -> PodSnapshotManualTrigger"]
     assert len(_targets(plugin, node_name="n1")) == 4
     assert _targets(plugin, types=["pod_deleted"], node_name="") == ["pods (all namespaces) -> Pod"]
-    assert _targets(plugin, types=["retention"], node_name="n1") == []  # a timer: nothing to watch
+    # a timer, due only while a policy's retention could remove a snapshot: the snapshots and the policies
+    assert _targets(plugin, types=["retention"], node_name="n1") == [
+        "podsnapshots.snapshot.warmstart.io (all namespaces) -> PodSnapshot",
+        "podsnapshotpolicies.snapshot.warmstart.io (all namespaces) -> PodSnapshotPolicy"]
 
 
 def _run_path(path: Path, env: Dict[str, str]) -> subprocess.CompletedProcess:
