@@ -461,10 +461,20 @@ restore:
           type: float
           returned: when used with O(lazy_wait)
           sample: 0.71
+        pages:
+          description:
+            - Where the pages came from - V(images) (CRIU's lazy-pages daemon read the node's verified images),
+              V(checked_on_demand) (this node had not verified the page images - the restore's supervisor served
+              each page to the daemon from a piece of the store's image that matched its manifest digest when
+              read, see C(docs/lazy.md)), V(page_server) (from O(page_server)).
+          type: str
+          returned: when used
+          sample: checked_on_demand
         eager_bytes:
-          description: Bytes of pages read from the store by this node itself (the rest came from the page server).
+          description: Bytes of pages read from the store before the tree ran (the pages CRIU restores itself; the
+            rest came from the page server, or were checked and served on demand).
           type: int
-          returned: when used with O(page_server)
+          returned: when used with O(page_server), or with RV(restore.lazy.pages=checked_on_demand)
           sample: 1318912
     cuda:
       description:

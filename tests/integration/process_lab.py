@@ -394,3 +394,33 @@ def checkpointed(lab: "Lab", name: str, mb: int, *extra: str) -> Dict[str, Any]:
     res = lab.play([lab.start(name, port, mb, *extra),
                     lab.checkpoint("checkpoint", workload=name, leave_running=False)])
     return {"id": res["checkpoint"]["snapshot"]["id"], "port": port, "name": name}
+
+
+def snapshot_of_a_fresh_node(lab: "Lab", monkeypatch: pytest.MonkeyPatch, mb: int) -> Dict[str, Any]:
+    """A checkpoint of an ``mb`` MiB workload ``big`` (stopped), this node's record of hashed files in a dir of the
+    test's (``forget_hashed`` then makes a restore see the snapshot as another node would): its id, port, the
+    answer before, the snapshot dir, manifest and largest pages image entry."""
+    monkeypatch.setenv("WARMSTART_VERIFIED_DIR", str(lab.tmp / "verified"))
+    port = free_port()
+    lab.play([lab.start("big", port, mb)])
+    before = query(port)
+    info = lab.play([lab.checkpoint("checkpoint", workload="big", leave_running=False)])["checkpoint"]["snapshot"]
+    top = lab.store / "snapshots" / info["id"]
+    doc = json.loads((top / "manifest.json").read_text())
+    pages = [e for e in doc["files"] if "/criu/pages-" in e["path"]]
+    return {"id": info["id"], "port": port, "before": before, "top": top, "doc": doc,
+            "pages": max(pages, key=lambda e: e["size"])}
+
+
+def forget_hashed(lab: "Lab") -> None:
+    """Forget what this node hashed (``snapshot_of_a_fresh_node``): the restore sees the snapshot as another node."""
+    shutil.rmtree(lab.tmp / "verified", ignore_errors=True)
+
+
+def flip_byte(path: Path, offset: int) -> None:
+    """Change one byte of ``path`` in place (every bit of it)."""
+    with open(path, "r+b") as handle:
+        handle.seek(offset)
+        byte = handle.read(1)
+        handle.seek(offset)
+        handle.write(bytes([byte[0] ^ 0xFF]))

@@ -11,14 +11,13 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import time
 from pathlib import Path
 from typing import Any, Dict
 
 import pytest
 
-from .process_lab import Lab, free_port, query
+from .process_lab import Lab, flip_byte, forget_hashed, query, snapshot_of_a_fresh_node
 
 pytestmark = pytest.mark.integration
 
@@ -28,35 +27,13 @@ MIB = 1 << 20
 @pytest.fixture
 def snapshot(lab: Lab, monkeypatch: pytest.MonkeyPatch) -> Dict[str, Any]:
     """A checkpoint of a 100 MiB workload (stopped), this node's record of hashed files in a dir of the test's."""
-    monkeypatch.setenv("WARMSTART_VERIFIED_DIR", str(lab.tmp / "verified"))
-    port = free_port()
-    lab.play([lab.start("big", port, 100)])
-    before = query(port)
-    info = lab.play([lab.checkpoint("checkpoint", workload="big", leave_running=False)])["checkpoint"]["snapshot"]
-    top = lab.store / "snapshots" / info["id"]
-    doc = json.loads((top / "manifest.json").read_text())
-    pages = [e for e in doc["files"] if "/criu/pages-" in e["path"]]
-    return {"id": info["id"], "port": port, "before": before, "top": top, "doc": doc,
-            "pages": max(pages, key=lambda e: e["size"])}
-
-
-def _fresh_node(lab: Lab) -> None:
-    """Forget what this node hashed: the restore sees the snapshot as another node would."""
-    shutil.rmtree(lab.tmp / "verified", ignore_errors=True)
-
-
-def _flip(path: Path, offset: int) -> None:
-    with open(path, "r+b") as handle:
-        handle.seek(offset)
-        byte = handle.read(1)
-        handle.seek(offset)
-        handle.write(bytes([byte[0] ^ 0xFF]))
+    return snapshot_of_a_fresh_node(lab, monkeypatch, 100)
 
 
 def test_a_fresh_node_restores_with_the_page_images_verified_alongside(lab: Lab, snapshot: Dict[str, Any]) -> None:
     pages = snapshot["pages"]
     assert pages["size"] > 64 * MIB and len(pages["chunks"]["sha256"]) == -(-pages["size"] // (64 * MIB))
-    _fresh_node(lab)
+    forget_hashed(lab)
     res = lab.play([lab.restore("restore", snapshot=snapshot["id"])])["restore"]["restore"]
     assert res["verify"]["overlapped"] is True, res["verify"]
     assert "verify_wait" in res["timings"]
@@ -72,8 +49,8 @@ def test_a_fresh_node_restores_with_the_page_images_verified_alongside(lab: Lab,
 def test_a_corrupted_page_chunk_kills_the_stopped_tree(lab: Lab, snapshot: Dict[str, Any], where: str) -> None:
     pages = snapshot["pages"]
     offset = {"first": 4096 + 7, "middle": 64 * MIB + 12345, "last": pages["size"] - 1}[where]
-    _flip(snapshot["top"] / pages["path"], offset)
-    _fresh_node(lab)
+    flip_byte(snapshot["top"] / pages["path"], offset)
+    forget_hashed(lab)
     res = lab.play([lab.restore("restore", snapshot=snapshot["id"], expect_fail=True)])["restore"]
     assert res["failed"] and res["outcome"] == "failed", res
     assert any(pages["path"] in r and "SHA256 mismatch" in r for r in res["reasons"]), res["reasons"]
@@ -90,8 +67,8 @@ def test_a_corrupted_page_chunk_kills_the_stopped_tree(lab: Lab, snapshot: Dict[
 
 def test_a_corrupted_small_image_is_refused_before_criu_starts(lab: Lab, snapshot: Dict[str, Any]) -> None:
     core = next(e for e in snapshot["doc"]["files"] if "/criu/core-" in e["path"])
-    _flip(snapshot["top"] / core["path"], core["size"] // 2)
-    _fresh_node(lab)
+    flip_byte(snapshot["top"] / core["path"], core["size"] // 2)
+    forget_hashed(lab)
     res = lab.play([lab.restore("restore", snapshot=snapshot["id"], expect_fail=True)])["restore"]
     assert res["failed"] and res["outcome"] == "incompatible", res
     assert any(core["path"] in r for r in res["reasons"]), res["reasons"]
@@ -105,7 +82,7 @@ def test_an_old_manifest_without_chunk_digests_still_restores(lab: Lab, snapshot
     path = snapshot["top"] / "manifest.json"
     path.write_text(json.dumps(doc))
     os.chmod(path, 0o600)
-    _fresh_node(lab)
+    forget_hashed(lab)
     res = lab.play([lab.restore("restore", snapshot=snapshot["id"])])["restore"]["restore"]
     assert res["verify"]["overlapped"] is True
     assert query(snapshot["port"])["sha256"] == snapshot["before"]["digest_at_start"]

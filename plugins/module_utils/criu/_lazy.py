@@ -21,6 +21,10 @@ control directory on failure).
 
 The pages of a restore whose memory comes from a page server are prepared by
 ``_lazyimages``; the page server on the node holding the images is ``_lazyserver``.
+With ``serve_pages`` the supervisor is the page server itself: it listens on
+loopback, hands the daemon's connection to ``serve_pages`` (``_pagewire``, over
+pages checked as they are read), and when that fails - a page that did not
+match - it cuts the connection, so the daemon fails and the tree is killed.
 """
 from __future__ import annotations
 
@@ -31,11 +35,12 @@ import os
 import select
 import shutil
 import signal
+import socket
 import subprocess
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 from ansible_collections.warmstart.snapshot.plugins.module_utils.core import _paths
 from ansible_collections.warmstart.snapshot.plugins.module_utils.core import _safefs as safefs
@@ -254,13 +259,23 @@ def guard(session: Optional[Session], grace: float = 3.0) -> Iterator[None]:
 
 def start(criu: str, images: str, work: str, timeout: float = DEFAULT_TIMEOUT, control: Optional[str] = None,
           page_server: Optional[Tuple[str, int]] = None, snapshot_id: str = "", env: Optional[Dict[str, str]] = None,
-          active_dir: str = ACTIVE_DIR, tls_args: Sequence[str] = (), tidy: Sequence[str] = ()) -> Session:
+          active_dir: str = ACTIVE_DIR, tls_args: Sequence[str] = (), tidy: Sequence[str] = (),
+          serve_pages: Optional[PageService] = None) -> Session:
     """Start ``criu lazy-pages`` for ``images`` in ``work`` under a supervisor; return once its socket listens.
 
     ``tls_args``: CRIU's TLS options (``_tls.TlsFiles.criu_args``) for the connection to ``page_server``.
     ``tidy``: directories the supervisor removes with ``work/images`` once the daemon no longer reads them (a
     verified copy of the images it serves).
+    ``serve_pages``: the supervisor serves the pages itself, on a loopback port of its own, by calling it with the
+    daemon's connection (it runs in the supervisor, a forked process without this one's descriptors: it must
+    open what it reads); what it raises is the restore's failure.
     """
+    listener: Optional[socket.socket] = None
+    if serve_pages is not None:
+        listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(1)
+        page_server = ("127.0.0.1", int(listener.getsockname()[1]))
     argv = [criu, "lazy-pages", "-D", images, "-W", work, "-o", LOG, "-v4"]
     if page_server:
         argv += ["--page-server", "--address", page_server[0], "--port", str(page_server[1]), *tls_args]
@@ -268,7 +283,12 @@ def start(criu: str, images: str, work: str, timeout: float = DEFAULT_TIMEOUT, c
     ready_r, ready_w = os.pipe()
     started_at = time.time()
     job = _Job(work, timeout, control, snapshot_id, active_dir, list(tidy))
-    proc.detach(lambda: _supervise(argv, rfd, ready_w, job, env), keep=(rfd, ready_w))
+    keep = (rfd, ready_w) + ((listener.fileno(),) if listener is not None else ())
+    try:
+        proc.detach(lambda: _supervise(argv, rfd, ready_w, job, env, listener, serve_pages), keep=keep)
+    finally:
+        if listener is not None:
+            listener.close()
     os.close(rfd)
     os.close(ready_w)
     answer = b""
@@ -289,6 +309,9 @@ def start(criu: str, images: str, work: str, timeout: float = DEFAULT_TIMEOUT, c
     return Session(work, wfd, int(rest), started_at)
 
 
+PageService = Callable[[socket.socket], None]  # serves the daemon's page-server connection until it closes
+
+
 @dataclass
 class _Job:
     """What a supervisor watches over (its phases share it)."""
@@ -300,10 +323,35 @@ class _Job:
     active_dir: str
     tidy: List[str]
     placeholder_fd: int = -1    # pidfd of the placeholder the tree was restored into (-1: none)
+    page_error: str = ""        # why the supervisor's own page server stopped serving ("" while it serves)
 
 
-def _supervise(argv: List[str], rfd: int, ready_w: int, job: _Job,
-               env: Optional[Dict[str, str]]) -> None:  # pragma: no cover - forked
+def _serve_pages(job: _Job, listener: socket.socket, serve_pages: PageService) -> None:  # pragma: no cover - forked
+    """The supervisor's page server: the daemon's one connection, served; a failure cuts it (the daemon fails)."""
+    listener.settimeout(job.timeout)
+    try:
+        conn, _peer = listener.accept()
+    except OSError as exc:
+        job.page_error = f"the lazy-pages daemon never asked for pages ({exc})"
+        return
+    finally:
+        listener.close()
+    try:
+        conn.settimeout(None)
+        serve_pages(conn)
+    except Exception as exc:  # pylint: disable=broad-exception-caught  # whatever stops serving is the cause
+        job.page_error = exc.full_message() if isinstance(exc, WarmstartError) else f"{type(exc).__name__}: {exc}"
+    finally:
+        try:
+            conn.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        conn.close()
+
+
+def _supervise(argv: List[str], rfd: int, ready_w: int, job: _Job, env: Optional[Dict[str, str]],
+               listener: Optional[socket.socket] = None,
+               serve_pages: Optional[PageService] = None) -> None:  # pragma: no cover - forked
     """The supervisor (a detached child): start the daemon and say ``ready PID`` (or ``failed WHY``) on
     ``ready_w``; wait for the restore's ``pid ROOT [PLACEHOLDER]`` on ``rfd``; watch the daemon until memory is
     complete.
@@ -312,6 +360,8 @@ def _supervise(argv: List[str], rfd: int, ready_w: int, job: _Job,
     aborted, daemon failed, ``timeout`` passed) the daemon is stopped, after the restored tree (and the
     placeholder it runs in) is killed.
     """
+    if listener is not None and serve_pages is not None:
+        threading.Thread(target=_serve_pages, args=(job, listener, serve_pages), name="pages", daemon=True).start()
     daemon = _start_daemon(job, argv, env, ready_w)
     if daemon is None:
         return
@@ -441,6 +491,8 @@ def _roll_back(job: _Job, daemon: "subprocess.Popen[bytes]", root: int, tree: Li
 
 
 def _why(job: _Job, daemon_pid: int, rc: Optional[int]) -> str:
+    if job.page_error:
+        return f"a page was not served: {job.page_error}"
     if rc is None:
         return f"memory was not complete within {job.timeout:g} s (lazy_timeout)"
     if rc < 0:

@@ -26,7 +26,7 @@ PE_LAZY = 1 << 1
 PE_PRESENT = 1 << 2
 
 
-def _entries(path: str) -> Tuple[int, List[Tuple[int, int, int]]]:
+def entries(path: str) -> Tuple[int, List[Tuple[int, int, int]]]:
     """pages_id and (vaddr, nr_pages, flags) of each entry of a CRIU pagemap image."""
     try:
         from pycriu.images import pagemap_pb2  # pylint: disable=import-outside-toplevel
@@ -54,10 +54,10 @@ def eager_ranges(images: str) -> Dict[str, List[Tuple[int, int]]]:
     """Per pages image, the (offset, length) ranges a lazy restore reads itself (pages CRIU cannot serve lazily)."""
     out: Dict[str, List[Tuple[int, int]]] = {}
     for pagemap in sorted(glob.glob(os.path.join(images, "pagemap-*.img"))):
-        pages_id, entries = _entries(pagemap)
+        pages_id, found = entries(pagemap)
         off = 0
         ranges: List[Tuple[int, int]] = []
-        for _vaddr, nr, flags in entries:
+        for _vaddr, nr, flags in found:
             if not flags & PE_PRESENT:
                 continue
             length = nr * PAGE

@@ -38,6 +38,7 @@ from ansible_collections.warmstart.snapshot.plugins.module_utils.accel import _g
 from ansible_collections.warmstart.snapshot.plugins.module_utils.criu import _lazy as lz
 from ansible_collections.warmstart.snapshot.plugins.module_utils.store import _manifest as mf
 from ansible_collections.warmstart.snapshot.plugins.module_utils.criu import _mountns as mns
+from ansible_collections.warmstart.snapshot.plugins.module_utils.snapshot import _ondemand as od
 from ansible_collections.warmstart.snapshot.plugins.module_utils.snapshot import _overlap as ov
 from ansible_collections.warmstart.snapshot.plugins.module_utils.snapshot import _preflight as pf
 from ansible_collections.warmstart.snapshot.plugins.module_utils.core import _proc as proc
@@ -84,6 +85,7 @@ class _RestoreArgs:
     overlap_note: str = ""  # "used", or why the page images were verified before CRIU started (_overlap)
     skip_unreadable: bool = False
     insecure: bool = False  # pages in the clear from a page server beyond loopback
+    serve_pages: Optional[lz.PageService] = None  # pages checked on demand, served by the lazy supervisor (_ondemand)
     profile: Optional[profiles.Profile] = None  # releases the copy instead of the one the snapshot recorded
     if_running: str = "refuse"  # the snapshot's workload already runs: refuse, or keep a copy of this snapshot
     passed_over: List[Dict[str, str]] = field(default_factory=list)  # newer snapshots select passed over
@@ -253,21 +255,30 @@ def _prepare(store: Store, doc: Dict[str, Any], node: Dict[str, Any], a: _Restor
     t0 = time.monotonic()
     use, why = ov.usable(doc, a.verify, store.reads_in_place, lazy_plan["used"])
     a.overlap_note = "used" if use else why
+    on_demand = od.usable(store, doc, a.verify, lazy_plan["used"], remote is not None)[0]
+    if lazy_plan["used"]:
+        lazy_plan["pages"] = "page_server" if remote else "checked_on_demand" if on_demand else "images"
+    staged = bool(remote) or on_demand  # only the small images and the pages CRIU restores itself, checked
     # a store read in place hands CRIU its own files unless we copy them; a compressed snapshot's local_dir is
     # already this node's plaintext copy, checked as it was decompressed (_zstore)
-    copying = store.reads_in_place and a.verify and not remote and doc.get("compression") is None
+    copying = store.reads_in_place and a.verify and not staged and doc.get("compression") is None
+    # checked on demand: the layout and the sizes here (a missing image is named), every byte as it is read
     problems = pf.preflight(store, doc, node, a.verify and not remote, a.skip_compat, fetch=not remote,
                             gpu_node=a.gpu_node, cuda=a.cuda, workloads_root=a.workloads_root,
-                            copying=copying) + _tcp_plan(doc, node, a)[1]
+                            copying=copying or on_demand) + _tcp_plan(doc, node, a)[1]
     target = doc["targets"][0] if doc.get("targets") else {}
     work = os.path.join(a.restore_root, f"{doc['id']}-{uuid.uuid4().hex[:8]}")
     snap_dir = os.path.join(work, "snapshot")
-    if remote and not problems:
+    if staged and not problems:
         os.makedirs(a.restore_root, mode=0o700, exist_ok=True)
         os.makedirs(work, mode=0o700)
         try:
             problems, lazy_plan["eager_bytes"] = rw.stage_remote(store, doc, target, os.path.join(work, "images"),
                                                                  a.verify)
+            if on_demand and not problems:
+                a.serve_pages = od.service(store, doc, os.path.join(work, "images"), os.path.join(work, "pages-fetch"))
+        except (WarmstartError, OSError) as exc:
+            problems = [f"pages: {exc}"]
         finally:
             if problems:
                 shutil.rmtree(work, ignore_errors=True)
@@ -276,7 +287,7 @@ def _prepare(store: Store, doc: Dict[str, Any], node: Dict[str, Any], a: _Restor
         raise pf.refusal(doc, problems)
     deferred: ov.Items = []
     pins: Optional[sc.Pins] = None
-    if not remote:
+    if not staged:
         snap_dir = store.local_dir(doc["id"])
         os.makedirs(a.restore_root, mode=0o700, exist_ok=True)
         os.makedirs(work, mode=0o700)
@@ -300,7 +311,7 @@ def _restore_locked(store: Store, doc: Dict[str, Any], node: Dict[str, Any], cri
         control, control_note = rw.control_dir(target, a.workloads_root, a.control_roots)
         pidfile = wl.paths(a.workloads_root, target["workload"])["pidfile"] if target.get("workload") else None
         if target.get("workload"):
-            within = [store.snapshot_dir(doc["id"])] if remote and store.reads_in_place else []
+            within = [store.snapshot_dir(doc["id"])] if (remote or a.serve_pages) and store.reads_in_place else []
             rw.put_back_files(target, snap_dir, a.workloads_root, within)
         if os.path.dirname(snap_dir) == work:  # our copy of the workload's files (verified): put back, not needed now
             shutil.rmtree(snap_dir, ignore_errors=True)
@@ -359,7 +370,7 @@ def _criu_phase(criu: str, work: str, opts: CriuOptions, lazy_plan: Dict[str, An
         if lazy_plan["used"]:
             prog.phase("lazy-pages daemon")
             session = lz.start(criu, images, work, a.lazy_timeout, control, remote, doc["id"],
-                               tls_args=a.tls.criu_args() if a.tls else ())
+                               tls_args=a.tls.criu_args() if a.tls else (), serve_pages=a.serve_pages)
         if overlap is None:
             prog.phase("restore")
         else:

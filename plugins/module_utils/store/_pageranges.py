@@ -17,14 +17,16 @@ Invariants:
   fetch) into ``scratch`` (0700/0600) and read from that copy; ``close`` removes ``scratch``;
 - an encrypted snapshot's ranges are authenticated as they are decrypted (AES-GCM per stored chunk, a key
   per snapshot and file): what the store returns for them is already checked;
-- one piece is held at a time (the ranges come in file order): memory is bounded by one chunk.
+- at most ``keep`` checked pieces are held (the least recently used goes first): memory is bounded by
+  ``keep`` chunks; a piece read again after it went is checked again.
 """
 from __future__ import annotations
 
+import collections
 import hashlib
 import os
 import shutil
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Tuple
 
 from ansible_collections.warmstart.snapshot.plugins.module_utils.store import _digest as dg
 from ansible_collections.warmstart.snapshot.plugins.module_utils.store._store import StoreError
@@ -34,7 +36,8 @@ from ansible_collections.warmstart.snapshot.plugins.module_utils.store._storeapi
 class PageRanges:
     """``read(name, offset, length)``: bytes of the pages image ``name`` (under ``prefix``), checked."""
 
-    def __init__(self, store: Store, doc: Dict[str, Any], prefix: str, scratch: str, verify: bool = True) -> None:
+    def __init__(self, store: Store, doc: Dict[str, Any], prefix: str, scratch: str, verify: bool = True,
+                 keep: int = 1) -> None:
         self.store = store
         self.doc = doc
         self.prefix = prefix
@@ -42,7 +45,8 @@ class PageRanges:
         self.verify = verify
         self.entries = {e["path"]: e for e in doc.get("files", [])}
         self.read_bytes = 0          # bytes asked of the store (whole pieces, or whole compressed files)
-        self._piece: Optional[Tuple[str, int, bytes]] = None   # (path, piece offset, its checked bytes)
+        self.keep = max(1, keep)
+        self._pieces: "collections.OrderedDict[Tuple[str, int], bytes]" = collections.OrderedDict()  # checked
         self._copies: Dict[str, str] = {}
 
     def read(self, name: str, offset: int, length: int) -> bytes:
@@ -70,9 +74,12 @@ class PageRanges:
     def _checked(self, rel: str, index: int, piece: Tuple[int, int, str]) -> bytes:
         """Piece ``index`` (offset, size, SHA256) of ``rel``: read whole, its SHA256 compared with the manifest's."""
         start, size, want = piece
-        if self._piece is not None and self._piece[:2] == (rel, start):
-            return self._piece[2]
-        self._piece = None
+        held = self._pieces.get((rel, start))
+        if held is not None:
+            self._pieces.move_to_end((rel, start))
+            return held
+        while len(self._pieces) >= self.keep:
+            self._pieces.popitem(last=False)
         data = self.store.read_range(self.doc["id"], rel, start, size)
         self.read_bytes += len(data)
         if len(data) != size:
@@ -80,7 +87,7 @@ class PageRanges:
                              f"{size} bytes (truncated or replaced)")
         if hashlib.sha256(data).hexdigest() != want:
             raise StoreError(f"{rel}: chunk {index} (bytes {start}-{start + size - 1}): SHA256 mismatch (corrupted)")
-        self._piece = (rel, start, data)
+        self._pieces[(rel, start)] = data
         return data
 
     def _from_copy(self, rel: str, entry: Dict[str, Any], offset: int, length: int) -> bytes:
@@ -98,5 +105,5 @@ class PageRanges:
             os.close(fd)
 
     def close(self) -> None:
-        self._piece = None
+        self._pieces.clear()
         shutil.rmtree(self.scratch, ignore_errors=True)

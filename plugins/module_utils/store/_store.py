@@ -268,8 +268,14 @@ class FsStore:
 
     def read_range(self, snapshot_id: str, rel: str, offset: int, length: int) -> bytes:
         """``length`` bytes at ``offset`` of one file of the snapshot."""
-        with open(os.path.join(self.snapshot_dir(snapshot_id), rel), "rb") as handle:
-            return os.pread(handle.fileno(), length, offset)
+        path = os.path.join(self.snapshot_dir(snapshot_id), rel)
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)  # never a fifo a store writer put there
+        try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                raise StoreError(f"{path}: not a regular file")
+            return os.pread(fd, length, offset)
+        finally:
+            os.close(fd)
 
     def staging_entries(self) -> List[Dict[str, Any]]:
         self.check_layout()
