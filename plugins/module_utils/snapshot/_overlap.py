@@ -67,10 +67,13 @@ def usable(doc: Dict[str, Any], verify: bool, reads_in_place: bool, lazy: bool) 
 class Overlap:
     """The deferred page images hashed on a thread of their own; ``finish`` waits and says what did not match."""
 
-    def __init__(self, items: Items, cache: Optional[ck.VerifiedFiles] = None, pins: Optional[Any] = None) -> None:
+    def __init__(self, items: Items, cache: Optional[ck.VerifiedFiles] = None, pins: Optional[Any] = None,
+                 record: Optional[Tuple[ck.VerifiedFiles, str]] = None) -> None:
         self.items = items
         self.cache = cache
         self.pins = pins  # _storecopy.Pins of the items read in place, or None
+        self.record = record  # (this node's record, the store's snapshot dir): the pinned files, once they matched
+        self.matched = False
         self._problems: List[str] = []
         self._error: Optional[BaseException] = None
         self._thread = threading.Thread(target=self._run, name="warmstart-verify", daemon=True)
@@ -99,7 +102,9 @@ class Overlap:
         self.waited = time.monotonic() - t0
         if self._error is not None:
             return [f"verify of the page images failed: {self._error}"]
-        return [f"checksum: {p}" for p in self._problems + self.broken()]
+        problems = [f"checksum: {p}" for p in self._problems + self.broken()]
+        self.matched = not problems
+        return problems
 
     def broken(self) -> List[str]:
         """The pinned page images someone opened for writing since they were pinned (checked after CRIU and the
@@ -107,6 +112,9 @@ class Overlap:
         return self.pins.broken() if self.pins is not None else []
 
     def release(self) -> None:
-        """Let go of the pinned files (after the verdict, or when the restore stops before it)."""
+        """Let go of the pinned files (after the verdict, or when the restore stops before it); when they matched,
+        record them as hashed on this node first (``Pins.record``)."""
         if self.pins is not None:
+            if self.matched and self.record is not None:
+                self.pins.record(*self.record)
             self.pins.release()

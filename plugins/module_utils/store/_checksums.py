@@ -98,6 +98,12 @@ class VerifiedFiles:
         if value is not None:
             self.added[path] = value
 
+    def add_open(self, path: str, fd: int, sha256: str) -> None:
+        """``path`` hashed to ``sha256``, as the file open on ``fd`` is now (the inode hashed, whatever ``path``
+        names by now: a file renamed over it later does not match the record)."""
+        st = os.fstat(fd)
+        self.added[path] = [st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns, sha256]
+
     def save(self) -> None:
         """Write the record (best effort: it only saves work); drop records not written for VERIFIED_KEEP_DAYS."""
         if not self.added or not self.record:

@@ -137,6 +137,18 @@ class Pins:
                 out.append(f"{rel}: opened for writing in the store while the restore read it in place")
         return out
 
+    def record(self, cache: Any, top: str) -> None:
+        """Record the pinned files whose lease still holds as hashed (``_checksums.VerifiedFiles``, by their open
+        file): the restore's hard links changed their ctime, which would otherwise make the next restore on this
+        node hash them again. Call only once they matched, the links are gone, and before ``release``."""
+        for (rel, fd), (_dest, entry) in zip(self._held, self.items):
+            try:
+                if fcntl.fcntl(fd, fcntl.F_GETLEASE) == fcntl.F_RDLCK:
+                    cache.add_open(os.path.join(top, rel), fd, str(entry["sha256"]))
+            except OSError:
+                continue
+        cache.save()
+
     def release(self) -> None:
         """Close the leased files (the lease goes with the last holder; a waiting writer goes on)."""
         held, self._held = self._held, []
