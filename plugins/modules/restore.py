@@ -181,6 +181,23 @@ options:
       - With O(lazy), return only when memory is complete (RV(restore.lazy.complete_after)); fail if it was not.
     type: bool
     default: false
+  lazy_verify:
+    description:
+      - How a lazy restore checks the page images on a node that has not verified them (a node that did, such as
+        the one that took the snapshot, lets CRIU read them as they are).
+      - V(before) - every page image is hashed before the tree runs; the first answer waits for that.
+      - V(on_demand) - the tree runs once the small images and the pages CRIU restores itself are checked; the
+        restore's supervisor serves every other page to CRIU's lazy-pages daemon from a 64 MiB piece of the
+        store's image that matched its manifest digest when read, and kills the tree rather than serve a piece
+        that does not. Used for single-process snapshots from a store read in place, without compression or
+        encryption - elsewhere V(before) is used and RV(restore.lazy.reason) says why.
+      - V(on_demand) is experimental - the tree runs sooner, but every page it faults on is a round trip through
+        the supervisor and each piece is hashed whole when first touched; measured, the demo embedding server
+        answered its first request after 55 s against 0.67 s with V(before). Keep V(before) for inference
+        servers (C(docs/lazy.md), C(docs/benchmarks.md)).
+    type: str
+    choices: [before, on_demand]
+    default: before
   lazy_timeout:
     description:
       - Seconds, from the restore's start, within which the lazy restore must have loaded all memory; past it
@@ -464,9 +481,9 @@ restore:
         pages:
           description:
             - Where the pages came from - V(images) (CRIU's lazy-pages daemon read the node's verified images),
-              V(checked_on_demand) (this node had not verified the page images - the restore's supervisor served
-              each page to the daemon from a piece of the store's image that matched its manifest digest when
-              read, see C(docs/lazy.md)), V(page_server) (from O(page_server)).
+              V(checked_on_demand) (O(lazy_verify=on_demand) on a node that had not verified the page images - the
+              restore's supervisor served each page to the daemon from a piece of the store's image that matched
+              its manifest digest when read, see C(docs/lazy.md)), V(page_server) (from O(page_server)).
           type: str
           returned: when used
           sample: checked_on_demand
@@ -602,6 +619,7 @@ def main() -> None:
             cuda=dict(type="str", choices=["auto", "required", "off"]),
             lazy=dict(type="bool", default=False),
             lazy_wait=dict(type="bool", default=False),
+            lazy_verify=dict(type="str", default="before", choices=["before", "on_demand"]),
             lazy_timeout=dict(type="raw", default=600),
             page_server=dict(type="str"),
             **tls_argument_spec(),

@@ -1,13 +1,13 @@
-"""A lazy restore on a node that never verified the snapshot's page images (issue 37, item 2, from a store read in
-place): the tree runs before the page images are hashed, and every page reaches it only from a 64 MiB piece of its
-image that matched the manifest when read - served to CRIU's lazy-pages daemon by the restore's own supervisor,
-speaking CRIU's page-server protocol (criu/_pagewire).
+"""A lazy restore with ``lazy_verify: on_demand`` on a node that never verified the snapshot's page images (issue 37,
+item 2, from a store read in place): the tree runs before the page images are hashed, and every page reaches it
+only from a 64 MiB piece of its image that matched the manifest when read - served to CRIU's lazy-pages daemon by
+the restore's own supervisor, speaking CRIU's page-server protocol (criu/_pagewire).
 
 A process holding 200 MiB of random memory is checkpointed (four chunk digests; the pages CRIU restores itself
-lie in the first and the last), then restored lazily with this
-node's record of hashed files removed - as on another node reading the same shared store. A byte changed in the
-first, middle or last piece never reaches the tree: it is killed and restore-failed names the piece; the node
-that verified the images (the record kept) lets CRIU read them directly, as before.
+lie in the first and the last), then restored lazily with this node's record of hashed files removed - as on
+another node reading the same shared store. A byte changed in the first, middle or last piece never reaches the
+tree: it is killed and restore-failed names the piece. The node that verified the images (the record kept) lets
+CRIU read them directly; without ``lazy_verify: on_demand`` a fresh node hashes every page image first, as before.
 """
 from __future__ import annotations
 
@@ -39,7 +39,8 @@ def test_a_fresh_node_serves_checked_pages_and_memory_completes(lab: Lab, snapsh
     pages = snapshot["pages"]
     assert pages["size"] > 192 * MIB and len(pages["chunks"]["sha256"]) == 4
     forget_hashed(lab)
-    res = lab.play([lab.restore("restore", snapshot=snapshot["id"], lazy=True, lazy_wait=True)])
+    res = lab.play([lab.restore("restore", snapshot=snapshot["id"], lazy=True, lazy_wait=True,
+                                lazy_verify="on_demand")])
     out = res["restore"]["restore"]
     lazy = out["lazy"]
     assert lazy["used"] is True and lazy["pages"] == "checked_on_demand", lazy
@@ -56,10 +57,28 @@ def test_a_fresh_node_serves_checked_pages_and_memory_completes(lab: Lab, snapsh
 
 
 def test_the_node_that_verified_the_images_lets_criu_read_them(lab: Lab, snapshot: Dict[str, Any]) -> None:
-    res = lab.play([lab.restore("restore", snapshot=snapshot["id"], lazy=True, lazy_wait=True)])
+    res = lab.play([lab.restore("restore", snapshot=snapshot["id"], lazy=True, lazy_wait=True,
+                                lazy_verify="on_demand")])
     lazy = res["restore"]["restore"]["lazy"]
     assert lazy["used"] is True and lazy["pages"] == "images", lazy
     assert query(snapshot["port"])["sha256"] == snapshot["before"]["digest_at_start"]
+
+
+def test_by_default_a_fresh_node_hashes_the_page_images_before_the_tree_runs(
+        lab: Lab, snapshot: Dict[str, Any]) -> None:
+    forget_hashed(lab)
+    res = lab.play([lab.restore("restore", snapshot=snapshot["id"], lazy=True, lazy_wait=True)])
+    out = res["restore"]["restore"]
+    assert out["lazy"]["pages"] == "images" and "verified_copy" in out["timings"], out
+    assert query(snapshot["port"])["sha256"] == snapshot["before"]["digest_at_start"]
+
+
+def test_on_demand_where_it_cannot_be_used_says_why_and_checks_before(lab: Lab, snapshot: Dict[str, Any]) -> None:
+    forget_hashed(lab)
+    res = lab.play([lab.restore("restore", snapshot=snapshot["id"], lazy=True, lazy_wait=True, verify=False,
+                                lazy_verify="on_demand")])
+    lazy = res["restore"]["restore"]["lazy"]
+    assert lazy["pages"] == "images" and "lazy_verify: on_demand not used - verify: false" in lazy["reason"], lazy
 
 
 @pytest.mark.parametrize("where", ["first", "middle", "last"])
@@ -70,7 +89,7 @@ def test_a_changed_piece_is_never_served_and_the_tree_is_killed(lab: Lab, snapsh
     flip_byte(snapshot["top"] / pages["path"], offset)
     forget_hashed(lab)
     res = lab.play([lab.restore("restore", snapshot=snapshot["id"], lazy=True, lazy_wait=True,
-                                expect_fail=True)])["restore"]
+                                lazy_verify="on_demand", expect_fail=True)])["restore"]
     assert res["failed"], res
     said = res["msg"] + " ".join(res.get("reasons", []))
     assert pages["path"].rsplit("/", 1)[-1] in said and "SHA256 mismatch" in said, said

@@ -338,6 +338,7 @@ def _serve_pages(job: _Job, listener: socket.socket, serve_pages: PageService) -
         listener.close()
     try:
         conn.settimeout(None)
+        conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # each answer goes out whole, at once
         serve_pages(conn)
     except Exception as exc:  # pylint: disable=broad-exception-caught  # whatever stops serving is the cause
         job.page_error = exc.full_message() if isinstance(exc, WarmstartError) else f"{type(exc).__name__}: {exc}"

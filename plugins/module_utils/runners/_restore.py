@@ -72,7 +72,7 @@ def _restore_process(p: Params, check_mode: bool) -> Result:
                         restore_root=p["restore_root"], cuda=cuda, gpu_node=node,
                         lazy=bool(p.get("lazy")), lazy_wait=bool(p.get("lazy_wait")),
                         lazy_timeout=float(p.get("lazy_timeout") or lz.DEFAULT_TIMEOUT),
-                        page_server=p.get("page_server"), control_roots=p.get("control_roots"),
+                        lazy_verify=p.get("lazy_verify") or "before", page_server=p.get("page_server"), control_roots=p.get("control_roots"),
                         workloads_root=p.get("workloads_root") or wl.DEFAULT_ROOT, check_mode=check_mode,
                         tcp=p.get("tcp"), tls=common.tls_files(p), skip_unreadable=bool(p.get("skip_unreadable")),
                         insecure=bool(p.get("insecure")), profile=pf.resolve(p.get("app_profile"), "app_profile"),

@@ -9,14 +9,17 @@ Without this, a lazy restore on such a node copies and hashes every page image f
 first answer). Here the restore stages the small images and the pages CRIU restores itself, checked
 (``_restorework.stage_remote``); the lazy supervisor is the page server (``_lazy.start(serve_pages=...)``) and
 answers the lazy-pages daemon (``_pagewire``) from pieces of the store's page images that matched their
-manifest digest when read (``_pageranges``).
+manifest digest when read (``_pageranges``); a checked piece is kept in a private copy in the work dir, so a
+piece is read and hashed once however often the tree's faults come back to it.
 
 Invariants:
 
-- used only where it is sound and pays: a lazy restore (no page server given) with ``verify`` on, of a
-  single process, from a store read in place (a local or shared filesystem), without compression or
-  encryption, whose page images this node has not recorded as verified (``VerifiedFiles``: the node that
-  wrote the snapshot, or restored it before, lets CRIU read them directly, as before);
+- used only when asked (the restore's ``lazy_verify: on_demand``; the default ``before`` hashes every page image
+  before the tree runs), and only where it is sound and pays: a lazy restore (no page server given) with
+  ``verify`` on, of a single process, from a store read in place (a local or shared filesystem), without
+  compression or encryption, whose page images this node has not recorded as verified (``VerifiedFiles``: the
+  node that wrote the snapshot lets CRIU read them directly, as before). It is not the default because a piece
+  is 64 MiB: a first request touching pages of many pieces waits for each to be read and hashed, one at a time;
 - a piece that does not match (a store writer changed it after the checkpoint, or while the tree runs) is
   never served: the daemon's connection is cut, the tree killed, and ``restore-failed`` names the image, the
   piece and its bytes;
@@ -35,6 +38,8 @@ from ansible_collections.warmstart.snapshot.plugins.module_utils.store import _p
 from ansible_collections.warmstart.snapshot.plugins.module_utils.store._storeapi import Store
 
 PIECES_HELD = 2  # checked 64 MiB pieces the server keeps: a fault elsewhere does not drop the one being drained
+BEFORE, ON_DEMAND = "before", "on_demand"
+LAZY_VERIFY = (BEFORE, ON_DEMAND)  # the restore option lazy_verify
 
 
 def _page_images(doc: Dict[str, Any]) -> List[Dict[str, Any]]:
@@ -42,9 +47,12 @@ def _page_images(doc: Dict[str, Any]) -> List[Dict[str, Any]]:
     return [e for e in doc.get("files", []) if e["path"].startswith(prefix)]
 
 
-def usable(store: Store, doc: Dict[str, Any], verify: bool, lazy: bool, page_server: bool) -> Tuple[bool, str]:
+def usable(store: Store, doc: Dict[str, Any], verify: bool, lazy: bool, page_server: bool,
+           wanted: str = ON_DEMAND) -> Tuple[bool, str]:
     """(serve the pages checked on demand?, why not): see the module docstring."""
     targets = doc.get("targets") or []
+    if wanted != ON_DEMAND:
+        return False, f"lazy_verify: {wanted}"
     if not lazy or page_server:
         return False, "not a lazy restore from this node's store" if not lazy else "pages from the page server"
     if not verify:
@@ -66,7 +74,7 @@ def service(store: Store, doc: Dict[str, Any], images: str, scratch: str) -> Pag
     """The supervisor's answer to the daemon: pages of the staged pagemaps in ``images``, from checked pieces."""
     index = pw.PageIndex.from_images(images)
     prefix = f"{doc['targets'][0]['path']}/criu/"
-    ranges = pr.PageRanges(store, doc, prefix, scratch, verify=True, keep=PIECES_HELD)
+    ranges = pr.PageRanges(store, doc, prefix, scratch, verify=True, keep=PIECES_HELD, keep_checked=True)
     served = [0, 0]
 
     def serve(conn: socket.socket) -> None:

@@ -46,6 +46,7 @@ from ansible_collections.warmstart.snapshot.plugins.module_utils.core import _pr
 from ansible_collections.warmstart.snapshot.plugins.module_utils.core import _restorer as rst
 from ansible_collections.warmstart.snapshot.plugins.module_utils.snapshot import _restorework as rw
 from ansible_collections.warmstart.snapshot.plugins.module_utils.snapshot import _snapshot as snap
+from ansible_collections.warmstart.snapshot.plugins.module_utils.store import _checksums as ck
 from ansible_collections.warmstart.snapshot.plugins.module_utils.store import _storecopy as sc
 from ansible_collections.warmstart.snapshot.plugins.module_utils.criu import _tcp as tcpm
 from ansible_collections.warmstart.snapshot.plugins.module_utils.node import _workload as wl
@@ -85,6 +86,7 @@ class _RestoreArgs:
     overlap_note: str = ""  # "used", or why the page images were verified before CRIU started (_overlap)
     skip_unreadable: bool = False
     insecure: bool = False  # pages in the clear from a page server beyond loopback
+    lazy_verify: str = od.BEFORE  # before | on_demand: how a lazy restore checks page images this node has not (_ondemand)
     serve_pages: Optional[lz.PageService] = None  # pages checked on demand, served by the lazy supervisor (_ondemand)
     profile: Optional[profiles.Profile] = None  # releases the copy instead of the one the snapshot recorded
     if_running: str = "refuse"  # the snapshot's workload already runs: refuse, or keep a copy of this snapshot
@@ -102,12 +104,14 @@ def restore(store: Store, snapshot_id: Optional[str] = None, name: Optional[str]
             workloads_root: str = wl.DEFAULT_ROOT, control_roots: Optional[List[str]] = None,
             check_mode: bool = False, tcp: Optional[str] = None, tls: Any = None,
             skip_unreadable: bool = False, insecure: bool = False,
-            profile: Optional[profiles.Profile] = None, if_running: str = "refuse") -> Dict[str, Any]:
+            profile: Optional[profiles.Profile] = None, if_running: str = "refuse",
+            lazy_verify: str = "before") -> Dict[str, Any]:
     """Restore a process snapshot; with GPU state (``cuda`` auto or required) the CUDA processes are restored too.
 
     ``lazy``: the tree resumes at once and CRIU's lazy-pages daemon streams its memory in (from the local
     images, or from ``page_server`` host:port, see ``_lazy``); without uffd on this node, or for a snapshot
-    with GPU state, it is restored eagerly and ``result['lazy']['reason']`` says why. Node-side places
+    with GPU state, it is restored eagerly and ``result['lazy']['reason']`` says why. ``lazy_verify``:
+    ``before`` or ``on_demand`` (``_ondemand``), for page images this node has not verified. Node-side places
     (``workloads_root``, ``control_roots``) are this node's: a manifest never chooses where we write.
 
     ``tcp``: ``keep`` or ``close`` the snapshot's established TCP connections (it overrides ``options.tcp``);
@@ -138,7 +142,7 @@ def restore(store: Store, snapshot_id: Optional[str] = None, name: Optional[str]
     a = _RestoreArgs(verify, skip_compat, options, restore_root, cuda, gpu_node or GpuNode(), lazy, lazy_wait,
                      lazy_timeout, page_server, workloads_root, list(control_roots or rw.DEFAULT_CONTROL_ROOTS), tcp,
                      tls=tls, skip_unreadable=skip_unreadable, insecure=insecure, profile=profile,
-                     if_running=if_running)
+                     if_running=if_running, lazy_verify=lazy_verify)
     try:
         criu, node, doc = _choose(store, snapshot_id, name, labels, criu_path, a)
         kept = _kept_copy(doc, a)
@@ -166,6 +170,8 @@ def _choose(store: Store, snapshot_id: Optional[str], name: Optional[str], label
     """
     if a.cuda not in CUDA_MODES:
         raise snap.SnapshotError(f"cuda: {a.cuda!r} is not one of {', '.join(CUDA_MODES)}")
+    if a.lazy_verify not in od.LAZY_VERIFY:
+        raise snap.SnapshotError(f"lazy_verify: {a.lazy_verify!r} is not one of {', '.join(od.LAZY_VERIFY)}")
     if a.if_running not in IF_RUNNING:
         raise snap.SnapshotError(f"if_running: {a.if_running!r} is not one of {', '.join(IF_RUNNING)}")
     if a.lazy_timeout <= 0:
@@ -255,9 +261,11 @@ def _prepare(store: Store, doc: Dict[str, Any], node: Dict[str, Any], a: _Restor
     t0 = time.monotonic()
     use, why = ov.usable(doc, a.verify, store.reads_in_place, lazy_plan["used"])
     a.overlap_note = "used" if use else why
-    on_demand = od.usable(store, doc, a.verify, lazy_plan["used"], remote is not None)[0]
+    on_demand, not_why = od.usable(store, doc, a.verify, lazy_plan["used"], remote is not None, a.lazy_verify)
     if lazy_plan["used"]:
         lazy_plan["pages"] = "page_server" if remote else "checked_on_demand" if on_demand else "images"
+        if a.lazy_verify == od.ON_DEMAND and not on_demand and not remote:
+            lazy_plan["reason"] += f"; lazy_verify: on_demand not used - {not_why}"
     staged = bool(remote) or on_demand  # only the small images and the pages CRIU restores itself, checked
     # a store read in place hands CRIU its own files unless we copy them; a compressed snapshot's local_dir is
     # already this node's plaintext copy, checked as it was decompressed (_zstore)
@@ -297,7 +305,8 @@ def _prepare(store: Store, doc: Dict[str, Any], node: Dict[str, Any], a: _Restor
             timings["verified_copy"] = time.monotonic() - t0
         else:
             rw.stage_images(os.path.join(snap_dir, target["path"], "criu"), os.path.join(work, "images"))
-    return work, snap_dir, remote, (ov.Overlap(deferred, pins=pins) if deferred else None)
+    record = (ck.VerifiedFiles(doc["id"]), store.local_dir(doc["id"]))
+    return work, snap_dir, remote, (ov.Overlap(deferred, pins=pins, record=record) if deferred else None)
 
 
 def _restore_locked(store: Store, doc: Dict[str, Any], node: Dict[str, Any], criu: str,

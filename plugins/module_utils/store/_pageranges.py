@@ -18,7 +18,10 @@ Invariants:
 - an encrypted snapshot's ranges are authenticated as they are decrypted (AES-GCM per stored chunk, a key
   per snapshot and file): what the store returns for them is already checked;
 - at most ``keep`` checked pieces are held (the least recently used goes first): memory is bounded by
-  ``keep`` chunks; a piece read again after it went is checked again.
+  ``keep`` chunks; a piece read again after it went is checked again - unless ``keep_checked``: then each
+  checked piece is also written into a private copy (``scratch``, 0700/0600, removed by ``close``) and read
+  from there when asked again, so no piece is read or hashed twice (disk: what was asked for, at most the
+  image).
 """
 from __future__ import annotations
 
@@ -26,8 +29,9 @@ import collections
 import hashlib
 import os
 import shutil
-from typing import Any, Dict, List, Tuple
+from typing import Any, Dict, List, Set, Tuple
 
+from ansible_collections.warmstart.snapshot.plugins.module_utils.core import _safefs as safefs
 from ansible_collections.warmstart.snapshot.plugins.module_utils.store import _digest as dg
 from ansible_collections.warmstart.snapshot.plugins.module_utils.store._store import StoreError
 from ansible_collections.warmstart.snapshot.plugins.module_utils.store._storeapi import Store
@@ -37,7 +41,7 @@ class PageRanges:
     """``read(name, offset, length)``: bytes of the pages image ``name`` (under ``prefix``), checked."""
 
     def __init__(self, store: Store, doc: Dict[str, Any], prefix: str, scratch: str, verify: bool = True,
-                 keep: int = 1) -> None:
+                 keep: int = 1, keep_checked: bool = False) -> None:
         self.store = store
         self.doc = doc
         self.prefix = prefix
@@ -48,6 +52,11 @@ class PageRanges:
         self.keep = max(1, keep)
         self._pieces: "collections.OrderedDict[Tuple[str, int], bytes]" = collections.OrderedDict()  # checked
         self._copies: Dict[str, str] = {}
+        # keep_checked: every checked piece is also written into a private copy of its image under ``scratch``
+        # (sparse, 0600) and read from there when asked again: each piece is read and hashed once
+        self.keep_checked = keep_checked
+        self._checked_in: Dict[str, int] = {}   # rel -> fd of its private copy
+        self._done: Set[Tuple[str, int]] = set()  # (rel, piece offset) held in the private copy
 
     def read(self, name: str, offset: int, length: int) -> bytes:
         rel = self.prefix + name
@@ -74,6 +83,8 @@ class PageRanges:
     def _checked(self, rel: str, index: int, piece: Tuple[int, int, str]) -> bytes:
         """Piece ``index`` (offset, size, SHA256) of ``rel``: read whole, its SHA256 compared with the manifest's."""
         start, size, want = piece
+        if (rel, start) in self._done:
+            return os.pread(self._checked_in[rel], size, start)
         held = self._pieces.get((rel, start))
         if held is not None:
             self._pieces.move_to_end((rel, start))
@@ -88,7 +99,18 @@ class PageRanges:
         if hashlib.sha256(data).hexdigest() != want:
             raise StoreError(f"{rel}: chunk {index} (bytes {start}-{start + size - 1}): SHA256 mismatch (corrupted)")
         self._pieces[(rel, start)] = data
+        if self.keep_checked:
+            self._keep(rel, start, data)
         return data
+
+    def _keep(self, rel: str, start: int, data: bytes) -> None:
+        fd = self._checked_in.get(rel)
+        if fd is None:
+            os.makedirs(self.scratch, mode=0o700, exist_ok=True)
+            path = os.path.join(self.scratch, f"checked-{len(self._checked_in)}.img")
+            fd = self._checked_in[rel] = safefs.open_file(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+        if os.pwrite(fd, data, start) == len(data):
+            self._done.add((rel, start))
 
     def _from_copy(self, rel: str, entry: Dict[str, Any], offset: int, length: int) -> bytes:
         path = self._copies.get(rel)
@@ -106,4 +128,8 @@ class PageRanges:
 
     def close(self) -> None:
         self._pieces.clear()
+        for fd in self._checked_in.values():
+            os.close(fd)
+        self._checked_in.clear()
+        self._done.clear()
         shutil.rmtree(self.scratch, ignore_errors=True)

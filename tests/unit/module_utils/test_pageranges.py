@@ -119,3 +119,24 @@ def test_a_compressed_file_is_fetched_whole_checked_then_read_and_removed(tmp_pa
     assert stat.S_IMODE(scratch.stat().st_mode) == 0o700
     ranges.close()
     assert not scratch.exists()
+
+
+def test_keep_checked_reads_and_hashes_each_piece_once_and_close_removes_the_copy(tmp_path: Path) -> None:
+    store = FakeStore({REL: DATA})
+    ranges = pgr.PageRanges(store, {"id": "s1", "files": [entry(DATA)]}, PREFIX,  # type: ignore[arg-type]
+                            str(tmp_path / "scratch"), keep=1, keep_checked=True)
+    for offset in (0, 300, 10, 310, 0, 500, 20):  # back and forth over three pieces, one held in memory
+        assert ranges.read("pages-1.img", offset, 8) == DATA[offset:offset + 8]
+    assert store.reads == [(REL, 0, 64), (REL, 256, 64), (REL, 448, 64)]  # each piece read once
+    (copy,) = (tmp_path / "scratch").iterdir()
+    assert stat.S_IMODE(copy.stat().st_mode) == 0o600 and stat.S_IMODE((tmp_path / "scratch").stat().st_mode) == 0o700
+    assert copy.read_bytes()[256:320] == DATA[256:320]  # the checked piece, at its place
+    ranges.close()
+    assert not (tmp_path / "scratch").exists()
+
+
+def test_without_keep_checked_a_piece_asked_again_after_it_went_is_checked_again(tmp_path: Path) -> None:
+    ranges, store = make(tmp_path, DATA)  # keep=1
+    for offset in (0, 300, 10):
+        ranges.read("pages-1.img", offset, 8)
+    assert store.reads == [(REL, 0, 64), (REL, 256, 64), (REL, 0, 64)]
