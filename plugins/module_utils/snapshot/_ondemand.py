@@ -29,10 +29,11 @@ from __future__ import annotations
 
 import os
 import socket
-from typing import Any, Dict, List, Tuple
+from typing import Any, Dict, Tuple
 
 from ansible_collections.warmstart.snapshot.plugins.module_utils.criu import _pagewire as pw
 from ansible_collections.warmstart.snapshot.plugins.module_utils.criu._lazy import PageService
+from ansible_collections.warmstart.snapshot.plugins.module_utils.snapshot import _overlap as ov
 from ansible_collections.warmstart.snapshot.plugins.module_utils.store import _checksums as ck
 from ansible_collections.warmstart.snapshot.plugins.module_utils.store import _pageranges as pr
 from ansible_collections.warmstart.snapshot.plugins.module_utils.store._storeapi import Store
@@ -40,11 +41,6 @@ from ansible_collections.warmstart.snapshot.plugins.module_utils.store._storeapi
 PIECES_HELD = 2  # checked 64 MiB pieces the server keeps: a fault elsewhere does not drop the one being drained
 BEFORE, ON_DEMAND = "before", "on_demand"
 LAZY_VERIFY = (BEFORE, ON_DEMAND)  # the restore option lazy_verify
-
-
-def _page_images(doc: Dict[str, Any]) -> List[Dict[str, Any]]:
-    prefix = f"{doc['targets'][0]['path']}/criu/pages-"
-    return [e for e in doc.get("files", []) if e["path"].startswith(prefix)]
 
 
 def usable(store: Store, doc: Dict[str, Any], verify: bool, lazy: bool, page_server: bool,
@@ -65,7 +61,9 @@ def usable(store: Store, doc: Dict[str, Any], verify: bool, lazy: bool, page_ser
         return False, "a snapshot of more than one process"
     known = ck.VerifiedFiles(doc["id"], record=False)
     top = store.local_dir(doc["id"])
-    if all(known.known(os.path.join(top, e["path"]), str(e["sha256"])) for e in _page_images(doc)):
+    pages = ov.deferrable(doc)  # the target's page images
+    if all(known.known(os.path.join(top, e["path"]), str(e["sha256"])) for e in doc.get("files", [])
+           if e["path"] in pages):
         return False, "this node verified the page images already: CRIU reads them"
     return True, ""
 
@@ -75,11 +73,10 @@ def service(store: Store, doc: Dict[str, Any], images: str, scratch: str) -> Pag
     index = pw.PageIndex.from_images(images)
     prefix = f"{doc['targets'][0]['path']}/criu/"
     ranges = pr.PageRanges(store, doc, prefix, scratch, verify=True, keep=PIECES_HELD, keep_checked=True)
-    served = [0, 0]
 
     def serve(conn: socket.socket) -> None:
         try:
-            pw.serve(conn, index, ranges.read, served)
+            pw.serve(conn, index, ranges.read)
         finally:
             ranges.close()
 

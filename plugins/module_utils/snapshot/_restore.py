@@ -305,8 +305,10 @@ def _prepare(store: Store, doc: Dict[str, Any], node: Dict[str, Any], a: _Restor
             timings["verified_copy"] = time.monotonic() - t0
         else:
             rw.stage_images(os.path.join(snap_dir, target["path"], "criu"), os.path.join(work, "images"))
-    record = (ck.VerifiedFiles(doc["id"]), store.local_dir(doc["id"]))
-    return work, snap_dir, remote, (ov.Overlap(deferred, pins=pins, record=record) if deferred else None)
+    if not deferred:
+        return work, snap_dir, remote, None
+    record = (ck.VerifiedFiles(doc["id"]), store.local_dir(doc["id"]))  # the pinned files, once they matched
+    return work, snap_dir, remote, ov.Overlap(deferred, pins=pins, record=record)
 
 
 def _restore_locked(store: Store, doc: Dict[str, Any], node: Dict[str, Any], criu: str,
